@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make serve` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# cu12 by default; `make setup CUDA_EXTRA=cu13` on CUDA 13 hosts.
+CUDA_EXTRA ?= cu12
+STAMP := $(VENV)/.installed-$(CUDA_EXTRA)
+
+.PHONY: setup test serve demo lint bench soak fuzz clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q -U pip
+	# torch first and pinned: the CPU build (a plain `torch` pulls several GB of CUDA).
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[$(CUDA_EXTRA),serve,test,bench]"
+	touch $@
+
+setup: $(STAMP)
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+serve: setup
+	$(VENV)/bin/kimi-prep serve
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

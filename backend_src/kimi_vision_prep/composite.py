@@ -1,0 +1,47 @@
+"""K3 transparency: blend straight-alpha RGBA onto a chessboard (spec section 5)."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .presets import Preset
+
+if TYPE_CHECKING:
+    import torch
+
+
+@functools.lru_cache(maxsize=8)
+def _board_rows(width: int, square: int, light: int, dark: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two row patterns of a chessboard ``width`` wide (even and odd square rows), uint8."""
+    col = np.arange(width) // square
+    even = np.where(col % 2 == 0, light, dark).astype(np.uint8)
+    odd = np.where(col % 2 == 0, dark, light).astype(np.uint8)
+    return even, odd
+
+
+def chessboard(height: int, width: int, preset: Preset) -> np.ndarray:
+    """uint8 ``(H, W)``: ``light`` where ``(y // square + x // square)`` is even, else ``dark``."""
+    even, odd = _board_rows(width, preset.chessboard_square, preset.chessboard_light, preset.chessboard_dark)
+    rows = (np.arange(height) // preset.chessboard_square) % 2 == 0
+    return np.where(rows[:, None], even[None, :], odd[None, :])
+
+
+def composite_on_chessboard(rgba: np.ndarray, preset: Preset) -> np.ndarray:
+    """uint8 ``(H, W, 4)`` -> uint8 ``(H, W, 3)``; float32 arithmetic, truncating cast (reference)."""
+    board = chessboard(rgba.shape[0], rgba.shape[1], preset)[:, :, None]
+    a = rgba[:, :, 3:4].astype(np.float32) / np.float32(255.0)
+    out = a * rgba[:, :, :3] + (np.float32(1.0) - a) * board
+    return out.astype(np.uint8)
+
+
+def composite_on_chessboard_torch(rgba: torch.Tensor, preset: Preset) -> torch.Tensor:
+    """Torch version of :func:`composite_on_chessboard` (same float32 operations)."""
+    import torch
+
+    board = torch.from_numpy(chessboard(rgba.shape[0], rgba.shape[1], preset)).to(rgba.device)[:, :, None]
+    a = rgba[:, :, 3:4].to(torch.float32) / 255.0
+    out = a * rgba[:, :, :3].to(torch.float32) + (1.0 - a) * board.to(torch.float32)
+    return out.to(torch.uint8)

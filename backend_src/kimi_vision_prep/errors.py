@@ -1,0 +1,97 @@
+"""One exception hierarchy for the package, and its mapping onto Triton error codes.
+
+Every error a caller can see derives from :class:`PreprocessError`. ``triton_code`` is the name
+of the ``pb_utils.TritonError`` code the serving layer returns for it; this table is the only
+place where that mapping lives (README "Error codes" repeats it).
+"""
+
+from __future__ import annotations
+
+
+class PreprocessError(Exception):
+    """Base class. ``reason`` is a short stable label used in metrics and logs."""
+
+    triton_code = "INTERNAL"
+    reason = "internal"
+
+
+class InvalidImageError(PreprocessError):
+    """The bytes are not an image Pillow accepts (corrupt, truncated, unknown format)."""
+
+    triton_code = "INVALID_ARG"
+    reason = "invalid_image"
+
+
+class UnsupportedImageError(PreprocessError):
+    """A well-formed image of a kind Pillow (the reference) cannot decode or convert."""
+
+    triton_code = "INVALID_ARG"
+    reason = "unsupported_image"
+
+
+class ImageTooLargeError(PreprocessError):
+    """Encoded size or decoded pixel count exceeds a configured limit."""
+
+    triton_code = "INVALID_ARG"
+    reason = "too_large"
+
+
+class InvalidRequestError(PreprocessError):
+    """The request itself is malformed (wrong dtype, shape or batch)."""
+
+    triton_code = "INVALID_ARG"
+    reason = "invalid_request"
+
+
+class InvalidPresetError(PreprocessError, ValueError):
+    """A preset or its parameters cannot reproduce the reference processor."""
+
+    triton_code = "INVALID_ARG"
+    reason = "invalid_preset"
+
+
+class DecoderBusyError(PreprocessError):
+    """No decoder became free within the pool's timeout."""
+
+    triton_code = "UNAVAILABLE"
+    reason = "decoder_busy"
+
+
+class FallbackError(PreprocessError):
+    """The planned decoder failed or is unavailable and ``strict=True`` forbids a fallback."""
+
+    triton_code = "INTERNAL"
+    reason = "fallback_forbidden"
+
+
+class CancelledError(PreprocessError):
+    """The client cancelled the request before it was processed."""
+
+    triton_code = "CANCELLED"
+    reason = "cancelled"
+
+
+TRITON_CODES: dict[type[PreprocessError], str] = {
+    cls: cls.triton_code
+    for cls in (
+        PreprocessError,
+        InvalidImageError,
+        UnsupportedImageError,
+        ImageTooLargeError,
+        InvalidRequestError,
+        InvalidPresetError,
+        DecoderBusyError,
+        FallbackError,
+        CancelledError,
+    )
+}
+
+
+def triton_code_for(exc: BaseException) -> str:
+    """Triton error code name for any exception; unknown exceptions are INTERNAL."""
+    return exc.triton_code if isinstance(exc, PreprocessError) else "INTERNAL"
+
+
+def reason_for(exc: BaseException) -> str:
+    """Stable metric label for any exception."""
+    return exc.reason if isinstance(exc, PreprocessError) else "internal"

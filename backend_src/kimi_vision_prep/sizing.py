@@ -1,0 +1,70 @@
+"""The NaViT size rule (spec section 3): original size -> resized size, padding and patch grid."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .presets import Preset
+
+
+@dataclass(frozen=True)
+class TargetSize:
+    """Where an image of ``width x height`` goes under a preset.
+
+    ``new_width x new_height`` is the resize target; ``pad_width``/``pad_height`` zero pixels are
+    added on the right/bottom; the patch grid is ``grid_h x grid_w`` (``grid_thw = (1, h, w)``).
+    """
+
+    width: int
+    height: int
+    new_width: int
+    new_height: int
+    pad_width: int
+    pad_height: int
+    grid_h: int
+    grid_w: int
+    num_tokens: int
+
+    @property
+    def padded_width(self) -> int:
+        return self.new_width + self.pad_width
+
+    @property
+    def padded_height(self) -> int:
+        return self.new_height + self.pad_height
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_h * self.grid_w
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]:
+        return (1, self.grid_h, self.grid_w)
+
+    @property
+    def needs_resize(self) -> bool:
+        return (self.new_width, self.new_height) != (self.width, self.height)
+
+
+def navit_target_size(width: int, height: int, preset: Preset) -> TargetSize:
+    """Apply the reference size rule; float64 arithmetic and truncation exactly as the spec."""
+    if width < 1 or height < 1:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    p = preset.patch_size
+    side_limit_px = preset.patch_limit_on_one_side * p
+    s1 = math.sqrt(preset.in_patch_limit / (max(1.0, width // p) * max(1.0, height // p)))
+    s2 = side_limit_px / width
+    s3 = side_limit_px / height
+    scale = min(1.0, s1, s2, s3)
+    new_w = min(max(1, int(width * scale)), side_limit_px)
+    new_h = min(max(1, int(height * scale)), side_limit_px)
+    f = preset.factor
+    pad_w = (f - new_w % f) % f
+    pad_h = (f - new_h % f) % f
+    grid_h = (new_h + pad_h) // p
+    grid_w = (new_w + pad_w) // p
+    # The reference asserts this; validate_preset makes it unreachable, keep it loud regardless.
+    assert grid_h <= preset.patch_limit_on_one_side and grid_w <= preset.patch_limit_on_one_side
+    num_tokens = ((new_h + pad_h) // f) * ((new_w + pad_w) // f)
+    return TargetSize(width, height, new_w, new_h, pad_w, pad_h, grid_h, grid_w, num_tokens)

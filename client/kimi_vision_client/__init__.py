@@ -1,0 +1,1 @@
+"""Client side of kimi-vision-prep: Triton client, CLI (``kimi-prep``) and benchmarks."""

@@ -1,0 +1,32 @@
+"""Shared fixtures: the corpus and its manifest."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+
+
+def manifest() -> list[dict[str, str]]:
+    """Rows of ``shared/corpus/MANIFEST.tsv`` (empty when the corpus is missing)."""
+    path = CORPUS / "MANIFEST.tsv"
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def corpus_files(accepted: bool | None = None) -> list[str]:
+    """Corpus file names; ``accepted`` filters on the manifest's ``pil_load == "ok"``."""
+    rows = manifest()
+    return [r["filename"] for r in rows if accepted is None or (r["pil_load"] == "ok") == accepted]
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    if not CORPUS.exists():
+        pytest.skip("shared/corpus not present")
+    return CORPUS
