@@ -333,9 +333,10 @@ class ImageDecoder:
             )
 
     def _decode_pillow(self, plan: _Plan, preset: Preset) -> DecodedImage:
+        # Pillow first: an image it rejects is bad input (its verdict), not a decoder fallback.
+        pixels, resample = pillow_pixels(plan.image, preset)
         if plan.fallback_reason is not None and self.strict:
             raise FallbackError(f"planned {self.fast_path} decode failed ({plan.fallback_reason}) and strict=True")
-        pixels, resample = pillow_pixels(plan.image, preset)
         if self.device_kind == "cuda":
             import torch
 

@@ -8,12 +8,12 @@ the table is exact for any mean/std. Padded pixels are uint8 0, i.e. ``table[0, 
 from __future__ import annotations
 
 import functools
-import os
-import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit, prange
+
+from .numba_runtime import numba_lock
 
 if TYPE_CHECKING:
     import torch
@@ -55,23 +55,6 @@ def _write_patches(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w
                             out[n, c, y, x] = pad_value
 
 
-# numba's workqueue layer (the portable default) must not be entered by two threads at once;
-# a lock keeps concurrent callers (Triton instances run in separate processes, but library users
-# may use threads) safe without requiring TBB.
-_numba_lock = threading.Lock()
-
-
-def set_num_threads(n: int) -> None:
-    """numba threads used by the CPU kernels of this process (``KIMI_PREP_NUM_THREADS``)."""
-    import numba
-
-    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
-
-
-if "KIMI_PREP_NUM_THREADS" in os.environ:
-    set_num_threads(int(os.environ["KIMI_PREP_NUM_THREADS"]))
-
-
 def write_patches_numpy(
     image: np.ndarray, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int
 ) -> np.ndarray:
@@ -85,7 +68,7 @@ def write_patches_numpy(
     if image.shape[0] > grid_h * patch_size or image.shape[1] > grid_w * patch_size:
         raise ValueError(f"image {image.shape[:2]} larger than the {grid_h}x{grid_w} patch grid")
     out = np.empty((grid_h * grid_w, 3, patch_size, patch_size), dtype=np.float32)
-    with _numba_lock:
+    with numba_lock:
         _write_patches(image, table, out, grid_w)
     return out
 

@@ -1,0 +1,89 @@
+"""Triton model-config parameters -> typed settings.
+
+Triton hands a Python model its config as JSON (``args["model_config"]``); ``parameters`` entries
+arrive as ``{"key": {"string_value": "..."}}``. Preset fields map onto :class:`~kimi_vision_prep.Preset`
+through :func:`~kimi_vision_prep.presets.preset_from_parameters` (the one mapping); the decoder and
+runtime knobs below are the only other keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..decode import DEFAULT_MAX_ENCODED_BYTES, PILLOW_MAX_PIXELS, DecodeLimits
+from ..errors import InvalidPresetError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def model_config_from_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The model config dict from the ``args`` Triton passes to ``initialize``."""
+    raw = args["model_config"]
+    return json.loads(raw) if isinstance(raw, str) else dict(raw)
+
+
+def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
+    """``parameters`` of a Triton model config as plain ``{key: string_value}``."""
+    parameters = model_config.get("parameters") or {}
+    return {key: str(value.get("string_value", "")) for key, value in parameters.items()}
+
+
+def parse_bool(key: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise InvalidPresetError(f"parameter {key}={raw!r} is not a boolean (yes/no, true/false, 1/0)")
+
+
+def parse_int(key: str, raw: str, minimum: int) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise InvalidPresetError(f"parameter {key}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise InvalidPresetError(f"parameter {key}={value} must be >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class DecoderSettings:
+    """Decoder knobs of a decode model (config.pbtxt ``parameters``).
+
+    ``decoder_pool_size``: nvImageCodec decoders per model instance (process);
+    ``decoder_threads``: nvImageCodec CPU threads per decoder (0: all cores);
+    ``strict_decode``: a failed fast decode is an error instead of a counted Pillow fallback.
+    """
+
+    decoder_pool_size: int = 1
+    decoder_threads: int = 0
+    max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES
+    max_pixels: int = PILLOW_MAX_PIXELS
+    strict_decode: bool = False
+
+    @property
+    def limits(self) -> DecodeLimits:
+        return DecodeLimits(max_pixels=self.max_pixels, max_encoded_bytes=self.max_encoded_bytes)
+
+
+def decoder_settings(parameters: Mapping[str, str]) -> DecoderSettings:
+    """Read :class:`DecoderSettings` from string parameters; absent keys keep their defaults."""
+    defaults = DecoderSettings()
+    get = parameters.get
+    return DecoderSettings(
+        decoder_pool_size=parse_int("decoder_pool_size", get("decoder_pool_size", str(defaults.decoder_pool_size)), 1),
+        decoder_threads=parse_int("decoder_threads", get("decoder_threads", str(defaults.decoder_threads)), 0),
+        max_encoded_bytes=parse_int("max_encoded_bytes", get("max_encoded_bytes", str(defaults.max_encoded_bytes)), 1),
+        max_pixels=parse_int("max_pixels", get("max_pixels", str(defaults.max_pixels)), 1),
+        strict_decode=parse_bool("strict_decode", get("strict_decode", "no")),
+    )
+
+
+def numba_threads(parameters: Mapping[str, str]) -> int:
+    """``numba_threads``: threads of the CPU patchify kernel in this instance (0: numba's default)."""
+    return parse_int("numba_threads", parameters.get("numba_threads", "0"), 0)

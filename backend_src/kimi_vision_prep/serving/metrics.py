@@ -1,0 +1,78 @@
+"""Custom Prometheus counters of the serving models, through ``pb_utils.MetricFamily``.
+
+tritonserver's Python backend (2.51) supports COUNTER, GAUGE and HISTOGRAM families; counters are
+enough here and aggregate cleanly across instances. Families are shared by name across all models
+and instances of a server; every metric carries ``model`` and ``instance`` labels so each stub
+process owns its own series (a series shared by two processes would be removed under the other
+one's feet when either unloads).
+
+Exposed on the metrics endpoint (``:8002/metrics``):
+
+- ``kimi_prep_decodes_total{path}``: images decoded, by decode path (nvimgcodec-cpu/-cuda, pillow).
+- ``kimi_prep_decode_fallbacks_total{reason}``: planned fast decodes that fell back to Pillow.
+- ``kimi_prep_errors_total{reason}``: failed requests, by :func:`~kimi_vision_prep.errors.reason_for`.
+- ``kimi_prep_stage_seconds_total{stage}``: wall time spent per stage (decode, preprocess, patch_embed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FAMILIES: dict[str, tuple[str, str]] = {
+    # key: (metric family name, description)
+    "decodes": ("kimi_prep_decodes_total", "Images decoded, by decode path"),
+    "fallbacks": ("kimi_prep_decode_fallbacks_total", "Planned fast decodes that fell back to Pillow, by reason"),
+    "errors": ("kimi_prep_errors_total", "Failed requests, by error reason"),
+    "stage_seconds": ("kimi_prep_stage_seconds_total", "Cumulative wall time per stage in seconds"),
+}
+
+
+class ModelMetrics:
+    """Counters of one model instance; a no-op when ``pb_utils`` has no metrics support."""
+
+    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
+        self._base_labels = {"model": model, "instance": instance}
+        self._families: dict[str, Any] = {}
+        self._series: dict[tuple[str, str, str], Any] = {}
+        self.error: str | None = None
+        family_class = getattr(pb_utils, "MetricFamily", None)
+        if family_class is None:
+            self.error = "pb_utils has no MetricFamily"
+            return
+        try:
+            for key, (name, description) in FAMILIES.items():
+                self._families[key] = family_class(name=name, description=description, kind=family_class.COUNTER)
+        except Exception as exc:  # metrics disabled on the server (--allow-metrics=false), ...
+            self._families.clear()
+            self.error = f"custom metrics unavailable: {type(exc).__name__}: {exc}"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._families)
+
+    def _increment(self, key: str, label: str, value: str, amount: float) -> None:
+        family = self._families.get(key)
+        if family is None:
+            return
+        series = self._series.get((key, label, value))
+        if series is None:
+            series = family.Metric(labels={**self._base_labels, label: value})
+            self._series[(key, label, value)] = series
+        series.increment(amount)
+
+    def count_decode(self, path: str) -> None:
+        self._increment("decodes", "path", path, 1)
+
+    def count_fallback(self, reason: str) -> None:
+        self._increment("fallbacks", "reason", reason, 1)
+
+    def count_error(self, reason: str) -> None:
+        self._increment("errors", "reason", reason, 1)
+
+    def add_stage_seconds(self, stage: str, seconds: float) -> None:
+        self._increment("stage_seconds", "stage", stage, seconds)
+
+    def close(self) -> None:
+        """Drop series before families (the backend requires that order)."""
+        self._series.clear()
+        self._families.clear()

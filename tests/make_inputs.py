@@ -1,0 +1,169 @@
+"""Test inputs: the shared corpus's manifest, and synthetic images generated deterministically with
+Pillow (and ``cjpeg`` where present).
+
+Synthetic content has sharp colour edges, gradients and noise, so chroma upsampling, resampling and
+alpha handling all show up in the pixels. (The corpus helpers live here rather than being imported
+from ``conftest``: with several conftest.py files, ``import conftest`` may find the wrong one.)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import struct
+import subprocess
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+CJPEG = shutil.which("cjpeg")
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+
+
+def corpus_manifest() -> dict[str, dict[str, str]]:
+    """Rows of ``shared/corpus/MANIFEST.tsv`` by file name (empty when the corpus is missing)."""
+    path = CORPUS / "MANIFEST.tsv"
+    if not path.exists():
+        return {}
+    with path.open(newline="") as f:
+        return {row["filename"]: row for row in csv.DictReader(f, delimiter="\t")}
+
+
+def corpus_names(accepted: bool) -> list[str]:
+    """Corpus files whose manifest ``pil_load`` is ``ok`` (accepted) or anything else (rejected)."""
+    return [name for name, row in corpus_manifest().items() if (row["pil_load"] == "ok") == accepted]
+
+
+def rgb_pattern(width: int, height: int, seed: int = 0) -> np.ndarray:
+    """uint8 (H, W, 3): colour blocks with hard edges, a gradient and some noise."""
+    rng = np.random.default_rng(seed)
+    ys = np.arange(height, dtype=np.int32)[:, None]
+    xs = np.arange(width, dtype=np.int32)[None, :]
+    out = np.empty((height, width, 3), dtype=np.uint8)
+    out[:, :, 0] = ((xs // 5 + ys // 3) % 4) * 60
+    out[:, :, 1] = xs * 255 // max(1, width - 1) // 2 + ((ys // 4) % 2) * 80
+    out[:, :, 2] = ((xs // 7) % 2) * 190 + ((ys // 9) % 3) * 10
+    out += rng.integers(0, 40, size=(height, width, 3), dtype=np.uint8)
+    return out
+
+
+def alpha_pattern(width: int, height: int, seed: int = 1) -> np.ndarray:
+    """uint8 (H, W): fully transparent, fully opaque and partial regions."""
+    rng = np.random.default_rng(seed)
+    ys = np.arange(height, dtype=np.int32)[:, None]
+    xs = np.arange(width, dtype=np.int32)[None, :]
+    alpha = ((xs * 7 + ys * 3) % 256).astype(np.uint8)
+    alpha[:, (xs[0] // 6) % 3 == 0] = 0
+    alpha[(ys[:, 0] // 5) % 4 == 1, :] = 255
+    speckle = rng.random((height, width)) < 0.05
+    alpha[speckle] = rng.integers(0, 256, size=int(speckle.sum()), dtype=np.uint8)
+    return alpha
+
+
+def encode(image: Image.Image, fmt: str, **params: object) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **params)
+    return buf.getvalue()
+
+
+def jpeg_rgb(width: int, height: int, subsampling: str = "4:2:0", progressive: bool = False, seed: int = 0) -> bytes:
+    image = Image.fromarray(rgb_pattern(width, height, seed), "RGB")
+    return encode(image, "JPEG", quality=90, subsampling=subsampling, progressive=progressive)
+
+
+def jpeg_grey(width: int, height: int, progressive: bool = False) -> bytes:
+    image = Image.fromarray(rgb_pattern(width, height), "RGB").convert("L")
+    return encode(image, "JPEG", quality=90, progressive=progressive)
+
+
+def jpeg_cmyk(width: int, height: int) -> bytes:
+    image = Image.fromarray(rgb_pattern(width, height), "RGB").convert("CMYK")
+    return encode(image, "JPEG", quality=90)
+
+
+def jpeg_with_orientation(width: int, height: int, orientation: int) -> bytes:
+    image = Image.fromarray(rgb_pattern(width, height), "RGB")
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encode(image, "JPEG", quality=90, exif=exif.tobytes())
+
+
+def cjpeg_rgb(width: int, height: int, sample: str) -> bytes:
+    """A JPEG written by libjpeg-turbo's ``cjpeg -sample`` (e.g. ``1x2`` = 4:4:0, ``4x1`` = 4:1:1)."""
+    if CJPEG is None:
+        raise RuntimeError("cjpeg is not on PATH (Debian: apt-get install libjpeg-turbo-progs)")
+    with tempfile.TemporaryDirectory() as tmp:
+        ppm = Path(tmp) / "in.ppm"
+        Image.fromarray(rgb_pattern(width, height), "RGB").save(ppm)
+        done = subprocess.run(
+            [CJPEG, "-quality", "90", "-sample", sample, str(ppm)], capture_output=True, check=True, timeout=30
+        )
+    return done.stdout
+
+
+def png_mode(width: int, height: int, mode: str) -> bytes:
+    """A PNG in ``mode``: RGB, RGBA, LA, L, 1, P, or "P+trns" (palette with transparent entries)."""
+    rgb = Image.fromarray(rgb_pattern(width, height), "RGB")
+    alpha = Image.fromarray(alpha_pattern(width, height), "L")
+    if mode == "RGBA":
+        image = rgb.copy()
+        image.putalpha(alpha)
+        return encode(image, "PNG")
+    if mode == "LA":
+        image = rgb.convert("L")
+        image.putalpha(alpha)
+        return encode(image.convert("LA"), "PNG")
+    if mode == "P":
+        return encode(rgb.quantize(64), "PNG")
+    if mode == "P+trns":
+        pal = rgb.quantize(64)
+        # Palette entries 0..63: the first few are fully transparent, a few are partial.
+        trns = bytes([0, 0, 0, 64, 128, 200] + [255] * 58)
+        return encode(pal, "PNG", transparency=trns)
+    if mode == "L+trns":
+        grey = rgb.convert("L")
+        return encode(grey, "PNG", transparency=int(np.asarray(grey)[0, 0]))
+    return encode(rgb.convert(mode), "PNG")
+
+
+def gif_transparent(width: int, height: int) -> bytes:
+    pal = Image.fromarray(rgb_pattern(width, height), "RGB").quantize(32)
+    return encode(pal, "GIF", transparency=3)
+
+
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG signature + IHDR claiming ``width x height`` RGB, with a tiny IDAT and IEND."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = zlib.compress(b"\x00" * 16)
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b"")
+
+
+def jpeg_with_size(data: bytes, width: int, height: int) -> bytes:
+    """``data`` (a JPEG) with its SOF frame header rewritten to claim ``width x height``."""
+    buf = bytearray(data)
+    pos = 2
+    while pos + 4 <= len(buf):
+        assert buf[pos] == 0xFF, "not at a marker"
+        marker = buf[pos + 1]
+        length = struct.unpack(">H", bytes(buf[pos + 2 : pos + 4]))[0]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            buf[pos + 5 : pos + 9] = struct.pack(">HH", height, width)
+            return bytes(buf)
+        pos += 2 + length
+    raise ValueError("no SOF marker found")
+
+
+def animated(width: int, height: int, fmt: str) -> bytes:
+    """A 3-frame animation (GIF or APNG) whose frames differ; only the first counts (spec 2)."""
+    frames = [Image.fromarray(rgb_pattern(width, height, seed), "RGB") for seed in range(3)]
+    if fmt == "GIF":
+        frames = [frame.quantize(64) for frame in frames]
+    return encode(frames[0], fmt, save_all=True, append_images=frames[1:], duration=100, loop=0)

@@ -1,0 +1,303 @@
+"""Decoder routing and the decoder pool, with real nvImageCodec CPU decoders."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+from make_inputs import jpeg_cmyk, jpeg_grey, jpeg_rgb, png_mode
+from reference import reference_preprocess
+
+import kimi_vision_prep
+from kimi_vision_prep import (
+    DecoderBusyError,
+    FallbackError,
+    ImageDecoder,
+    ImageTooLargeError,
+    InvalidImageError,
+    PreprocessError,
+    PreprocessResult,
+)
+from kimi_vision_prep import decode as decode_module
+
+FAST = "nvimgcodec-cpu"
+
+
+def assert_exact(result: PreprocessResult, data: bytes, preset: str = "kimi-k2.5") -> None:
+    ref = reference_preprocess(data, preset)
+    assert np.array_equal(np.asarray(result.pixel_values), ref.pixel_values)
+    assert np.array_equal(result.grid_thw, ref.grid_thw)
+    assert result.num_tokens == ref.num_tokens
+
+
+class DecoderProbe:
+    """Wraps real nvImageCodec decoders: counts creations and concurrent decode calls, and can make
+    the next ``fail_next`` calls raise."""
+
+    def __init__(self, make_real: Callable[[], Any]) -> None:
+        self._make_real = make_real
+        self._lock = threading.Lock()
+        self.created = 0
+        self.active = 0
+        self.max_active = 0
+        self.fail_next = 0
+        # When set, the first ``rendezvous.parties`` decode calls wait for each other, so that many
+        # decoders are provably in use at the same moment.
+        self.rendezvous: threading.Barrier | None = None
+        self._calls = 0
+
+    def factory(self) -> Any:
+        with self._lock:
+            self.created += 1
+        return _ProbedDecoder(self, self._make_real())
+
+    def enter(self) -> bool:
+        with self._lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            self._calls += 1
+            meet = self.rendezvous is not None and self._calls <= self.rendezvous.parties
+            fail = self.fail_next > 0
+            self.fail_next -= int(fail)
+        if meet:
+            self.rendezvous.wait(timeout=20)
+        return fail
+
+    def leave(self) -> None:
+        with self._lock:
+            self.active -= 1
+
+
+class _ProbedDecoder:
+    def __init__(self, probe: DecoderProbe, real: Any) -> None:
+        self._probe = probe
+        self._real = real
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        fail = self._probe.enter()
+        try:
+            if fail:
+                raise RuntimeError("injected decoder failure")
+            return self._real.decode(*args, **kwargs)
+        finally:
+            self._probe.leave()
+
+
+@pytest.fixture
+def probed_decoder(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[ImageDecoder, DecoderProbe]]:
+    """An ImageDecoder whose pool makes real decoders through a DecoderProbe."""
+    real_make = ImageDecoder._make_decoder
+
+    def build(**kwargs: Any) -> tuple[ImageDecoder, DecoderProbe]:
+        holder: dict[str, DecoderProbe] = {}
+
+        def make(self: ImageDecoder) -> Any:
+            return holder["probe"].factory()
+
+        monkeypatch.setattr(ImageDecoder, "_make_decoder", make)
+        decoder = ImageDecoder(**kwargs)
+        holder["probe"] = DecoderProbe(lambda: real_make(decoder))
+        return decoder, holder["probe"]
+
+    return build
+
+
+# --- the pool -----------------------------------------------------------------------------------
+
+
+def test_pool_is_lazy() -> None:
+    decoder = ImageDecoder(pool_size=2)
+    assert decoder.pool.created == 0
+    kimi_vision_prep.preprocess_bytes(png_mode(20, 20, "RGB"), decoder=decoder)  # Pillow route
+    assert decoder.pool.created == 0
+    data = jpeg_rgb(40, 30)
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
+    assert result.decode_path == FAST
+    assert_exact(result, data)
+    assert (decoder.pool.created, decoder.pool.idle) == (1, 1)
+    kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
+    assert (decoder.pool.created, decoder.pool.idle) == (1, 1)  # reused, not recreated
+
+
+def test_pool_reuses_last_returned_first() -> None:
+    decoder = ImageDecoder(pool_size=2)
+    pool = decoder.pool
+    with pool.borrow() as first, pool.borrow() as second:
+        assert first is not second
+    # ``second`` went back first, ``first`` last: LIFO lends ``first`` next.
+    with pool.borrow() as again:
+        assert again is first
+        with pool.borrow() as other:
+            assert other is second
+    assert (pool.created, pool.idle) == (2, 2)
+
+
+def test_pool_discards_decoder_whose_block_raised() -> None:
+    pool = ImageDecoder(pool_size=2).pool
+    with pytest.raises(ValueError), pool.borrow() as broken:
+        raise ValueError("boom")
+    assert (pool.created, pool.discarded, pool.idle) == (0, 1, 0)
+    with pool.borrow() as fresh:
+        assert fresh is not broken
+    assert pool.created == 1
+
+
+def test_cap_respected_under_threads(probed_decoder: Callable[..., tuple[ImageDecoder, DecoderProbe]]) -> None:
+    decoder, probe = probed_decoder(pool_size=2, decoder_threads=1)
+    probe.rendezvous = threading.Barrier(2)  # both pooled decoders busy at once, 6 threads waiting
+    images = [jpeg_rgb(160 + 7 * i, 120 + 5 * i, ("4:2:0", "4:2:2", "4:4:4")[i % 3], seed=i) for i in range(8)]
+    images += [jpeg_grey(90 + i, 70) for i in range(4)]
+    expected = {i: reference_preprocess(data, "kimi-k2.5") for i, data in enumerate(images)}
+
+    def work(index: int) -> tuple[int, PreprocessResult]:
+        return index, kimi_vision_prep.preprocess_bytes(images[index], decoder=decoder)
+
+    jobs = [i % len(images) for i in range(48)]
+    with ThreadPoolExecutor(max_workers=8) as executor:
+        results = list(executor.map(work, jobs))
+    assert probe.created == 2 and decoder.pool.created == 2
+    assert probe.max_active == 2
+    assert decoder.pool.discarded == 0
+    for index, result in results:
+        assert result.decode_path == FAST and result.fallback_reason is None
+        assert np.array_equal(result.pixel_values, expected[index].pixel_values), index
+    assert decoder.stats.snapshot()["paths"] == {FAST: len(jobs)}
+
+
+def test_raising_decoder_is_discarded_and_falls_back(
+    probed_decoder: Callable[..., tuple[ImageDecoder, DecoderProbe]],
+) -> None:
+    decoder, probe = probed_decoder(pool_size=2)
+    data = jpeg_rgb(50, 40)
+    probe.fail_next = 1
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
+    assert result.decode_path == "pillow"
+    assert result.fallback_reason is not None and "RuntimeError" in result.fallback_reason
+    assert_exact(result, data)  # the fallback is still Pillow-exact
+    assert (decoder.pool.discarded, decoder.pool.created) == (1, 0)
+    assert decoder.stats.snapshot()["fallbacks"] == {result.fallback_reason: 1}
+    again = kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
+    assert again.decode_path == FAST and again.fallback_reason is None
+    assert probe.created == 2  # a fresh decoder replaced the discarded one
+
+
+def test_raising_decoder_with_strict_raises_fallback_error(
+    probed_decoder: Callable[..., tuple[ImageDecoder, DecoderProbe]],
+) -> None:
+    decoder, probe = probed_decoder(pool_size=1, strict=True)
+    probe.fail_next = 1
+    with pytest.raises(FallbackError, match="strict"):
+        kimi_vision_prep.preprocess_bytes(jpeg_rgb(50, 40), decoder=decoder)
+    assert decoder.pool.discarded == 1
+
+
+def test_busy_pool_times_out() -> None:
+    decoder = ImageDecoder(pool_size=1, pool_timeout_s=0.2)
+    outcome: dict[str, object] = {}
+
+    def other_request() -> None:
+        try:
+            outcome["result"] = kimi_vision_prep.preprocess_bytes(jpeg_rgb(30, 20), decoder=decoder)
+        except PreprocessError as exc:
+            outcome["result"] = exc
+
+    with decoder.pool.borrow():  # the only decoder is held
+        thread = threading.Thread(target=other_request)
+        thread.start()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        # The Pillow route needs no pooled decoder and is not blocked.
+        png = png_mode(20, 20, "RGBA")
+        assert kimi_vision_prep.preprocess_bytes(png, decoder=decoder).decode_path == "pillow"
+    error = outcome["result"]
+    assert isinstance(error, DecoderBusyError), error
+    assert error.triton_code == "UNAVAILABLE" and "busy" in str(error)
+    # Once released, the same decoder serves again.
+    assert kimi_vision_prep.preprocess_bytes(jpeg_rgb(30, 20), decoder=decoder).decode_path == FAST
+
+
+# --- fallback when nvImageCodec is unavailable -------------------------------------------------
+
+
+def make_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unavailable() -> Any:
+        raise ImportError("No module named 'nvidia.nvimgcodec'")
+
+    monkeypatch.setattr(decode_module, "_import_nvimgcodec", unavailable)
+
+
+def test_unavailable_nvimgcodec_strict_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    make_unavailable(monkeypatch)
+    decoder = ImageDecoder(strict=True)
+    with pytest.raises(FallbackError, match="ImportError"):
+        kimi_vision_prep.preprocess_bytes(jpeg_rgb(40, 30), decoder=decoder)
+    # Images planned to Pillow anyway are not fallbacks.
+    for data in (png_mode(20, 20, "P+trns"), jpeg_cmyk(20, 20)):
+        result = kimi_vision_prep.preprocess_bytes(data, "kimi-k3", decoder=decoder)
+        assert result.decode_path == "pillow" and result.fallback_reason is None
+
+
+@pytest.mark.parametrize("preset", ["kimi-k2.5", "kimi-k3"])
+def test_unavailable_nvimgcodec_falls_back_loudly(monkeypatch: pytest.MonkeyPatch, preset: str) -> None:
+    make_unavailable(monkeypatch)
+    decoder = ImageDecoder(strict=False)
+    inputs = [jpeg_rgb(40, 30), jpeg_grey(33, 17), jpeg_rgb(45, 45, progressive=True)]
+    for data in inputs:
+        result = kimi_vision_prep.preprocess_bytes(data, preset, decoder=decoder)
+        assert result.decode_path == "pillow"
+        assert result.fallback_reason is not None and "ImportError" in result.fallback_reason
+        assert_exact(result, data, preset)
+    snapshot = decoder.stats.snapshot()
+    assert snapshot["paths"] == {"pillow": len(inputs)}
+    assert sum(snapshot["fallbacks"].values()) == len(inputs)
+    assert decoder.pool.created == 0
+
+
+def test_strict_keeps_pillow_verdict_for_corrupt_clean_looking_jpeg() -> None:
+    """A corrupted Huffman table passes the structural scan; nvImageCodec returns no image, and
+    Pillow rejects the stream: that is bad input (INVALID_ARG), not a fallback (INTERNAL)."""
+    data = bytearray(jpeg_rgb(64, 48, progressive=True))
+    dht = data.index(b"\xff\xc4")
+    data[dht + 5 : dht + 21] = b"\xff" * 16  # impossible code-length counts
+    with pytest.raises(Exception) as reference_error:
+        reference_preprocess(bytes(data), "kimi-k2.5")
+    assert reference_error.value is not None
+    with pytest.raises(InvalidImageError):
+        kimi_vision_prep.preprocess_bytes(bytes(data), decoder=ImageDecoder(strict=True))
+
+
+# --- batches ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["kimi-k2.5", "kimi-k3"])
+def test_batch_mixed_good_and_bad_in_order(preset: str) -> None:
+    good_jpeg = jpeg_rgb(70, 50)
+    items: list[tuple[bytes, type | None]] = [
+        (good_jpeg, None),
+        (b"", InvalidImageError),
+        (png_mode(33, 21, "RGBA"), None),
+        (good_jpeg[: len(good_jpeg) // 2], InvalidImageError),
+        (jpeg_cmyk(30, 30), None),
+        (b"http://example.com/x.jpg", InvalidImageError),
+        (jpeg_grey(17, 90), None),
+        (good_jpeg, None),
+    ]
+    decoder = ImageDecoder(limits=kimi_vision_prep.DecodeLimits(max_pixels=70 * 50))
+    items.append((jpeg_rgb(71, 50), ImageTooLargeError))
+    results = kimi_vision_prep.preprocess_batch([data for data, _ in items], preset, decoder=decoder)
+    assert len(results) == len(items)
+    for (data, error_type), result in zip(items, results, strict=True):
+        if error_type is None:
+            assert isinstance(result, PreprocessResult), result
+            assert_exact(result, data, preset)
+            assert result.fallback_reason is None
+        else:
+            assert isinstance(result, error_type), result
+    assert results[0].decode_path == FAST and results[4].decode_path == "pillow"
+    pixel_values, grid_thws = kimi_vision_prep.concat_results([r for r in results if isinstance(r, PreprocessResult)])
+    assert grid_thws.dtype == np.int64 and grid_thws.shape == (5, 3)
+    assert pixel_values.shape[0] == int(grid_thws[:, 1].astype(np.int64) @ grid_thws[:, 2])
