@@ -340,7 +340,8 @@ class ImageDecoder:
         if self.device_kind == "cuda":
             import torch
 
-            pixels = torch.from_numpy(np.ascontiguousarray(pixels)).to(f"cuda:{self.device_index}")
+            # Pillow's arrays are read-only views; torch wants a writable host buffer to upload.
+            pixels = torch.from_numpy(np.require(pixels, requirements=["C", "W"])).to(f"cuda:{self.device_index}")
         return DecodedImage(
             pixels, plan.image.width, plan.image.height, plan.image.mode, resample, "pillow", plan.fallback_reason
         )

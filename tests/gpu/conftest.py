@@ -1,0 +1,32 @@
+"""Fixtures of the GPU tests: they skip unless CUDA and nvImageCodec's CUDA decoder are usable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpu_common import corpus_dir
+
+
+@pytest.fixture(scope="session")
+def gpu_corpus() -> Path:
+    corpus = corpus_dir()
+    if corpus is None:
+        pytest.skip("no corpus: run tests/gpu/fetch_wheels.sh or set KIMI_PREP_CORPUS")
+    return corpus
+
+
+@pytest.fixture(scope="session")
+def cuda_device() -> str:
+    """``"cuda:N"`` of the current device, once nvImageCodec has built a CUDA decoder on it."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    codec: Any = pytest.importorskip("nvidia.nvimgcodec")
+    index = torch.cuda.current_device()
+    try:
+        codec.Decoder(device_id=index, backends=[codec.Backend(codec.BackendKind.GPU_ONLY)])
+    except Exception as exc:
+        pytest.skip(f"nvImageCodec cannot build a CUDA decoder: {type(exc).__name__}: {exc}")
+    return f"cuda:{index}"

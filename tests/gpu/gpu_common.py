@@ -1,0 +1,75 @@
+"""What the GPU tests and ``gpu_report.py`` share: where the corpus is, and how pixels compare.
+
+The device machine gets the work tree but not ``../shared``, so ``fetch_wheels.sh`` stages a copy
+of the corpus next to the wheels it carries; ``KIMI_PREP_CORPUS`` overrides both.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+GPU_TESTS_DIR = Path(__file__).resolve().parent
+STAGED_CORPUS = GPU_TESTS_DIR / "wheels" / "corpus"
+SHARED_CORPUS = GPU_TESTS_DIR.parents[2] / "shared" / "corpus"
+JPEG_SUFFIXES = (".jpg", ".jpeg", ".mpo")
+LARGE_CLEAN_JPEG = "imagers__large_image.jpg"  # 2268x1512 baseline 4:4:4, no stream damage
+
+
+def corpus_dir() -> Path | None:
+    """The corpus to use: ``$KIMI_PREP_CORPUS``, the staged copy, or ``../shared/corpus``."""
+    candidates = [Path(os.environ["KIMI_PREP_CORPUS"])] if "KIMI_PREP_CORPUS" in os.environ else []
+    candidates += [STAGED_CORPUS, SHARED_CORPUS]
+    return next((c for c in candidates if (c / "MANIFEST.tsv").is_file()), None)
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    name: str
+    sof: str  # the manifest's coding, e.g. "baseline", "extended-arith"; "" for non-JPEG
+
+    @property
+    def is_jpeg(self) -> bool:
+        return self.name.lower().endswith(JPEG_SUFFIXES)
+
+    @property
+    def is_arithmetic(self) -> bool:
+        return "arith" in self.sof
+
+
+def accepted_files(corpus: Path | None) -> list[CorpusFile]:
+    """The files Pillow accepts (manifest ``pil_load == "ok"``); empty without a corpus."""
+    if corpus is None:
+        return []
+    with (corpus / "MANIFEST.tsv").open(newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return [CorpusFile(r["filename"], r["sof"]) for r in rows if r["pil_load"] == "ok"]
+
+
+def pillow_rgb(data: bytes) -> np.ndarray:
+    """The reference pixels: Pillow's ``convert("RGB")``, uint8 ``(H, W, 3)``."""
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+@dataclass(frozen=True)
+class PixelDiff:
+    mean_abs: float
+    max_abs: int
+
+    @property
+    def exact(self) -> bool:
+        return self.max_abs == 0
+
+
+def pixel_diff(actual: np.ndarray, expected: np.ndarray) -> PixelDiff:
+    """Mean and max absolute difference of two uint8 images of the same shape."""
+    if actual.shape != expected.shape:
+        raise ValueError(f"shapes differ: {actual.shape} vs {expected.shape}")
+    diff = np.abs(actual.astype(np.int16) - expected.astype(np.int16))
+    return PixelDiff(float(diff.mean()), int(diff.max()))

@@ -1,0 +1,194 @@
+"""The CUDA decode path of ``ImageDecoder`` against a fake nvImageCodec (no GPU on CI).
+
+What is faked is only what needs CUDA: the nvImageCodec module (``tests/fakes/nvimgcodec.py``)
+and the ``torch.cuda`` calls ``decode.py`` makes (``tests/fakes/torch_cuda.py``). Pillow, the
+routing, the pool and ``torch.from_dlpack`` run for real. ``tests/gpu`` runs the same path on a GPU.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fakes import torch_cuda
+from fakes.nvimgcodec import BackendKind, FakeNvImgCodec
+from PIL import Image
+
+from kimi_vision_prep import FallbackError, ImageDecoder, get_preset
+from kimi_vision_prep import decode as decode_module
+
+K25 = get_preset("kimi-k2.5")
+BASELINE_JPEG = "pil__hopper.jpg"
+EXIF_ROTATED_JPEG = "pil__orientation_rectangle.jpg"  # stored 2x1, EXIF orientation 8
+ARITHMETIC_JPEG = "ljt__testimgari.jpg"  # SOF9: nvJPEG has no arithmetic decoding
+PNG = "pilx__hopper.png"
+
+
+@pytest.fixture
+def codec(monkeypatch: pytest.MonkeyPatch) -> FakeNvImgCodec:
+    fake = FakeNvImgCodec()
+    monkeypatch.setattr(decode_module, "_import_nvimgcodec", lambda: fake)
+    return fake
+
+
+@pytest.fixture
+def cuda(monkeypatch: pytest.MonkeyPatch) -> torch_cuda.FakeCuda:
+    return torch_cuda.install(monkeypatch)
+
+
+def read(corpus: Path, name: str) -> bytes:
+    return (corpus / name).read_bytes()
+
+
+def pillow_rgb(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def test_decoder_built_for_the_device_with_gpu_backends_and_fancy_upsampling(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    ImageDecoder("cuda:3", decoder_threads=5).decode(read(corpus, BASELINE_JPEG), K25)
+
+    [decoder] = codec.decoders
+    assert decoder.device_id == 3
+    assert decoder.backend_kinds == [BackendKind.GPU_ONLY, BackendKind.HYBRID_CPU_GPU]
+    assert ":fancy_upsampling=1" in decoder.options.split()
+    assert decoder.max_num_cpu_threads == 5
+
+
+def test_plain_cuda_means_device_zero(corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda) -> None:
+    ImageDecoder("cuda").decode(read(corpus, BASELINE_JPEG), K25)
+
+    assert codec.decoders[0].device_id == 0
+    assert cuda.entered == [0]
+
+
+def test_exif_orientation_is_not_applied(corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda) -> None:
+    decoded = ImageDecoder("cuda:0").decode(read(corpus, EXIF_ROTATED_JPEG), K25)
+
+    [call] = codec.calls
+    assert call.params.apply_exif_orientation is False
+    assert call.params.color_spec == codec.ColorSpec.SRGB
+    assert (decoded.width, decoded.height) == (2, 1)
+    assert tuple(decoded.pixels.shape) == (1, 2, 3)
+
+
+def test_decodes_on_the_current_stream_of_the_decoder_device(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    ImageDecoder("cuda:2").decode(read(corpus, BASELINE_JPEG), K25)
+
+    [call] = codec.calls
+    assert cuda.entered == [2]
+    assert call.cuda_stream == torch_cuda.STREAM_HANDLE_BASE + 2
+    assert cuda.current_device is None  # the device context was left
+
+
+def test_pixels_are_handed_over_through_dlpack_without_a_copy(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    data = read(corpus, BASELINE_JPEG)
+    decoded = ImageDecoder("cuda:0").decode(data, K25)
+
+    [image] = codec.calls[0].images
+    assert isinstance(decoded.pixels, torch.Tensor)
+    assert decoded.pixels.data_ptr() == image.tensor.data_ptr()
+    assert decoded.decode_path == "nvimgcodec-cuda"
+    assert decoded.fallback_reason is None
+    assert (decoded.source_mode, decoded.resample) == ("RGB", "bicubic")
+    np.testing.assert_array_equal(decoded.pixels.numpy(), pillow_rgb(data))
+    assert cuda.moves == []  # nothing went through a host copy
+
+
+def test_batch_decodes_fast_items_in_one_call_and_moves_pillow_items_to_the_device(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    items = [read(corpus, BASELINE_JPEG), read(corpus, PNG), read(corpus, EXIF_ROTATED_JPEG)]
+    results = ImageDecoder("cuda:1").decode_batch(items, K25)
+
+    [call] = codec.calls
+    assert [s.data for s in call.streams] == [items[0], items[2]]
+    assert [r.decode_path for r in results] == ["nvimgcodec-cuda", "pillow", "nvimgcodec-cuda"]
+    assert results[1].fallback_reason is None
+    assert isinstance(results[1].pixels, torch.Tensor)
+    np.testing.assert_array_equal(results[1].pixels.numpy(), pillow_rgb(items[1]))
+    assert cuda.moves == ["cuda:1"]
+
+
+def test_one_decoder_is_reused_across_sequential_calls(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    decoder = ImageDecoder("cuda:0", pool_size=2)
+    for _ in range(3):
+        decoder.decode(read(corpus, BASELINE_JPEG), K25)
+
+    assert len(codec.decoders) == 1
+    assert [call.decoder for call in codec.calls] == codec.decoders * 3
+    assert (decoder.pool.created, decoder.pool.idle) == (1, 1)
+
+
+def test_a_decoder_that_raised_is_discarded_and_the_image_falls_back_to_pillow(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    decoder = ImageDecoder("cuda:0")
+    data = read(corpus, BASELINE_JPEG)
+    codec.outcome = "raise"
+    failed = decoder.decode(data, K25)
+
+    assert failed.decode_path == "pillow"
+    assert failed.fallback_reason == "nvImageCodec raised FakeDecodeError"
+    np.testing.assert_array_equal(failed.pixels.numpy(), pillow_rgb(data))
+    assert cuda.moves == ["cuda:0"]
+    assert (decoder.pool.discarded, decoder.pool.created) == (1, 0)
+
+    codec.outcome = "ok"
+    recovered = decoder.decode(data, K25)
+
+    assert recovered.decode_path == "nvimgcodec-cuda"
+    assert len(codec.decoders) == 2  # a fresh decoder, not the one that raised
+    assert [call.decoder for call in codec.calls] == [codec.decoders[1]]
+
+
+def test_no_image_from_the_decoder_falls_back_to_pillow_with_the_reason(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    decoder = ImageDecoder("cuda:0")
+    data = read(corpus, BASELINE_JPEG)
+    codec.outcome = "none"
+    decoded = decoder.decode(data, K25)
+
+    assert decoded.decode_path == "pillow"
+    assert decoded.fallback_reason == "nvImageCodec returned no image"
+    np.testing.assert_array_equal(decoded.pixels.numpy(), pillow_rgb(data))
+    assert cuda.moves == ["cuda:0"]
+    assert decoder.stats.snapshot() == {"paths": {"pillow": 1}, "fallbacks": {"nvImageCodec returned no image": 1}}
+    assert decoder.pool.discarded == 0  # returning None is an answer, not a broken decoder
+
+
+def test_strict_decoder_raises_instead_of_falling_back(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    codec.outcome = "none"
+    with pytest.raises(FallbackError, match=r"nvimgcodec-cuda.*returned no image"):
+        ImageDecoder("cuda:0", strict=True).decode(read(corpus, BASELINE_JPEG), K25)
+
+
+def test_arithmetic_coded_jpeg_is_planned_to_pillow_on_cuda_only(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    data = read(corpus, ARITHMETIC_JPEG)
+    on_cuda = ImageDecoder("cuda:0").decode(data, K25)
+
+    assert (on_cuda.decode_path, on_cuda.fallback_reason) == ("pillow", None)
+    assert codec.decoders == []
+    assert cuda.moves == ["cuda:0"]
+
+    on_cpu = ImageDecoder("cpu").decode(data, K25)
+
+    assert on_cpu.decode_path == "nvimgcodec-cpu"
+    [cpu_decoder] = codec.decoders
+    assert cpu_decoder.backend_kinds == [BackendKind.CPU_ONLY]
+    assert cpu_decoder.device_id == codec.NVIMGCODEC_DEVICE_CPU_ONLY
