@@ -1,0 +1,271 @@
+"""``kimi-prep``: preprocess in-process, serve, infer against a server, or run a demo.
+
+Every subcommand that processes images prints one summary line per image on stdout, one error line
+per bad image on stderr, writes the good results (optionally) to an ``.npz`` with the processor's
+layout, and exits non-zero when any image failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from PIL import Image
+
+from kimi_vision_prep import PRESETS, PreprocessError, PreprocessResult, preprocess_bytes
+
+from .client import MODEL_PRESETS, KimiVisionClient, VisionResult
+
+EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+
+class ImageOutput(Protocol):
+    """What both :class:`PreprocessResult` and ``VisionResult`` provide."""
+
+    pixel_values: np.ndarray
+    grid_thw: np.ndarray
+    num_tokens: int
+
+
+@dataclass
+class Outcome:
+    """One input file and what became of it: a result or the error it raised."""
+
+    name: str
+    result: ImageOutput | None = None
+    error: Exception | None = None
+
+
+# -- shared by preprocess / infer / demo ------------------------------------------------------
+
+
+def image_suffixes() -> frozenset[str]:
+    """File suffixes Pillow knows (``.jpg``, ``.png``, ...): what a directory expands to."""
+    Image.init()
+    return frozenset(Image.registered_extensions())
+
+
+def expand_paths(paths: Sequence[Path]) -> list[Path]:
+    """Files as given, directories replaced by their image files (recursive, sorted)."""
+    suffixes = image_suffixes()
+    expanded: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            expanded.extend(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in suffixes))
+        else:
+            expanded.append(path)
+    return expanded
+
+
+def grid_text(grid_thw: np.ndarray) -> str:
+    return "x".join(str(int(v)) for v in grid_thw)
+
+
+def summary_line(name: str, result: ImageOutput) -> str:
+    """``name: [WxH -> new WxH, ]grid 1xHxW, T tokens, N patches[, decode path]``."""
+    parts = []
+    if isinstance(result, PreprocessResult):
+        parts.append(f"{result.width}x{result.height} -> {result.target.new_width}x{result.target.new_height}")
+    parts += [f"grid {grid_text(result.grid_thw)}", f"{result.num_tokens} tokens"]
+    parts.append(f"{len(result.pixel_values)} patches")
+    if isinstance(result, PreprocessResult):
+        parts.append(result.decode_path + (f" (fallback: {result.fallback_reason})" if result.fallback_reason else ""))
+    return f"{name}: " + ", ".join(parts)
+
+
+def error_line(name: str, error: Exception) -> str:
+    return f"{name}: error: {type(error).__name__}: {error}"
+
+
+def write_npz(path: Path, outcomes: Sequence[Outcome], patch_size: int = 14) -> None:
+    """Save the good results as the processor returns them.
+
+    ``pixel_values`` float32 ``(ΣN, 3, p, p)``, ``grid_thws`` int64 ``(n, 3)``, ``num_tokens``
+    int64 ``(n,)``, ``names`` str ``(n,)``; failed images are left out.
+    """
+    good = [o for o in outcomes if o.result is not None]
+    results = [o.result for o in good if o.result is not None]
+    pixel_values = (
+        np.concatenate([np.asarray(r.pixel_values, dtype=np.float32) for r in results])
+        if results
+        else np.zeros((0, 3, patch_size, patch_size), np.float32)
+    )
+    np.savez(
+        path,
+        pixel_values=pixel_values,
+        grid_thws=np.array([r.grid_thw for r in results], dtype=np.int64).reshape(-1, 3),
+        num_tokens=np.array([r.num_tokens for r in results], dtype=np.int64),
+        names=np.array([o.name for o in good], dtype=np.str_),
+    )
+
+
+def report(outcomes: Sequence[Outcome], out: Path | None) -> int:
+    """Write the npz (if asked), print an error count, and return the exit code."""
+    if out is not None:
+        write_npz(out, outcomes)
+    failed = sum(o.error is not None for o in outcomes)
+    if failed:
+        print(f"{failed} of {len(outcomes)} images failed", file=sys.stderr)
+    return EXIT_SOME_FAILED if failed else EXIT_OK
+
+
+def read_inputs(paths: Sequence[Path]) -> list[tuple[Outcome, bytes | None]]:
+    """Each path's bytes, or an outcome already carrying the read error."""
+    inputs: list[tuple[Outcome, bytes | None]] = []
+    for path in paths:
+        try:
+            inputs.append((Outcome(str(path)), path.read_bytes()))
+        except OSError as exc:
+            inputs.append((Outcome(str(path), error=exc), None))
+    return inputs
+
+
+def print_outcome(outcome: Outcome, write_line: Callable[..., object] = print) -> None:
+    """Summary on stdout or error on stderr; ``write_line`` is ``print`` or ``tqdm.write``."""
+    if outcome.result is not None:
+        write_line(summary_line(outcome.name, outcome.result), file=sys.stdout)
+    elif outcome.error is not None:
+        write_line(error_line(outcome.name, outcome.error), file=sys.stderr)
+
+
+def outcome_of(name: str, result: VisionResult | PreprocessError) -> Outcome:
+    return Outcome(name, error=result) if isinstance(result, Exception) else Outcome(name, result=result)
+
+
+# -- subcommands --------------------------------------------------------------------------------
+
+
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    """In-process, exactly the library call a Triton model makes."""
+    outcomes = []
+    for outcome, data in read_inputs(expand_paths(args.images)):
+        if data is not None:
+            try:
+                outcome.result = preprocess_bytes(data, args.preset)
+            except PreprocessError as exc:
+                outcome.error = exc
+        print_outcome(outcome)
+        outcomes.append(outcome)
+    return report(outcomes, args.out)
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    """Send images to a running server, ``--concurrency`` requests in flight."""
+    from tqdm import tqdm
+
+    inputs = read_inputs(expand_paths(args.images))
+    to_send = [(outcome, data) for outcome, data in inputs if data is not None]
+    for outcome, data in inputs:
+        if data is None:
+            print_outcome(outcome)
+    with KimiVisionClient(args.url, args.protocol, args.model, args.shm) as client:
+        if not client.is_ready():
+            print(f"kimi-prep: no ready model {args.model!r} at {args.url} ({args.protocol})", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        with tqdm(
+            total=len(to_send), file=sys.stderr, unit="img", disable=args.quiet or not sys.stderr.isatty()
+        ) as progress:
+
+            def on_result(index: int, result: VisionResult | PreprocessError) -> None:
+                outcome = to_send[index][0]
+                outcome.result, outcome.error = (None, result) if isinstance(result, Exception) else (result, None)
+                print_outcome(outcome, tqdm.write)
+                progress.update()
+
+            client.infer_many((data for _, data in to_send), concurrency=args.concurrency, on_result=on_result)
+    return report([outcome for outcome, _ in inputs], args.out)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kimi_vision_prep.serving.launcher import serve
+
+    return serve(
+        model_repository=args.model_repository,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        instances=args.instances,
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Start the embedded server, send the sample images over HTTP and gRPC, compare, stop."""
+    from kimi_vision_prep.serving.launcher import EmbeddedServer
+
+    from .samples import sample_images
+
+    samples = sample_images()
+    failed = 0
+    print(f"starting tritonserver with {', '.join(samples)} ...", file=sys.stderr)
+    with EmbeddedServer() as server:
+        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+            with KimiVisionClient(url, protocol, args.model) as client:
+                results = client.infer_many(samples.values(), concurrency=len(samples))
+                preset = client.preset
+            for (name, data), result in zip(samples.items(), results, strict=True):
+                outcome = outcome_of(f"[{protocol}] {name}", result)
+                if outcome.result is not None:
+                    reference = preprocess_bytes(data, preset)
+                    if not np.array_equal(outcome.result.pixel_values, reference.pixel_values):
+                        outcome.result, outcome.error = None, AssertionError("pixel_values differ from in-process")
+                failed += outcome.error is not None
+                print_outcome(outcome)
+    print("all results bit-equal to in-process preprocessing" if not failed else f"{failed} failed", file=sys.stderr)
+    return EXIT_SOME_FAILED if failed else EXIT_OK
+
+
+# -- argument parsing ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kimi-prep", description="Bit-exact Kimi vision preprocessing.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    pre = sub.add_parser("preprocess", help="preprocess images in-process (no server)")
+    pre.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS))
+    pre.add_argument("--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz")
+    pre.add_argument("images", nargs="+", type=Path, metavar="IMAGE|DIR")
+    pre.set_defaults(run=cmd_preprocess)
+
+    srv = sub.add_parser("serve", help="run tritonserver on the model repository")
+    srv.add_argument("--model-repository", type=Path, default=None, help="default: the repository's model_repository/")
+    srv.add_argument("--http-port", type=int, default=8000)
+    srv.add_argument("--grpc-port", type=int, default=8001)
+    srv.add_argument("--metrics-port", type=int, default=8002)
+    srv.add_argument("--instances", type=int, default=None, help="model instances per preprocessing model")
+    srv.set_defaults(run=cmd_serve)
+
+    inf = sub.add_parser("infer", help="preprocess images on a running server")
+    inf.add_argument("--url", default=None, help="host:port (default localhost:8001 for grpc, :8000 for http)")
+    inf.add_argument("--protocol", choices=("http", "grpc"), default="grpc")
+    inf.add_argument("--model", default="kimi_k25_vision")
+    inf.add_argument("--shm", action="store_true", help="exchange tensors through system shared memory")
+    inf.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    inf.add_argument("--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz")
+    inf.add_argument("--quiet", action="store_true", help="no progress bar")
+    inf.add_argument("images", nargs="+", type=Path, metavar="IMAGE|DIR")
+    inf.set_defaults(run=cmd_infer)
+
+    demo = sub.add_parser("demo", help="start a server, send sample images over HTTP and gRPC, stop")
+    demo.add_argument("--model", default="kimi_k25_vision", choices=sorted(MODEL_PRESETS))
+    demo.set_defaults(run=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "infer" and args.url is None:
+        args.url = "localhost:8001" if args.protocol == "grpc" else "localhost:8000"
+    if getattr(args, "concurrency", 1) < 1:
+        print("kimi-prep: --concurrency must be >= 1", file=sys.stderr)
+        return EXIT_USAGE
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Small sample images for ``kimi-prep demo``, generated at runtime (no binary files in the package).
+
+Each exercises a different route: a 4:2:0 JPEG (nvImageCodec, fancy chroma upsampling), a PNG with
+alpha (Pillow; K2.5 drops alpha, K3 composites it onto the chessboard) and a JPEG large enough to be
+resized by the NaViT rule.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+
+def gradient_rgb(width: int, height: int) -> np.ndarray:
+    """uint8 ``(height, width, 3)``: horizontal red, vertical green and diagonal blue ramps."""
+    x = np.linspace(0, 255, width)[None, :]
+    y = np.linspace(0, 255, height)[:, None]
+    red = np.broadcast_to(x, (height, width))
+    green = np.broadcast_to(y, (height, width))
+    blue = (red + green) / 2
+    return np.stack([red, green, blue], axis=-1).round().astype(np.uint8)
+
+
+def encode(image: Image.Image, image_format: str, **options: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=image_format, **options)
+    return buffer.getvalue()
+
+
+def sample_images() -> dict[str, bytes]:
+    """File name -> encoded bytes of three deterministic sample images."""
+    gradient = Image.fromarray(gradient_rgb(640, 480))
+    rgba = np.dstack([gradient_rgb(300, 200), np.tile(np.linspace(0, 255, 300).astype(np.uint8), (200, 1))])
+    large = Image.fromarray(gradient_rgb(2400, 1800))
+    return {
+        "gradient_420.jpg": encode(gradient, "JPEG", quality=90, subsampling="4:2:0"),
+        "alpha_ramp.png": encode(Image.fromarray(rgba), "PNG"),
+        "large_resized.jpg": encode(large, "JPEG", quality=85, subsampling="4:2:0"),
+    }

@@ -1,0 +1,173 @@
+"""``kimi-prep``: preprocess / infer / serve / demo through ``main(argv)``.
+
+Expected arrays are recomputed here with ``kimi_vision_prep.preprocess_bytes`` on the same files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kimi_vision_client import cli
+from kimi_vision_client.samples import sample_images
+from kimi_vision_prep import PreprocessError, concat_results, preprocess_bytes
+
+GOOD = ["pil__hopper.jpg", "pilx__transparent.webp", "pil__iptc.jpg", "pilx__p_trns_single.png"]
+BAD = ["pilx__broken.png", "pil__truncated_jpeg.jpg"]
+# Bad files interleaved with good ones: the good ones must come out unaffected and in order.
+MIXED = [GOOD[0], BAD[0], GOOD[1], GOOD[2], BAD[1], GOOD[3]]
+
+
+def expected_npz(paths: list[Path], preset: str) -> dict[str, np.ndarray]:
+    """The npz ``kimi-prep`` should write for ``paths``: the accepted images, in order."""
+    results, names = [], []
+    for path in paths:
+        try:
+            results.append(preprocess_bytes(path.read_bytes(), preset))
+        except PreprocessError:
+            continue
+        names.append(str(path))
+    pixel_values, grid_thws = concat_results(results)
+    return {
+        "pixel_values": pixel_values,
+        "grid_thws": grid_thws,
+        "num_tokens": np.array([r.num_tokens for r in results], dtype=np.int64),
+        "names": np.array(names),
+    }
+
+
+def assert_npz_equal(path: Path, expected: dict[str, np.ndarray]) -> None:
+    with np.load(path) as got:
+        assert sorted(got.files) == sorted(expected)
+        for key, value in expected.items():
+            assert got[key].dtype == value.dtype, key
+            assert np.array_equal(got[key], value), key
+
+
+def assert_reports(out: str, err: str, good: list[Path], bad: list[Path]) -> None:
+    """One summary line per good image on stdout, one error line per bad image on stderr."""
+    out_lines = out.splitlines()
+    for path in good:
+        assert sum(line.startswith(f"{path}: ") for line in out_lines) == 1, path
+    for path in bad:
+        (line,) = [line for line in err.splitlines() if line.startswith(f"{path}: error: ")]
+        with pytest.raises(PreprocessError) as raised:
+            preprocess_bytes(path.read_bytes())
+        assert f"{type(raised.value).__name__}: {raised.value}" in line
+    assert f"{len(bad)} of {len(good) + len(bad)} images failed" in err
+
+
+# -- preprocess (in-process) ------------------------------------------------------------------
+
+
+def test_preprocess_writes_good_images_and_reports_bad_ones(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = [corpus / name for name in MIXED]
+    out = tmp_path / "result.npz"
+    code = cli.main(["preprocess", "--out", str(out), *map(str, paths)])
+    captured = capsys.readouterr()
+    assert code != 0
+    assert_reports(captured.out, captured.err, [corpus / n for n in GOOD], [corpus / n for n in BAD])
+    assert_npz_equal(out, expected_npz(paths, "kimi-k2.5"))
+
+
+def test_preprocess_summary_lines_and_preset(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    paths = [corpus / name for name in GOOD]
+    out = tmp_path / "k3.npz"
+    assert cli.main(["preprocess", "--preset", "kimi-k3", "--out", str(out), *map(str, paths)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for path, line in zip(paths, lines, strict=True):
+        result = preprocess_bytes(path.read_bytes(), "kimi-k3")
+        target = result.target
+        assert line.startswith(f"{path}: {target.width}x{target.height} -> {target.new_width}x{target.new_height}")
+        assert f"{result.num_tokens} tokens" in line and result.decode_path in line
+    assert_npz_equal(out, expected_npz(paths, "kimi-k3"))
+
+
+def test_unreadable_file_is_a_per_file_error(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.jpg"
+    out = tmp_path / "result.npz"
+    assert cli.main(["preprocess", "--out", str(out), str(missing), str(corpus / GOOD[0])]) != 0
+    assert f"{missing}: error: FileNotFoundError" in capsys.readouterr().err
+    assert_npz_equal(out, expected_npz([corpus / GOOD[0]], "kimi-k2.5"))
+
+
+def test_directories_expand_to_their_image_files(corpus: Path, tmp_path: Path) -> None:
+    (tmp_path / "nested").mkdir()
+    for name, target in [(GOOD[0], "b.jpg"), (GOOD[1], "nested/a.webp"), (GOOD[2], "c.JPG")]:
+        (tmp_path / target).write_bytes((corpus / name).read_bytes())
+    (tmp_path / "notes.txt").write_text("not an image")
+    single = corpus / GOOD[3]
+    assert cli.expand_paths([tmp_path, single]) == [
+        tmp_path / "b.jpg",
+        tmp_path / "c.JPG",
+        tmp_path / "nested" / "a.webp",
+        single,
+    ]
+
+
+def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kimi_vision_prep.serving import launcher
+
+    calls: list[dict[str, object]] = []
+
+    def fake_serve(**kwargs: object) -> int:
+        calls.append(kwargs)
+        return 7
+
+    monkeypatch.setattr(launcher, "serve", fake_serve)
+    argv = ["serve", "--model-repository", str(tmp_path), "--http-port", "9000", "--grpc-port", "9001"]
+    assert cli.main([*argv, "--metrics-port", "9002", "--instances", "3"]) == 7
+    assert calls == [
+        {"model_repository": tmp_path, "http_port": 9000, "grpc_port": 9001, "metrics_port": 9002, "instances": 3}
+    ]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_infer_without_a_server_fails_once_and_clearly(
+    corpus: Path, capsys: pytest.CaptureFixture[str], protocol: str
+) -> None:
+    from kimi_vision_prep.serving.launcher import free_port
+
+    url = f"127.0.0.1:{free_port()}"  # nothing listens there
+    code = cli.main(["infer", "--url", url, "--protocol", protocol, str(corpus / GOOD[0])])
+    assert code == cli.EXIT_UNAVAILABLE
+    expected = f"kimi-prep: no ready model 'kimi_k25_vision' at {url} ({protocol})"
+    assert capsys.readouterr().err.strip().splitlines() == [expected]
+
+
+# -- against the real server --------------------------------------------------------------------
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("mode", ["http", "grpc", "grpc+shm"])
+def test_infer_equals_preprocess(
+    triton_server: object, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    protocol, _, shm = mode.partition("+")
+    paths = [corpus / name for name in MIXED]
+    out = tmp_path / "infer.npz"
+    url = getattr(triton_server, f"{protocol}_url")
+    argv = ["infer", "--url", url, "--protocol", protocol, "--concurrency", "2", "--out", str(out)]
+    code = cli.main([*argv, *(["--shm"] if shm else []), *map(str, paths)])
+    captured = capsys.readouterr()
+    assert code != 0
+    assert_reports(captured.out, captured.err, [corpus / n for n in GOOD], [corpus / n for n in BAD])
+    assert_npz_equal(out, expected_npz(paths, "kimi-k2.5"))
+
+
+@pytest.mark.server
+def test_demo_round_trips_the_samples_over_both_protocols(
+    triton_server: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The demo starts its own server; the fixture only guarantees a tritonserver is available.
+    assert cli.main(["demo"]) == 0
+    out = capsys.readouterr().out
+    for protocol in ("http", "grpc"):
+        for name, data in sample_images().items():
+            result = preprocess_bytes(data)
+            (line,) = [line for line in out.splitlines() if line.startswith(f"[{protocol}] {name}: ")]
+            assert f"grid {'x'.join(map(str, result.grid_thw))}, {result.num_tokens} tokens" in line

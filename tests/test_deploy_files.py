@@ -1,0 +1,225 @@
+"""docker/ and docker/k8s/: parse every deployment file and check it against the repository.
+
+Nothing here runs Docker or Kubernetes; the checks catch the drift that breaks a build or a rollout
+silently: a COPY of a path that moved, a model name that no longer exists, ports that disagree,
+an unpinned base image, CMD flags that differ from the launcher's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kimi_vision_client.cli import build_parser
+from kimi_vision_prep.serving import launcher
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKER = REPO / "docker"
+DOCKERFILES = {"cu12": DOCKER / "Dockerfile.cu12", "cu13": DOCKER / "Dockerfile.cu13"}
+COMPOSE = DOCKER / "docker-compose.yml"
+K8S = DOCKER / "k8s" / "deployment.yaml"
+PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+PINNED_TRITON = re.compile(r"^nvcr\.io/nvidia/tritonserver:\d{2}\.\d{2}-py3$")
+MODEL_NAME = re.compile(r"\bkimi_(?:k\d+_[a-z0-9_]+|patch_embed)\b")
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` pairs, comments dropped and ``\\`` continuations joined."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        keyword, _, arguments = (pending + line).partition(" ")
+        instructions.append((keyword.upper(), arguments.strip()))
+        pending = ""
+    return instructions
+
+
+def instruction_args(path: Path, keyword: str) -> list[str]:
+    return [args for kw, args in dockerfile_instructions(path) if kw == keyword]
+
+
+def cmd_argv(path: Path) -> list[str]:
+    (cmd,) = instruction_args(path, "CMD")
+    return json.loads(cmd)
+
+
+def flag_value(argv: list[str], flag: str) -> str:
+    (value,) = [arg.split("=", 1)[1] for arg in argv if arg.startswith(f"{flag}=")]
+    return value
+
+
+def model_repository_names() -> set[str]:
+    return {p.parent.name for p in (REPO / "model_repository").glob("*/config.pbtxt")}
+
+
+def k8s_documents() -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(K8S.read_text()) if doc}
+
+
+def compose_service() -> dict:
+    (service,) = yaml.safe_load(COMPOSE.read_text())["services"].values()
+    return service
+
+
+def deploy_texts() -> dict[str, str]:
+    """Every file under docker/ and the serving docs, by repository-relative path."""
+    paths = [p for p in sorted(DOCKER.rglob("*")) if p.is_file()] + [REPO / "docs" / "serving.md"]
+    return {str(p.relative_to(REPO)): p.read_text() for p in paths if p.exists()}
+
+
+# -- Dockerfiles --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
+def test_dockerfile_base_image_is_a_pinned_ngc_tritonserver(cuda: str) -> None:
+    (base,) = instruction_args(DOCKERFILES[cuda], "FROM")
+    assert PINNED_TRITON.match(base), f"{DOCKERFILES[cuda].name}: FROM {base!r} is not a pinned NGC tag"
+
+
+@pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
+def test_dockerfile_copies_existing_paths(cuda: str) -> None:
+    copies = instruction_args(DOCKERFILES[cuda], "COPY")
+    assert copies
+    for args in copies:
+        *sources, _destination = shlex.split(args)
+        for source in sources:
+            assert (REPO / source).exists(), f"{DOCKERFILES[cuda].name}: COPY source {source} missing in the repo"
+
+
+@pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
+def test_dockerfile_installs_its_nvimagecodec_extra(cuda: str) -> None:
+    runs = " ".join(instruction_args(DOCKERFILES[cuda], "RUN"))
+    assert f'pip install ".[{cuda}]"' in runs
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(f"nvimgcodec-{cuda}" in dep for dep in extras[cuda])
+
+
+@pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
+def test_dockerfile_cmd_runs_tritonserver_with_the_launcher_flags(cuda: str) -> None:
+    argv = cmd_argv(DOCKERFILES[cuda])
+    assert argv[0] == "tritonserver"
+    model_repository = flag_value(argv, "--model-repository")
+    install = launcher.TritonInstall(Path("tritonserver"), None, {}, embedded=False)
+    expected = launcher.server_args(install, Path(model_repository), PORTS["http"], PORTS["grpc"], PORTS["metrics"])
+    # The region prefix only keeps several servers on one host apart (it embeds a pid): one per container.
+    expected = [arg for arg in expected[1:] if "shm-region-prefix-name" not in arg]
+    assert sorted(argv[1:]) == sorted(expected)
+    copied_to = {shlex.split(args)[-1] for args in instruction_args(DOCKERFILES[cuda], "COPY")}
+    assert model_repository in copied_to
+
+
+@pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
+def test_dockerfile_exposes_the_ports_it_serves_on(cuda: str) -> None:
+    exposed = {int(p) for args in instruction_args(DOCKERFILES[cuda], "EXPOSE") for p in args.split()}
+    argv = cmd_argv(DOCKERFILES[cuda])
+    served = {int(flag_value(argv, f"--{name}-port")) for name in PORTS}
+    assert exposed == served == set(PORTS.values())
+
+
+@pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
+def test_dockerignore_keeps_every_copied_path(cuda: str) -> None:
+    ignore = DOCKERFILES[cuda].with_name(DOCKERFILES[cuda].name + ".dockerignore").read_text().splitlines()
+    kept = {line[1:].split("/")[0] for line in ignore if line.startswith("!")}
+    for args in instruction_args(DOCKERFILES[cuda], "COPY"):
+        *sources, _ = shlex.split(args)
+        assert all(source in kept for source in sources), f"{sources} excluded from the build context"
+
+
+# -- defaults shared with the Python entry points ----------------------------------------------
+
+
+def test_default_ports_match_launcher_and_cli() -> None:
+    defaults = inspect.signature(launcher.serve).parameters
+    assert {name: defaults[f"{name}_port"].default for name in PORTS} == PORTS
+    serve_args = build_parser().parse_args(["serve"])
+    assert {name: getattr(serve_args, f"{name}_port") for name in PORTS} == PORTS
+
+
+# -- docker-compose -----------------------------------------------------------------------------
+
+
+def test_compose_builds_an_existing_dockerfile_from_the_repository_root() -> None:
+    build = compose_service()["build"]
+    context = (COMPOSE.parent / build["context"]).resolve()
+    assert context == REPO
+    dockerfile = re.sub(r"\$\{CUDA:-(\w+)\}", r"\1", build["dockerfile"])
+    assert (context / dockerfile).resolve() == DOCKERFILES["cu12"]
+    for cuda, path in DOCKERFILES.items():
+        assert (context / build["dockerfile"].replace("${CUDA:-cu12}", cuda)).resolve() == path
+
+
+def test_compose_ports_gpu_shm_and_healthcheck() -> None:
+    service = compose_service()
+    published = {tuple(int(p) for p in mapping.split(":")) for mapping in service["ports"]}
+    assert published == {(port, port) for port in PORTS.values()}
+    (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert service["shm_size"]
+    health = " ".join(service["healthcheck"]["test"])
+    assert f"localhost:{PORTS['http']}/v2/health/ready" in health
+
+
+# -- Kubernetes ---------------------------------------------------------------------------------
+
+
+def test_k8s_has_deployment_service_and_hpa() -> None:
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler"} <= set(k8s_documents())
+
+
+def test_k8s_deployment_gpu_shm_and_probes() -> None:
+    docs = k8s_documents()
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    image = container["image"]
+    assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), f"unpinned image {image}"
+    (shm_mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (shm_volume,) = [v for v in pod["volumes"] if v["name"] == shm_mount["name"]]
+    assert shm_volume["emptyDir"]["medium"] == "Memory" and shm_volume["emptyDir"]["sizeLimit"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == PORTS
+    for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live")):
+        assert container[probe]["httpGet"]["path"] == path
+        assert container[probe]["httpGet"]["port"] in ("http", PORTS["http"])
+
+
+def test_k8s_service_and_hpa_target_the_deployment() -> None:
+    docs = k8s_documents()
+    deployment, service, hpa = docs["Deployment"], docs["Service"], docs["HorizontalPodAutoscaler"]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == PORTS
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == set(PORTS)
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    # The custom metric the HPA reads is the one the documented prometheus-adapter rule produces.
+    assert f'as: "{metric["pods"]["metric"]["name"]}"' in K8S.read_text()
+    assert "nv_inference_queue_duration_us" in K8S.read_text()
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == PORTS["metrics"]
+
+
+# -- model names --------------------------------------------------------------------------------
+
+
+def test_model_names_referenced_exist_in_the_model_repository() -> None:
+    available = model_repository_names()
+    if not available:
+        pytest.skip("model_repository/ has no models yet")
+    for name, text in deploy_texts().items():
+        missing = set(MODEL_NAME.findall(text)) - available
+        assert not missing, f"{name} references models not in model_repository/: {sorted(missing)}"
