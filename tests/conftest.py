@@ -30,3 +30,27 @@ def corpus() -> Path:
     if not CORPUS.exists():
         pytest.skip("shared/corpus not present")
     return CORPUS
+
+
+# -- the embedded tritonserver (tests marked `server`) --------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def triton_server():
+    """A real tritonserver on free ports serving ``model_repository/`` rendered with 1 instance per model.
+
+    Yields a :class:`kimi_vision_prep.serving.launcher.EmbeddedServer` (``.http_url``, ``.grpc_url``,
+    ``.metrics_url``, ``.log_tail()``); stopped at the end of the session.
+    """
+    from kimi_vision_prep.serving.launcher import EmbeddedServer, find_tritonserver
+
+    try:
+        find_tritonserver()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    server = EmbeddedServer(instances=1)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -14,6 +14,7 @@ the environment is set so that stub loads this interpreter's libpython and this 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import re
@@ -37,6 +38,7 @@ from typing import Any
 SHM_DEFAULT_BYTES = 64 << 20
 SHM_GROWTH_BYTES = 64 << 20
 STUB_TIMEOUT_S = 120
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../kimi_vision_prep
 
 
@@ -136,7 +138,26 @@ def render_repository(src: Path, dst: Path, instances: int | None = None) -> Pat
     return dst
 
 
-def server_args(
+def _load_prctl() -> Any:
+    """libc's prctl, resolved in the parent (nothing may be loaded between fork and exec)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _load_prctl()
+
+
+def _server_process_setup() -> None:
+    """In the forked child: own process group (a terminal's Ctrl-C reaches tritonserver once, through
+    the launcher, not twice) and SIGTERM when the launcher dies (no orphaned servers on a shared host)."""
+    os.setpgrp()
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def server_args(  # noqa: PLR0917  (positional use in tests/test_deploy_files.py)
     install: TritonInstall,
     model_repository: Path,
     http_port: int,
@@ -164,7 +185,7 @@ def server_args(
     return [*args, *extra_args]
 
 
-def serve(
+def serve(  # noqa: PLR0917  (the `kimi-prep serve` contract)
     model_repository: Path | None = None,
     http_port: int = 8000,
     grpc_port: int = 8001,
@@ -179,8 +200,15 @@ def serve(
         if instances is not None:
             rendered = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_repo.")))
             repository = render_repository(repository, rendered / "model_repository", instances)
-        args = server_args(install, repository, http_port, grpc_port, metrics_port, extra_args)
-        process = subprocess.Popen(args, env=install.env)
+        args = server_args(
+            install,
+            repository,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            extra_args=extra_args,
+        )
+        process = subprocess.Popen(args, env=install.env, preexec_fn=_server_process_setup)  # noqa: PLW1509
 
         def forward(signum: int, _frame: Any) -> None:
             process.send_signal(signum)
@@ -213,9 +241,9 @@ def _http_ok(url: str) -> bool:
 class EmbeddedServer:
     """A tritonserver subprocess on given or free ports, ready when ``__enter__`` returns.
 
-    ``instances`` renders the repository into a temp dir with that instance count; the server's
-    log goes to ``log_path``. Readiness means ``/v2/health/ready`` and every model of the
-    repository ready.
+    ``instances`` renders the repository into a temp dir with that instance count. The server's log
+    goes to ``log_path`` (kept), else into that temp dir (removed by :meth:`stop`). Readiness means
+    ``/v2/health/ready`` and every model of the repository ready.
     """
 
     def __init__(
@@ -228,6 +256,7 @@ class EmbeddedServer:
         metrics_port: int | None = None,
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 300.0,
+        log_path: Path | None = None,
     ) -> None:
         self.source_repository = Path(model_repository or default_model_repository()).resolve()
         self.instances = instances
@@ -239,7 +268,8 @@ class EmbeddedServer:
         self.process: subprocess.Popen[bytes] | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
         self.repository = self.source_repository
-        self.log_path: Path | None = None
+        self._kept_log_path = Path(log_path) if log_path is not None else None
+        self.log_path: Path | None = self._kept_log_path
 
     @property
     def http_url(self) -> str:
@@ -268,12 +298,24 @@ class EmbeddedServer:
         workdir = Path(self._workdir.name)
         if self.instances is not None:
             self.repository = render_repository(self.source_repository, workdir / "model_repository", self.instances)
-        self.log_path = workdir / "tritonserver.log"
+        self.log_path = self._kept_log_path or workdir / "tritonserver.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         args = server_args(
-            install, self.repository, self.http_port, self.grpc_port, self.metrics_port, self.extra_args
+            install,
+            self.repository,
+            http_port=self.http_port,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+            extra_args=self.extra_args,
         )
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(args, env=install.env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                args,
+                env=install.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_server_process_setup,  # noqa: PLW1509  (async-signal-safe calls only)
+            )
         try:
             self.wait_ready()
         except BaseException:

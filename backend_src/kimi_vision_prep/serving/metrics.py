@@ -54,11 +54,15 @@ class ModelMetrics:
         family = self._families.get(key)
         if family is None:
             return
-        series = self._series.get((key, label, value))
-        if series is None:
-            series = family.Metric(labels={**self._base_labels, label: value})
-            self._series[(key, label, value)] = series
-        series.increment(amount)
+        try:
+            series = self._series.get((key, label, value))
+            if series is None:
+                series = family.Metric(labels={**self._base_labels, label: value})
+                self._series[(key, label, value)] = series
+            series.increment(amount)
+        except Exception as exc:  # metrics must never fail a request
+            self.error = f"custom metrics disabled after {type(exc).__name__}: {exc}"
+            self.close()
 
     def count_decode(self, path: str) -> None:
         self._increment("decodes", "path", path, 1)

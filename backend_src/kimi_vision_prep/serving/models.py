@@ -30,9 +30,10 @@ of ``execute``.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,19 @@ def output_tensor(pb_utils: Any, name: str, value: Any) -> Any:
     if value.device.type == "cpu":
         return pb_utils.Tensor(name, np.ascontiguousarray(value.numpy()))
     return pb_utils.Tensor.from_dlpack(name, value.contiguous())
+
+
+def synchronize_cuda(values: Iterable[Any]) -> None:
+    """Wait for the kernels that produce CUDA outputs (they run on torch's current stream; the
+    backend reads the memory from another process through CUDA IPC without joining that stream)."""
+    devices = sorted(
+        {f"cuda:{v.device.index or 0}" for v in values if not isinstance(v, np.ndarray) and v.device.type == "cuda"}
+    )
+    if devices:
+        import torch
+
+        for device in devices:
+            torch.cuda.synchronize(device)
 
 
 def _dtype_name(value: Any) -> str:
@@ -194,20 +208,23 @@ def pixel_values_from_input(array: Any, patch_size: int) -> Any:
 
 def warmup_images() -> list[bytes]:
     """Small encoded images that exercise every compiled path: an RGB JPEG (fast decode, no resize),
-    a tall RGB JPEG and a tall RGBA PNG that every shipped preset must resize (side > 512 patches:
-    bicubic, premultiplied for RGBA under K3) and a small RGBA PNG (alpha, no resize)."""
+    tall and wide RGB JPEGs and RGBA PNGs that every shipped preset must resize (a side > 512
+    patches: both pass orders, premultiplied RGBA under K3) and a small RGBA PNG (alpha, no resize)."""
 
     def encode(pixels: np.ndarray, mode: str, fmt: str) -> bytes:
         buffer = io.BytesIO()
-        Image.fromarray(pixels.astype(np.uint8), mode).save(buffer, format=fmt)
+        Image.fromarray(np.ascontiguousarray(pixels).astype(np.uint8), mode).save(buffer, format=fmt)
         return buffer.getvalue()
 
     ramp = np.arange(48 * 64 * 4, dtype=np.uint32).reshape(48, 64, 4) % 251
     tall = np.tile(ramp[:1, :16], (7300, 1, 1))
+    wide = tall.transpose(1, 0, 2)
     return [
         encode(ramp[:, :, :3], "RGB", "JPEG"),
         encode(tall[:, :, :3], "RGB", "JPEG"),
+        encode(wide[:, :, :3], "RGB", "JPEG"),
         encode(tall, "RGBA", "PNG"),
+        encode(wide, "RGBA", "PNG"),
         encode(ramp, "RGBA", "PNG"),
     ]
 
@@ -243,6 +260,7 @@ class TritonIO:
         return bool(check()) if check is not None else False
 
     def response(self, outputs: Mapping[str, Any]) -> Any:
+        synchronize_cuda(outputs.values())
         tensors = [output_tensor(self.pb, name, value) for name, value in outputs.items()]
         return self.pb.InferenceResponse(output_tensors=tensors)
 
@@ -283,6 +301,13 @@ class ServingModel:
         raise NotImplementedError
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
+        """One response per request, in order; never raises (the stub would fail the whole batch)."""
+        try:
+            return self._execute(requests)
+        except Exception as exc:  # last line of defence (metrics/logging/adapter failures)
+            return [self.io.error_response(exc) for _ in requests]
+
+    def _execute(self, requests: Sequence[Any]) -> list[Any]:
         results: list[Outputs | BaseException | None] = [None] * len(requests)
         live: list[int] = []
         for index, request in enumerate(requests):
@@ -384,21 +409,20 @@ class PreprocessModel(ServingModel):
         if threads:
             set_num_threads(threads)
         self.warmup()
-        self.io.log("info", f"{self.name}: preset {self.preset}, device {self.device}, numba_threads {threads or 'default'}")
+        self.io.log(
+            "info", f"{self.name}: preset {self.preset}, device {self.device}, numba_threads {threads or 'default'}"
+        )
 
     def warmup(self) -> None:
-        """Run every warm-up image through the pipeline (compiles/loads the numba kernel)."""
+        """Run every warm-up image through the pipeline (loads or compiles the numba kernels), from
+        writable and from read-only buffers (distinct numba signatures; Triton may hand either)."""
         for decoded in warmup_decoded(self.preset):
-            outputs = decode_outputs(decoded)
-            preprocess_decoded(
-                decoded_from_inputs(outputs["IMAGE"], outputs["ORIGINAL_SIZE"], outputs["RESAMPLE"], self.preset),
-                self.preset,
-            )
-            # Triton may hand read-only host buffers to the kernel: a distinct numba signature.
-            readonly = decoded.pixels.copy()
-            readonly.setflags(write=False)
-            decoded.pixels = readonly
-            preprocess_decoded(decoded, self.preset)
+            for writable in (True, False):
+                pixels = decoded.pixels.copy()
+                pixels.setflags(write=writable)
+                outputs = decode_outputs(dataclasses.replace(decoded, pixels=pixels))
+                inputs = (outputs["IMAGE"], outputs["ORIGINAL_SIZE"], outputs["RESAMPLE"])
+                preprocess_decoded(decoded_from_inputs(*inputs, self.preset), self.preset)
 
     def process(self, request: Any) -> Outputs:
         decoded = decoded_from_inputs(
@@ -432,7 +456,9 @@ class PatchEmbedModel(ServingModel):
         self.hidden_size = parse_int("hidden_size", self.parameters.get("hidden_size", "1152"), 1)
         self.seed = parse_int("seed", self.parameters.get("seed", "0"), 0)
         self.conv = make_patch_embed(self.seed, self.hidden_size, self.patch_size, self.device)
-        self.io.log("info", f"{self.name}: Conv2d(3, {self.hidden_size}, {self.patch_size}) seed {self.seed} on {self.device}")
+        self.io.log(
+            "info", f"{self.name}: Conv2d(3, {self.hidden_size}, {self.patch_size}) seed {self.seed} on {self.device}"
+        )
 
     def handle(self, requests: Sequence[Any]) -> list[Outputs | BaseException]:
         import torch

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     import torch
 
 
-def make_patch_embed(seed: int = 0, hidden_size: int = 1152, patch_size: int = 14, device: str = "cpu") -> torch.nn.Conv2d:
+def make_patch_embed(
+    seed: int = 0, hidden_size: int = 1152, patch_size: int = 14, device: str = "cpu"
+) -> torch.nn.Conv2d:
     """``Conv2d(3, hidden_size, patch_size, stride=patch_size)`` with seeded default init, in eval mode."""
     import torch
 

@@ -1,0 +1,576 @@
+"""The serving layer without a server: configs, request/response logic, DLPack hand-off, launcher.
+
+``pb_utils`` is replaced by a small fake that records what the models hand to Triton. The model
+configs are the shipped ``model_repository/*/config.pbtxt`` files, parsed with Triton's own
+protobuf schema (from tritonclient).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import torch
+from google.protobuf import json_format, text_format
+from PIL import Image
+from tritonclient.grpc import model_config_pb2
+
+from kimi_vision_prep import KIMI_K3, KIMI_K25, Preset, preprocess_bytes, preset_from_parameters
+from kimi_vision_prep.serving import launcher, models
+from kimi_vision_prep.serving.config import decoder_settings, model_parameters
+from kimi_vision_prep.serving.models import (
+    DecodeModel,
+    PatchEmbedModel,
+    PreprocessModel,
+    ServingModel,
+    decoded_from_inputs,
+    image_bytes_from_input,
+    input_array,
+    output_tensor,
+)
+from kimi_vision_prep.serving.patch_embed import make_patch_embed
+
+REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
+PRESET_KEYS = {"preset"} | {f.name for f in dataclasses.fields(Preset)} - {"name"}
+
+
+# -- the shipped configs --------------------------------------------------------------------------
+
+
+def load_config(model: str, repository: Path = REPOSITORY) -> model_config_pb2.ModelConfig:
+    return text_format.Parse((repository / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def config_dict(model: str) -> dict[str, Any]:
+    """The config as Triton hands it to a Python model (JSON with proto field names)."""
+    return json_format.MessageToDict(load_config(model), preserving_proto_field_name=True)
+
+
+def model_args(model: str, kind: str = "CPU", device_id: int = 0) -> dict[str, str]:
+    return {
+        "model_config": json.dumps(config_dict(model)),
+        "model_name": model,
+        "model_instance_name": f"{model}_0_0",
+        "model_instance_kind": kind,
+        "model_instance_device_id": str(device_id),
+    }
+
+
+def all_models() -> list[str]:
+    return sorted(p.parent.name for p in REPOSITORY.glob("*/config.pbtxt"))
+
+
+@pytest.mark.parametrize(("family", "preset"), [("k25", KIMI_K25), ("k3", KIMI_K3)])
+def test_decode_and_preprocess_configs_carry_the_same_preset(family: str, preset: Preset) -> None:
+    decode = model_parameters(config_dict(f"kimi_{family}_decode"))
+    prep = model_parameters(config_dict(f"kimi_{family}_preprocess"))
+    assert {k: v for k, v in decode.items() if k in PRESET_KEYS} == {k: v for k, v in prep.items() if k in PRESET_KEYS}
+    assert PRESET_KEYS <= decode.keys(), f"missing preset fields: {PRESET_KEYS - decode.keys()}"
+    assert preset_from_parameters(decode) == preset_from_parameters(prep) == preset
+
+
+def test_every_config_parses_and_is_consistent() -> None:
+    configs = {name: load_config(name) for name in all_models()}
+    assert set(configs) == {
+        "kimi_k25_decode", "kimi_k3_decode", "kimi_k25_preprocess", "kimi_k3_preprocess",
+        "kimi_k25_vision", "kimi_k3_vision", "kimi_patch_embed", "kimi_k25_vision_embed",
+    }  # fmt: skip
+    for name, config in configs.items():
+        assert config.name == name and config.max_batch_size > 0
+        if config.platform == "ensemble":
+            for step in config.ensemble_scheduling.step:
+                assert step.model_name in configs
+                assert configs[step.model_name].max_batch_size >= config.max_batch_size
+            continue
+        assert config.backend == "python" and (REPOSITORY / name / "1" / "model.py").exists()
+        for group in config.instance_group:  # auto or CPU, so GPU-less hosts load the repository
+            assert group.kind in (
+                model_config_pb2.ModelInstanceGroup.KIND_AUTO,
+                model_config_pb2.ModelInstanceGroup.KIND_CPU,
+            )
+    for family in ("k25", "k3"):
+        patch = preset_from_parameters(model_parameters(config_dict(f"kimi_{family}_preprocess"))).patch_size
+        outputs = {o.name: list(o.dims) for o in configs[f"kimi_{family}_preprocess"].output}
+        assert outputs["PIXEL_VALUES"] == [-1, 3, patch, patch]
+        assert {o.name: list(o.dims) for o in configs[f"kimi_{family}_vision"].output}["PIXEL_VALUES"] == [
+            -1,
+            3,
+            patch,
+            patch,
+        ]
+    for name in ("kimi_k25_preprocess", "kimi_k3_preprocess", "kimi_patch_embed"):
+        assert model_parameters(config_dict(name))["FORCE_CPU_ONLY_INPUT_TENSORS"] == "no"
+
+
+def test_decoder_settings_from_the_shipped_config() -> None:
+    settings = decoder_settings(model_parameters(config_dict("kimi_k25_decode")))
+    assert settings.decoder_pool_size >= 1 and settings.max_pixels == 178956970 and not settings.strict_decode
+
+
+# -- a fake pb_utils ------------------------------------------------------------------------------
+
+
+class FakeTritonError:
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG = "UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG"
+    UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED"
+
+    def __init__(self, message: str, code: str = "INTERNAL") -> None:
+        self.message, self.code = message, code
+
+
+class FakeTensor:
+    """A ``pb_utils.Tensor``: host (numpy) or 'GPU' (any DLPack-capable object, e.g. a torch tensor)."""
+
+    def __init__(self, name: str, value: Any, on_gpu: bool = False, via_dlpack: bool = False) -> None:
+        self.name, self.value, self.on_gpu, self.via_dlpack = name, value, on_gpu, via_dlpack
+
+    def is_cpu(self) -> bool:
+        return not self.on_gpu
+
+    def as_numpy(self) -> np.ndarray:
+        assert not self.on_gpu, "as_numpy() on a GPU tensor"
+        return self.value
+
+    def to_dlpack(self) -> Any:
+        return torch.utils.dlpack.to_dlpack(self.value)
+
+    @staticmethod
+    def from_dlpack(name: str, value: Any) -> FakeTensor:
+        return FakeTensor(name, value, on_gpu=True, via_dlpack=True)
+
+
+class FakeResponse:
+    def __init__(self, output_tensors: list[FakeTensor], error: FakeTritonError | None = None) -> None:
+        self.outputs = {t.name: t for t in output_tensors}
+        self.error = error
+
+
+class FakeRequest:
+    def __init__(self, cancelled: bool = False, **inputs: Any) -> None:
+        self.inputs = {name: v if isinstance(v, FakeTensor) else FakeTensor(name, v) for name, v in inputs.items()}
+        self.cancelled = cancelled
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+class FakeMetricFamily:
+    COUNTER, GAUGE = "COUNTER", "GAUGE"
+    values: ClassVar[dict[tuple[str, tuple], float]] = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name = name
+
+    def Metric(self, labels: dict[str, str]) -> Any:
+        key = (self.name, tuple(sorted(labels.items())))
+        values = FakeMetricFamily.values
+
+        def increment(amount: float) -> None:
+            values[key] = values.get(key, 0) + amount
+
+        return SimpleNamespace(increment=increment)
+
+
+class FakeLogger:
+    lines: ClassVar[list[tuple[str, str]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda message: FakeLogger.lines.append((name, message))
+
+
+@pytest.fixture
+def pb() -> SimpleNamespace:
+    FakeMetricFamily.values = {}
+    FakeLogger.lines = []
+    return SimpleNamespace(
+        Tensor=FakeTensor,
+        InferenceResponse=FakeResponse,
+        TritonError=FakeTritonError,
+        MetricFamily=FakeMetricFamily,
+        Logger=FakeLogger(),
+        get_input_tensor_by_name=lambda request, name: request.inputs.get(name),
+    )
+
+
+def counter(name: str, **labels: str) -> float:
+    return sum(
+        v for (n, key), v in FakeMetricFamily.values.items() if n == name and labels.items() <= dict(key).items()
+    )
+
+
+def bytes_request(data: bytes, **kwargs: Any) -> FakeRequest:
+    return FakeRequest(IMAGE_BYTES=np.array([[data]], dtype=np.object_), **kwargs)
+
+
+def outputs_of(response: FakeResponse) -> dict[str, Any]:
+    assert response.error is None, response.error.message
+    return {name: tensor.value for name, tensor in response.outputs.items()}
+
+
+@pytest.fixture(scope="module")
+def images(corpus: Path) -> dict[str, bytes]:
+    names = ["pil__hopper.jpg", "imagers__large_image.jpg", "pilx__p_trns_single.png", "pil__pil_sample_cmyk.jpg"]
+    return {name: (corpus / name).read_bytes() for name in names}
+
+
+# -- decode model ---------------------------------------------------------------------------------
+
+
+def test_decode_model_batches_and_isolates_errors(pb: SimpleNamespace, images: dict[str, bytes], corpus: Path) -> None:
+    model = DecodeModel(pb, model_args("kimi_k3_decode"))
+    calls: list[int] = []
+    real_decode_batch = model.decoder.decode_batch
+    model.decoder.decode_batch = lambda items, preset: calls.append(len(items)) or real_decode_batch(items, preset)
+    truncated = (corpus / "pil__truncated_jpeg.jpg").read_bytes()
+    requests = [
+        bytes_request(images["pil__hopper.jpg"]),
+        bytes_request(truncated),
+        bytes_request(images["pilx__p_trns_single.png"], cancelled=True),
+        FakeRequest(IMAGE_BYTES=np.array([[b"x"], [b"y"]], dtype=np.object_)),  # two images in one request
+        bytes_request(images["pilx__p_trns_single.png"]),
+        FakeRequest(),  # input missing
+    ]
+    responses = model.execute(requests)
+    assert len(responses) == len(requests) and calls == [3]  # one batch call for the three byte payloads
+    codes = [r.error.code if r.error else None for r in responses]
+    assert codes == [None, "INVALID_ARG", "CANCELLED", "INVALID_ARG", None, "INVALID_ARG"]
+    assert "truncated" in responses[1].error.message and "one image per request" in responses[3].error.message
+    jpeg = outputs_of(responses[0])
+    expected = model.decoder.decode(images["pil__hopper.jpg"], KIMI_K3)
+    np.testing.assert_array_equal(jpeg["IMAGE"], expected.pixels[None])
+    np.testing.assert_array_equal(jpeg["ORIGINAL_SIZE"], [[128, 128]])
+    assert jpeg["RESAMPLE"].tolist() == [[0]] and jpeg["DECODE_PATH"][0, 0] == expected.decode_path.encode()
+    palette = outputs_of(responses[4])
+    assert palette["IMAGE"].shape == (1, 64, 64, 4) and palette["RESAMPLE"].tolist() == [[1]]
+    assert counter("kimi_prep_decodes_total", path="pillow", model="kimi_k3_decode") == 1
+    assert counter("kimi_prep_errors_total", reason="invalid_image") == 1
+    assert counter("kimi_prep_errors_total", reason="cancelled") == 1
+    assert counter("kimi_prep_errors_total", reason="invalid_request") == 2
+    assert counter("kimi_prep_stage_seconds_total", stage="decode") > 0
+
+
+def test_execute_never_raises(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
+    model = DecodeModel(pb, model_args("kimi_k25_decode"))
+
+    def broken(items: Any, preset: Any) -> Any:
+        raise RuntimeError("boom")
+
+    model.decoder.decode_batch = broken
+    responses = model.execute([bytes_request(images["pil__hopper.jpg"]), bytes_request(b"", cancelled=True)])
+    assert [r.error.code for r in responses] == ["INTERNAL", "CANCELLED"]
+    assert "boom" in responses[0].error.message
+    assert any(level == "log_error" and "boom" in line for level, line in FakeLogger.lines)
+
+
+def test_decode_model_counts_and_logs_fallbacks_once(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
+    model = DecodeModel(pb, model_args("kimi_k25_decode"))
+    model.decoder._codec_error, model.decoder._codec = "nvImageCodec unavailable (test)", None
+    model.decoder._nvimgcodec = lambda: None  # the planned fast decoder is gone
+    for _ in range(2):
+        (response,) = model.execute([bytes_request(images["pil__hopper.jpg"])])
+        assert outputs_of(response)["DECODE_PATH"][0, 0] == b"pillow"
+    assert counter("kimi_prep_decode_fallbacks_total", reason="nvImageCodec unavailable (test)") == 2
+    assert sum("fallback" in line for level, line in FakeLogger.lines if level == "log_warn") == 1
+
+
+# -- preprocess model -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("family", "preset"), [("k25", "kimi-k2.5"), ("k3", "kimi-k3")])
+def test_decode_then_preprocess_equals_library(
+    pb: SimpleNamespace, images: dict[str, bytes], family: str, preset: str
+) -> None:
+    decode = DecodeModel(pb, model_args(f"kimi_{family}_decode"))
+    prep = PreprocessModel(pb, model_args(f"kimi_{family}_preprocess"))
+    decoded = [outputs_of(r) for r in decode.execute([bytes_request(d) for d in images.values()])]
+    requests = [
+        FakeRequest(IMAGE=d["IMAGE"], ORIGINAL_SIZE=d["ORIGINAL_SIZE"], RESAMPLE=d["RESAMPLE"]) for d in decoded
+    ]
+    for data, response in zip(images.values(), prep.execute(requests), strict=True):
+        outputs, expected = outputs_of(response), preprocess_bytes(data, preset)
+        np.testing.assert_array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
+        np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None])
+        assert outputs["NUM_TOKENS"].dtype == np.int32 and outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
+
+
+def test_preprocess_rejects_bad_inputs_per_request(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
+    prep = PreprocessModel(pb, model_args("kimi_k25_preprocess"))
+    good = np.asarray(Image.open(io.BytesIO(images["pil__hopper.jpg"])).convert("RGB"))[None]
+    size, flag = np.array([[128, 128]], dtype=np.int64), np.zeros((1, 1), dtype=np.uint8)
+    requests = [
+        FakeRequest(IMAGE=good, ORIGINAL_SIZE=size, RESAMPLE=flag),
+        FakeRequest(
+            IMAGE=np.zeros((1, 8, 8, 4), np.uint8), ORIGINAL_SIZE=np.array([[8, 8]]), RESAMPLE=flag
+        ),  # RGBA under K2.5
+        FakeRequest(IMAGE=good, ORIGINAL_SIZE=np.array([[100, 128]], dtype=np.int64), RESAMPLE=flag),  # size mismatch
+        FakeRequest(IMAGE=good, ORIGINAL_SIZE=size, RESAMPLE=np.full((1, 1), 7, np.uint8)),  # unknown filter
+        FakeRequest(IMAGE=good.astype(np.float32), ORIGINAL_SIZE=size, RESAMPLE=flag),
+        FakeRequest(IMAGE=good, ORIGINAL_SIZE=size, RESAMPLE=flag, cancelled=True),
+    ]
+    responses = prep.execute(requests)
+    assert [r.error.code if r.error else None for r in responses] == [
+        None, "INVALID_ARG", "INVALID_ARG", "INVALID_ARG", "INVALID_ARG", "CANCELLED",
+    ]  # fmt: skip
+    assert "C=4" in responses[1].error.message and "ORIGINAL_SIZE is 100x128" in responses[2].error.message
+    assert "uint8" in responses[4].error.message
+    np.testing.assert_array_equal(
+        outputs_of(responses[0])["PIXEL_VALUES"][0], preprocess_bytes(images["pil__hopper.jpg"]).pixel_values
+    )
+
+
+def test_preprocess_takes_gpu_input_through_dlpack(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
+    """A tensor that is not on the host is wrapped via DLPack (no as_numpy) and processed with torch."""
+    prep = PreprocessModel(pb, model_args("kimi_k25_preprocess"))
+    pixels = torch.from_numpy(np.asarray(Image.open(io.BytesIO(images["pil__hopper.jpg"])).convert("RGB")).copy())[None]
+    request = FakeRequest(
+        IMAGE=FakeTensor("IMAGE", pixels, on_gpu=True),
+        ORIGINAL_SIZE=np.array([[128, 128]], dtype=np.int64),
+        RESAMPLE=np.zeros((1, 1), dtype=np.uint8),
+    )
+    (response,) = prep.execute([request])
+    np.testing.assert_array_equal(
+        outputs_of(response)["PIXEL_VALUES"][0], preprocess_bytes(images["pil__hopper.jpg"]).pixel_values
+    )
+
+
+# -- tensors in and out ---------------------------------------------------------------------------
+
+
+class FakeCudaTensor:
+    """A torch tensor that says it lives on a CUDA device (enough for ``output_tensor``)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.device = SimpleNamespace(type="cuda", index=0)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.tensor.shape
+
+    def numel(self) -> int:
+        return self.tensor.numel()
+
+    def contiguous(self) -> FakeCudaTensor:
+        return FakeCudaTensor(self.tensor.contiguous())
+
+
+def test_input_array_wraps_device_tensors_without_copy() -> None:
+    source = torch.arange(12, dtype=torch.uint8).reshape(1, 2, 2, 3)
+    wrapped = input_array(FakeTensor("IMAGE", source, on_gpu=True))
+    assert isinstance(wrapped, torch.Tensor) and wrapped.data_ptr() == source.data_ptr()
+    host = np.zeros((1, 2), dtype=np.int64)
+    assert input_array(FakeTensor("ORIGINAL_SIZE", host)) is host
+
+
+def test_output_tensor_hands_cuda_tensors_over_by_dlpack(pb: SimpleNamespace) -> None:
+    strided = torch.arange(24, dtype=torch.float32).reshape(4, 6).t()  # not contiguous
+    tensor = output_tensor(pb, "PIXEL_VALUES", FakeCudaTensor(strided))
+    assert tensor.via_dlpack and tensor.name == "PIXEL_VALUES"
+    assert tensor.value.tensor.is_contiguous() and torch.equal(tensor.value.tensor, strided)
+    host = output_tensor(pb, "X", torch.ones(2, 3)[:, ::2])
+    assert not host.via_dlpack and isinstance(host.value, np.ndarray) and host.value.flags.c_contiguous
+    for empty in (np.zeros((1, 0, 3)), torch.zeros(0), FakeCudaTensor(torch.zeros(1, 0))):
+        with pytest.raises(ValueError, match="empty"):
+            output_tensor(pb, "IMAGE", empty)
+
+
+def test_cuda_outputs_are_synchronized_before_hand_over(pb: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    synchronized: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronized.append)
+    response = models.TritonIO(pb).response(
+        {"PIXEL_VALUES": FakeCudaTensor(torch.zeros(1, 2)), "GRID_THW": np.ones((1, 3), np.int64)}
+    )
+    assert synchronized == ["cuda:0"] and response.outputs["PIXEL_VALUES"].via_dlpack
+    models.TritonIO(pb).response({"GRID_THW": np.ones((1, 3), np.int64)})
+    assert synchronized == ["cuda:0"]  # host-only responses never touch CUDA
+
+
+def test_gpu_instances_pick_their_device(pb: SimpleNamespace) -> None:
+    assert ServingModel(pb, model_args("kimi_k25_decode", kind="GPU", device_id=1)).device == "cuda:1"
+    assert ServingModel(pb, model_args("kimi_k25_decode", kind="CPU", device_id=1)).device == "cpu"
+
+
+def test_decoded_from_inputs_accepts_target_sized_pixels() -> None:
+    """K3 exotic modes arrive already resized: the target size is a valid IMAGE size too."""
+    decoded = decoded_from_inputs(
+        np.zeros((1, 7168, 71, 3), np.uint8), np.array([[100, 10000]], np.int64), np.zeros((1, 1), np.uint8), KIMI_K3
+    )
+    assert (decoded.width, decoded.height, decoded.resample) == (100, 10000, "bicubic")
+
+
+def test_image_bytes_from_input() -> None:
+    assert image_bytes_from_input(np.array([[b"abc"]], dtype=np.object_)) == b"abc"
+    with pytest.raises(models.InvalidRequestError, match="bytes"):
+        image_bytes_from_input(np.array([[3]], dtype=np.object_))
+
+
+# -- patch embed ----------------------------------------------------------------------------------
+
+
+def test_patch_embed_model_equals_seeded_conv(pb: SimpleNamespace) -> None:
+    model = PatchEmbedModel(pb, model_args("kimi_patch_embed"))
+    torch.manual_seed(0)
+    reference = torch.nn.Conv2d(3, 1152, kernel_size=14, stride=14)
+    assert torch.equal(model.conv.weight, reference.weight) and torch.equal(model.conv.bias, reference.bias)
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((1, n, 3, 14, 14)).astype(np.float32) for n in (4, 9))
+    responses = model.execute(
+        [FakeRequest(PIXEL_VALUES=a), FakeRequest(PIXEL_VALUES=a[:, :, :2]), FakeRequest(PIXEL_VALUES=b)]
+    )
+    assert responses[1].error.code == "INVALID_ARG"
+    with torch.inference_mode():
+        for x, response in ((a, responses[0]), (b, responses[2])):
+            expected = reference(torch.from_numpy(x[0])).flatten(1).numpy()
+            np.testing.assert_allclose(outputs_of(response)["PATCH_EMBEDS"][0], expected, rtol=1e-5, atol=1e-5)
+    state = torch.random.get_rng_state()
+    make_patch_embed(0)
+    assert torch.equal(state, torch.random.get_rng_state())  # the caller's RNG is left alone
+
+
+# -- launcher -------------------------------------------------------------------------------------
+
+
+def test_render_repository_substitutes_instance_counts(tmp_path: Path) -> None:
+    rendered = launcher.render_repository(REPOSITORY, tmp_path / "repo", instances=3)
+    for name in all_models():
+        config = load_config(name, rendered)
+        original = load_config(name)
+        assert [g.count for g in config.instance_group] == [3] * len(original.instance_group)
+        for group in original.instance_group:
+            group.count = 3
+        assert config == original  # nothing else changed
+    copied = launcher.render_repository(REPOSITORY, tmp_path / "same", instances=None)
+    assert all(load_config(n, copied) == load_config(n) for n in all_models())
+    with pytest.raises(ValueError):
+        launcher.render_repository(REPOSITORY, tmp_path / "bad", instances=0)
+
+
+def test_server_args_and_embedded_layout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pytest.importorskip("pytriton")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin")
+    install = launcher.find_tritonserver()
+    assert install.embedded and install.backend_directory is not None
+    assert install.backend_directory.is_relative_to(tmp_path / "kimi_vision_prep" / "triton")
+    python = install.backend_directory / "python"
+    assert {p.name for p in python.iterdir()} == {
+        "libtriton_python.so", "triton_python_backend_utils.py", "triton_python_backend_stub",
+    }  # fmt: skip
+    assert launcher.find_tritonserver().backend_directory == install.backend_directory  # laid out once
+    assert install.env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    assert install.env["LD_LIBRARY_PATH"].startswith(
+        str(Path(sys.modules["pytriton"].__file__).parent.parent / "nvidia_pytriton.libs")
+    )
+    args = launcher.server_args(install, tmp_path, http_port=1, grpc_port=2, metrics_port=3)
+    assert "--model-control-mode=explicit" in args and "--load-model=*" in args
+    assert f"--backend-directory={install.backend_directory}" in args
+    shm = next(a for a in args if "shm-default-byte-size" in a)
+    assert int(shm.rsplit("=", 1)[1]) > 24 << 20  # a 1920x1080 PIXEL_VALUES (~25 MiB) fits the first region
+
+
+def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> None:
+    """``serve`` runs the server in the foreground, forwards SIGTERM and returns its exit code."""
+    fake_server = tmp_path / "tritonserver"
+    fake_server.write_text(
+        textwrap.dedent(f"""\
+        #!{sys.executable}
+        import signal, sys, time
+        open({str(tmp_path / "args")!r}, "w").write("\\n".join(sys.argv[1:]))
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+        while True:
+            time.sleep(0.05)
+    """)
+    )
+    fake_server.chmod(0o755)
+    script = textwrap.dedent(f"""\
+        import sys
+        from pathlib import Path
+        from kimi_vision_prep.serving import launcher
+        launcher.find_tritonserver = lambda: launcher.TritonInstall(Path({str(fake_server)!r}), None, {{}}, False)
+        repository = Path({str(REPOSITORY)!r})
+        sys.exit(launcher.serve(repository, 18000, 18001, 18002, instances=2, extra_args=["--log-verbose=1"]))
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script])
+    args_file = tmp_path / "args"
+    for _ in range(600):  # until the fake server has started
+        if args_file.exists() and args_file.read_text():
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 7
+    args = args_file.read_text().splitlines()
+    assert "--http-port=18000" in args and "--grpc-port=18001" in args and "--metrics-port=18002" in args
+    assert args[-1] == "--log-verbose=1"
+    repository = next(a.split("=", 1)[1] for a in args if a.startswith("--model-repository="))
+    assert repository != str(REPOSITORY) and not Path(repository).exists()  # rendered to a temp dir, cleaned up
+
+
+def test_warmup_leaves_nothing_to_compile(corpus: Path) -> None:
+    """After initialize(), real requests (writable or read-only buffers) hit no new numba signature.
+
+    Runs in a fresh interpreter so earlier tests' compilations cannot hide a missing warm-up."""
+    script = textwrap.dedent(f"""\
+        import sys
+        import numba
+        import numpy as np
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import test_serving_units as t
+        from kimi_vision_prep import normalize, resize
+        from types import SimpleNamespace
+
+        def signatures():
+            return {{
+                (mod.__name__, name): len(fn.signatures)
+                for mod in (normalize, resize)
+                for name, fn in vars(mod).items()
+                if isinstance(fn, numba.core.registry.CPUDispatcher)
+            }}
+
+        pb = SimpleNamespace(
+            Tensor=t.FakeTensor, InferenceResponse=t.FakeResponse, TritonError=t.FakeTritonError,
+            Logger=t.FakeLogger(), get_input_tensor_by_name=lambda request, name: request.inputs.get(name),
+        )
+        names = ["imagers__large_image.jpg", "pil__hopper.jpg", "pilx__uncompressed_la.png",
+                 "pilx__transparent.webp", "pilx__p_trns_single.png", "pil__pil_sample_cmyk.jpg"]
+        for family in ("k25", "k3"):
+            decode = t.DecodeModel(pb, t.model_args(f"kimi_{{family}}_decode"))
+            prep = t.PreprocessModel(pb, t.model_args(f"kimi_{{family}}_preprocess"))
+            before = signatures()
+            for name in names:
+                (response,) = decode.execute([t.bytes_request(open({str(corpus)!r} + "/" + name, "rb").read())])
+                out = t.outputs_of(response)
+                for writable in (True, False):
+                    image = out["IMAGE"].copy()
+                    image.setflags(write=writable)
+                    request = t.FakeRequest(IMAGE=image, ORIGINAL_SIZE=out["ORIGINAL_SIZE"], RESAMPLE=out["RESAMPLE"])
+                    t.outputs_of(prep.execute([request])[0])
+            after = signatures()
+            assert before == after, (family, {{k: (before[k], after[k]) for k in after if before.get(k) != after[k]}})
+    """)
+    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_a_broken_metrics_backend_never_fails_requests(
+    pb: SimpleNamespace, images: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: Any, labels: dict[str, str]) -> Any:
+        raise RuntimeError("metrics registry gone")
+
+    monkeypatch.setattr(FakeMetricFamily, "Metric", broken)
+    model = DecodeModel(pb, model_args("kimi_k25_decode"))
+    (response,) = model.execute([bytes_request(images["pil__hopper.jpg"])])
+    assert outputs_of(response)["ORIGINAL_SIZE"].tolist() == [[128, 128]]
+    assert not model.metrics.enabled and "metrics registry gone" in model.metrics.error

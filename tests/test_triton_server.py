@@ -1,0 +1,290 @@
+"""The Triton deployment end to end: a real embedded tritonserver, real tritonclient HTTP and gRPC.
+
+Every expected value is computed in-process by the library (``preprocess_bytes``) or by torch;
+nothing the server produced is hard-coded. Tests run in file order and the last ones check that
+the server survived everything before them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from conftest import corpus_files
+from tritonclient.utils import InferenceServerException
+
+from kimi_vision_prep import preprocess_bytes
+
+pytestmark = pytest.mark.server
+
+MODELS = [
+    "kimi_k25_decode",
+    "kimi_k3_decode",
+    "kimi_k25_preprocess",
+    "kimi_k3_preprocess",
+    "kimi_k25_vision",
+    "kimi_k3_vision",
+    "kimi_patch_embed",
+    "kimi_k25_vision_embed",
+]
+ENSEMBLES = {"kimi_k25_vision": "kimi-k2.5", "kimi_k3_vision": "kimi-k3"}
+VISION_OUTPUTS = ["PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"]
+IMAGES = [
+    "pil__hopper.jpg",  # baseline 4:2:0 RGB: the nvImageCodec route
+    "imagers__large_image.jpg",  # 2268x1512: resized under K2.5
+    "pil__pil_sample_cmyk.jpg",  # Adobe CMYK JPEG: Pillow route
+    "imagers__tower_grayscale.jpg",  # L
+    "pilx__uncompressed_la.png",  # grey + alpha
+    "pilx__p_trns_single.png",  # palette with a transparent index: nearest + chessboard under K3
+    "pilx__transparent.gif",
+]
+PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
+
+
+def read(corpus: Path, name: str) -> bytes:
+    return (corpus / name).read_bytes()
+
+
+def client_for(server: Any, protocol: str) -> Any:
+    module = PROTOCOLS[protocol]
+    return module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+
+
+def bytes_input(protocol: str, data: bytes) -> Any:
+    tensor = PROTOCOLS[protocol].InferInput("IMAGE_BYTES", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+    return tensor
+
+
+def infer(server: Any, protocol: str, model: str, data: bytes, outputs: list[str] = VISION_OUTPUTS) -> dict:
+    """Send one image; returns the named outputs as numpy arrays (batch dim included)."""
+    client = client_for(server, protocol)
+    try:
+        requested = [PROTOCOLS[protocol].InferRequestedOutput(name) for name in outputs]
+        result = client.infer(model, [bytes_input(protocol, data)], outputs=requested)
+        return {name: result.as_numpy(name) for name in outputs}
+    finally:
+        client.close()
+
+
+def assert_matches_library(outputs: dict, data: bytes, preset: str) -> None:
+    """Server outputs (leading batch dim of 1) are bit-equal to the in-process library."""
+    expected = preprocess_bytes(data, preset)
+    pixel_values = outputs["PIXEL_VALUES"]
+    assert pixel_values.dtype == np.float32 and pixel_values.shape[0] == 1
+    np.testing.assert_array_equal(pixel_values[0], expected.pixel_values)
+    assert outputs["GRID_THW"].dtype == np.int64
+    np.testing.assert_array_equal(outputs["GRID_THW"][0], expected.grid_thw)
+    assert outputs["NUM_TOKENS"].dtype == np.int32
+    assert int(outputs["NUM_TOKENS"][0, 0]) == expected.num_tokens
+
+
+def is_invalid_arg(exc: InferenceServerException) -> bool:
+    """INVALID_ARG as each protocol reports it (HTTP 400, gRPC INVALID_ARGUMENT)."""
+    return exc.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
+def test_all_models_ready(triton_server: Any) -> None:
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    try:
+        assert client.is_server_ready()
+        for model in MODELS:
+            assert client.is_model_ready(model), model
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize("model", sorted(ENSEMBLES))
+def test_ensemble_bit_equal_to_library(triton_server: Any, corpus: Path, protocol: str, model: str) -> None:
+    for name in IMAGES:
+        data = read(corpus, name)
+        assert_matches_library(infer(triton_server, protocol, model, data), data, ENSEMBLES[model])
+
+
+def test_decode_model_outputs(triton_server: Any, corpus: Path) -> None:
+    """The decode model on its own: stored size, resample flag, path label and pixel layout."""
+    outputs = ["IMAGE", "ORIGINAL_SIZE", "RESAMPLE", "DECODE_PATH"]
+    jpeg = infer(triton_server, "grpc", "kimi_k25_decode", read(corpus, "imagers__rgb.jpg"), outputs)
+    assert jpeg["IMAGE"].dtype == np.uint8 and jpeg["IMAGE"].shape == (1, 333, 500, 3)
+    np.testing.assert_array_equal(jpeg["ORIGINAL_SIZE"], [[500, 333]])
+    np.testing.assert_array_equal(jpeg["RESAMPLE"], [[0]])
+    assert jpeg["DECODE_PATH"][0, 0] in (b"nvimgcodec-cpu", b"nvimgcodec-cuda")
+    palette = infer(triton_server, "http", "kimi_k3_decode", read(corpus, "pilx__p_trns_single.png"), outputs)
+    assert palette["IMAGE"].shape == (1, 64, 64, 4)  # straight-alpha RGBA, resized later with nearest
+    np.testing.assert_array_equal(palette["RESAMPLE"], [[1]])
+    assert palette["DECODE_PATH"][0, 0] == b"pillow"
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_patch_embed_chain_equals_torch(triton_server: Any, corpus: Path, protocol: str) -> None:
+    import torch
+
+    torch.manual_seed(0)  # the seed documented in kimi_patch_embed/config.pbtxt
+    conv = torch.nn.Conv2d(3, 1152, kernel_size=14, stride=14)
+    for name in ("pil__hopper.jpg", "pilx__transparent.gif"):
+        data = read(corpus, name)
+        outputs = infer(
+            triton_server, protocol, "kimi_k25_vision_embed", data, ["PATCH_EMBEDS", "GRID_THW", "NUM_TOKENS"]
+        )
+        expected = preprocess_bytes(data, "kimi-k2.5")
+        with torch.inference_mode():
+            embeds = conv(torch.from_numpy(expected.pixel_values)).flatten(1).numpy()
+        assert outputs["PATCH_EMBEDS"].shape == (1, *embeds.shape)
+        # Same weights, same input; oneDNN may block the reduction differently across thread counts.
+        np.testing.assert_allclose(outputs["PATCH_EMBEDS"][0], embeds, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(outputs["GRID_THW"][0], expected.grid_thw)
+        assert int(outputs["NUM_TOKENS"][0, 0]) == expected.num_tokens
+
+
+def test_32_concurrent_requests(triton_server: Any, corpus: Path) -> None:
+    jobs = [(("grpc", "http")[i % 2], sorted(ENSEMBLES)[(i // 2) % 2], IMAGES[i % len(IMAGES)]) for i in range(32)]
+
+    def run(job: tuple[str, str, str]) -> tuple[dict, bytes, str]:
+        protocol, model, name = job
+        data = read(corpus, name)
+        return infer(triton_server, protocol, model, data), data, ENSEMBLES[model]
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(run, jobs))
+    assert len(results) == 32
+    for outputs, data, preset in results:
+        assert_matches_library(outputs, data, preset)
+
+
+def test_rejected_files_fail_alone_in_shared_batches(triton_server: Any, corpus: Path) -> None:
+    """Every file Pillow rejects gets INVALID_ARG for its own request; good requests in flight at the
+    same time (async gRPC, so the dynamic batcher groups them) succeed bit-exactly."""
+    rejected = corpus_files(accepted=False)
+    assert rejected
+    good = IMAGES[:4]
+    jobs: list[tuple[str, str, bool]] = []  # (model, file, expected ok)
+    for i, name in enumerate(rejected):
+        model = sorted(ENSEMBLES)[i % 2]
+        jobs.append((model, name, False))
+        jobs.append((model, good[i % len(good)], True))
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    stats_before = client.get_inference_statistics("kimi_k25_decode", as_json=True)
+    done: queue.Queue = queue.Queue()
+    try:
+        for index, (model, name, _) in enumerate(jobs):
+            client.async_infer(
+                model,
+                [bytes_input("grpc", read(corpus, name))],
+                callback=lambda result, error, index=index: done.put((index, result, error)),
+                outputs=[grpcclient.InferRequestedOutput(n) for n in VISION_OUTPUTS],
+            )
+        answers = {}
+        for _ in jobs:
+            index, result, error = done.get(timeout=120)
+            answers[index] = (result, error)
+        stats_after = client.get_inference_statistics("kimi_k25_decode", as_json=True)
+    finally:
+        client.close()
+    for index, (model, name, ok) in enumerate(jobs):
+        result, error = answers[index]
+        if ok:
+            assert error is None, f"{name}: {error}"
+            outputs = {n: result.as_numpy(n) for n in VISION_OUTPUTS}
+            assert_matches_library(outputs, read(corpus, name), ENSEMBLES[model])
+        else:
+            assert result is None and error is not None, f"{name} was accepted"
+            assert is_invalid_arg(error), f"{name}: {error.status()} {error}"
+
+    # The requests were actually batched together: fewer executions than inferences.
+    def counts(stats: dict) -> tuple[int, int]:
+        model = stats["model_stats"][0]
+        return int(model.get("inference_count", 0)), int(model.get("execution_count", 0))
+
+    inferences = counts(stats_after)[0] - counts(stats_before)[0]
+    executions = counts(stats_after)[1] - counts(stats_before)[1]
+    assert inferences == len(jobs) // 2 and executions < inferences
+
+
+def test_rejected_file_over_http_is_400(triton_server: Any, corpus: Path) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        infer(triton_server, "http", "kimi_k25_vision", read(corpus, "pil__truncated_jpeg.jpg"))
+    assert is_invalid_arg(info.value) and "truncated" in str(info.value)
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_wrong_dtype_and_shape_are_clear_errors(triton_server: Any, protocol: str, corpus: Path) -> None:
+    module = PROTOCOLS[protocol]
+    client = client_for(triton_server, protocol)
+    data = read(corpus, "pil__hopper.jpg")
+
+    def call(model: str, tensor: Any) -> InferenceServerException:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(model, [tensor])
+        return info.value
+
+    try:
+        wrong_dtype = module.InferInput("IMAGE_BYTES", [1, 1], "INT32")
+        wrong_dtype.set_data_from_numpy(np.zeros((1, 1), dtype=np.int32))
+        error = call("kimi_k25_vision", wrong_dtype)
+        assert is_invalid_arg(error) and "IMAGE_BYTES" in str(error) and "BYTES" in str(error)
+
+        wrong_shape = module.InferInput("IMAGE_BYTES", [1, 2], "BYTES")
+        wrong_shape.set_data_from_numpy(np.array([[data, data]], dtype=np.object_))
+        error = call("kimi_k25_vision", wrong_shape)
+        assert is_invalid_arg(error) and "IMAGE_BYTES" in str(error) and "shape" in str(error)
+
+        two_images = module.InferInput("IMAGE_BYTES", [2, 1], "BYTES")
+        two_images.set_data_from_numpy(np.array([[data], [data]], dtype=np.object_))
+        error = call("kimi_k3_vision", two_images)
+        assert is_invalid_arg(error) and "one image per request" in str(error)
+
+        five_channels = module.InferInput("IMAGE", [1, 4, 4, 5], "UINT8")
+        five_channels.set_data_from_numpy(np.zeros((1, 4, 4, 5), dtype=np.uint8))
+        size = module.InferInput("ORIGINAL_SIZE", [1, 2], "INT64")
+        size.set_data_from_numpy(np.array([[4, 4]], dtype=np.int64))
+        resample = module.InferInput("RESAMPLE", [1, 1], "UINT8")
+        resample.set_data_from_numpy(np.zeros((1, 1), dtype=np.uint8))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("kimi_k25_preprocess", [five_channels, size, resample])
+        assert is_invalid_arg(info.value) and "IMAGE must have shape" in str(info.value)
+    finally:
+        client.close()
+
+
+def test_concurrent_clients_after_errors_still_match(triton_server: Any, corpus: Path) -> None:
+    """Errors left no state behind: a fresh burst on both protocols still matches the library."""
+    barrier = threading.Barrier(4)
+
+    def run(index: int) -> None:
+        barrier.wait()
+        protocol = ("http", "grpc")[index % 2]
+        data = read(corpus, IMAGES[index])
+        assert_matches_library(infer(triton_server, protocol, "kimi_k3_vision", data), data, "kimi-k3")
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(run, range(4)))
+
+
+def test_metrics_endpoint_shows_counters(triton_server: Any) -> None:
+    with urllib.request.urlopen(triton_server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    lines = [line for line in text.splitlines() if line.startswith("kimi_prep_")]
+    assert any(line.startswith("kimi_prep_decodes_total{") and 'path="pillow"' in line for line in lines)
+    assert any(line.startswith("kimi_prep_decodes_total{") and 'path="nvimgcodec-' in line for line in lines)
+    assert any(line.startswith("kimi_prep_errors_total{") and 'reason="invalid_image"' in line for line in lines)
+    assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="preprocess"' in line for line in lines)
+    assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="patch_embed"' in line for line in lines)
+
+
+def test_server_still_ready_after_everything(triton_server: Any) -> None:
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    try:
+        assert client.is_server_ready()
+        for model in MODELS:
+            assert client.is_model_ready(model), model
+    finally:
+        client.close()
