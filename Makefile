@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -U pip
 	# torch first and pinned: the CPU build (a plain `torch` pulls several GB of CUDA).
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[$(CUDA_EXTRA),serve,test,bench]"
+	$(PIP) install -q -e ".[$(CUDA_EXTRA),serve,test,bench,fuzz]"
 	# cjpeg (Debian libjpeg-turbo-progs) writes the 4:4:0 / 4:1:1 JPEGs of tests/test_exactness.py.
 	command -v cjpeg >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjpeg-turbo-progs; } || echo "cjpeg unavailable: 4:4:0/4:1:1 tests will be skipped"
 	touch $@
@@ -29,6 +29,9 @@ serve: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+fuzz: setup
+	$(PY) fuzz/fuzz_preprocess.py --seconds 120
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -31,6 +31,7 @@ SCAN_REASONS = (
     "more than one SOF",
     "SOS before SOF",
     "no scan before EOI",
+    "second scan in a single-scan sequential frame",
 )
 
 # SOF markers libjpeg-turbo's DCT decoder handles and nvImageCodec decodes like Pillow:
@@ -55,6 +56,7 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
     pos = 2
     restart_interval = 0
     scans = 0
+    first_scan_components = 0
     while True:
         # Expect a marker: 0xFF, optional 0xFF fill bytes, then the marker code.
         if pos >= n:
@@ -98,6 +100,14 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
         elif marker == 0xDA:  # SOS: entropy-coded data follows the header
             if sof < 0:
                 return 8, sof, precision, height, width, comps
+            if length < 3:
+                return 3, sof, precision, height, width, comps
+            # libjpeg: a sequential frame whose first scan holds every component has one scan; another
+            # SOS is a fatal error (JERR_EOI_EXPECTED) that Pillow reports and nvImageCodec ignores.
+            if scans == 0:
+                first_scan_components = buf[body]
+            elif sof != 0xC2 and sof != 0xCA and first_scan_components == comps:
+                return 10, sof, precision, height, width, comps
             pos += length
             scans += 1
             next_rst = 0

@@ -1,0 +1,136 @@
+"""The verdict rule the fuzzer checks on every input, for every preset.
+
+Pillow (``tests/reference.py``) accepts the input -> the library accepts it and its
+``pixel_values``, ``grid_thw`` and token count equal the reference's exactly. Pillow rejects it, or
+it is over a decode limit -> the library raises one of the bad-input :class:`PreprocessError`
+subclasses (:class:`ImageTooLargeError` for a limit). Any other exception escaping the library is a
+bug. The reference only runs when the header's pixel count is within the limit, so memory stays
+bounded.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+from reference import RefResult, reference_preprocess  # noqa: E402
+
+from kimi_vision_prep import (  # noqa: E402
+    DecodeLimits,
+    ImageDecoder,
+    ImageTooLargeError,
+    InvalidImageError,
+    PreprocessError,
+    PreprocessResult,
+    UnsupportedImageError,
+    preprocess_bytes,
+)
+
+PRESET_NAMES = ("kimi-k2.5", "kimi-k3")
+BAD_INPUT_ERRORS = (InvalidImageError, ImageTooLargeError, UnsupportedImageError)
+OVER_LIMIT = "over-limit"
+FUZZ_LIMITS = DecodeLimits(max_pixels=4_000_000, max_encoded_bytes=2 << 20)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Why the input must be rejected: ``OVER_LIMIT`` or the reference's exception."""
+
+    kind: str
+    message: str = ""
+
+
+class Finding(AssertionError):
+    """A violation of the verdict rule. ``signature`` groups findings of the same kind."""
+
+    def __init__(self, signature: str, detail: str) -> None:
+        super().__init__(f"{signature}: {detail}")
+        self.signature = signature
+        self.detail = detail
+
+
+def make_decoder(limits: DecodeLimits = FUZZ_LIMITS) -> ImageDecoder:
+    """A CPU decoder with modest limits, one nvImageCodec decoder on one thread."""
+    return ImageDecoder("cpu", limits=limits, pool_size=1, decoder_threads=1)
+
+
+def _rejected(exc: Exception) -> Rejected:
+    return Rejected(type(exc).__name__, str(exc))
+
+
+def expected_outcome(data: bytes, preset: str, limits: DecodeLimits) -> RefResult | Rejected:
+    """The reference's result, or why the input must be rejected."""
+    if len(data) > limits.max_encoded_bytes:
+        return Rejected(OVER_LIMIT, f"{len(data)} bytes")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except Exception as exc:  # the reference's verdict is any failure at all
+        return _rejected(exc)
+    if width * height > limits.max_pixels:
+        return Rejected(OVER_LIMIT, f"{width}x{height}")
+    try:
+        return reference_preprocess(data, preset)
+    except Exception as exc:
+        return _rejected(exc)
+
+
+def library_outcome(data: bytes, preset: str, decoder: ImageDecoder) -> PreprocessResult | PreprocessError:
+    """The library's result or typed error; any other exception is a :class:`Finding`."""
+    try:
+        return preprocess_bytes(data, preset, decoder=decoder)
+    except PreprocessError as exc:
+        return exc
+    except Exception as exc:
+        raise Finding(f"{preset}:escaped:{type(exc).__name__}", traceback.format_exc()) from exc
+
+
+def _compare(result: PreprocessResult, ref: RefResult, preset: str) -> None:
+    where = f"{preset}:pixels:{result.decode_path}"
+    if not np.array_equal(result.grid_thw, ref.grid_thw) or result.num_tokens != ref.num_tokens:
+        raise Finding(where, f"grid {result.grid_thw}/{result.num_tokens} != reference {ref.grid_thw}/{ref.num_tokens}")
+    ours = np.asarray(result.pixel_values)
+    if ours.shape != ref.pixel_values.shape or ours.dtype != ref.pixel_values.dtype:
+        raise Finding(where, f"{ours.dtype}{ours.shape} != reference {ref.pixel_values.dtype}{ref.pixel_values.shape}")
+    if not np.array_equal(ours, ref.pixel_values):
+        diff = np.abs(ours.astype(np.float64) - ref.pixel_values)
+        levels = diff.max() * 0.5 * 255  # mean = std = 0.5: one level is 2/255
+        raise Finding(
+            where,
+            f"{int((diff > 0).sum())} of {diff.size} values differ, max {levels:.0f} levels "
+            f"(size {result.width}x{result.height}, source decode {result.decode_path})",
+        )
+
+
+def judge(data: bytes, preset: str, decoder: ImageDecoder) -> str:
+    """Check the verdict rule on one input; returns a short verdict label or raises :class:`Finding`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = expected_outcome(data, preset, decoder.limits)
+        outcome = library_outcome(data, preset, decoder)
+    if isinstance(expected, Rejected):
+        said = f"reference: {expected.kind}: {expected.message}"
+        if not isinstance(outcome, PreprocessError):
+            raise Finding(
+                f"{preset}:accepted-bad-input:{expected.kind}:{outcome.decode_path}",
+                f"{said}; library accepted it via {outcome.decode_path} (fallback: {outcome.fallback_reason})",
+            )
+        wanted = ImageTooLargeError if expected.kind == OVER_LIMIT else BAD_INPUT_ERRORS
+        if not isinstance(outcome, wanted):
+            raise Finding(f"{preset}:wrong-error:{type(outcome).__name__}", f"{said}; library: {outcome!r}")
+        return f"{preset} rejected {type(outcome).__name__} ({expected.kind})"
+    if isinstance(outcome, PreprocessError):
+        raise Finding(f"{preset}:rejected-good-input:{type(outcome).__name__}", f"reference accepts: {outcome!r}")
+    _compare(outcome, expected, preset)
+    return f"{preset} ok {outcome.decode_path}"
