@@ -35,3 +35,8 @@ fuzz: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+SOAK_SECONDS ?= 300
+
+soak: setup
+	$(PY) tests/soak.py --seconds $(SOAK_SECONDS)

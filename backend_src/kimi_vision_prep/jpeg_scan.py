@@ -106,7 +106,7 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
             # SOS is a fatal error (JERR_EOI_EXPECTED) that Pillow reports and nvImageCodec ignores.
             if scans == 0:
                 first_scan_components = buf[body]
-            elif sof != 0xC2 and sof != 0xCA and first_scan_components == comps:
+            elif sof not in (0xC2, 0xCA) and first_scan_components == comps:
                 return 10, sof, precision, height, width, comps
             pos += length
             scans += 1

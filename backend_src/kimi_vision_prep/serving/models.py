@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -264,10 +265,19 @@ class TritonIO:
         tensors = [output_tensor(self.pb, name, value) for name, value in outputs.items()]
         return self.pb.InferenceResponse(output_tensors=tensors)
 
-    def error_response(self, exc: BaseException) -> Any:
+    @staticmethod
+    def request_id(request: Any) -> str:
+        """The client's request id, else a generated one, so a failure can be found in the server log."""
+        getter = getattr(request, "request_id", None)
+        given = getter() if callable(getter) else ""
+        return str(given) if given else f"gen-{uuid.uuid4().hex[:12]}"
+
+    def error_response(self, exc: BaseException, request_id: str | None = None) -> Any:
         errors = self.pb.TritonError
         code = getattr(errors, triton_code_for(exc), errors.INTERNAL)
         message = str(exc) if isinstance(exc, PreprocessError) else f"internal error: {type(exc).__name__}: {exc}"
+        if request_id is not None:
+            message = f"{message} (request id {request_id})"
         return self.pb.InferenceResponse(output_tensors=[], error=errors(message, code))
 
     def log(self, level: str, message: str) -> None:
@@ -325,9 +335,9 @@ class ServingModel:
             for index in live:
                 results[index] = exc
         self.metrics.add_stage_seconds(self.stage, time.perf_counter() - started)
-        return [self._respond(result) for result in results]
+        return [self._respond(request, result) for request, result in zip(requests, results, strict=True)]
 
-    def _respond(self, result: Outputs | BaseException | None) -> Any:
+    def _respond(self, request: Any, result: Outputs | BaseException | None) -> Any:
         if result is None:
             result = RuntimeError("no result produced")
         if not isinstance(result, BaseException):
@@ -335,10 +345,15 @@ class ServingModel:
                 return self.io.response(result)
             except Exception as exc:
                 result = exc
-        self.metrics.count_error(reason_for(result))
-        level = "verbose" if triton_code_for(result) in ("INVALID_ARG", "CANCELLED") else "error"
-        self.io.log(level, f"{self.name}: request failed ({reason_for(result)}): {result}")
-        return self.io.error_response(result)
+        reason = reason_for(result)
+        self.metrics.count_error(reason)
+        if triton_code_for(result) in ("INVALID_ARG", "CANCELLED"):  # the client's doing: not a server error
+            self.io.log("verbose", f"{self.name}: request failed ({reason}): {result}")
+            return self.io.error_response(result)
+        # UNAVAILABLE / INTERNAL: logged with the id the client sees in its error message.
+        request_id = self.io.request_id(request)
+        self.io.log("error", f"{self.name}: request {request_id} failed ({reason}): {type(result).__name__}: {result}")
+        return self.io.error_response(result, request_id)
 
     def finalize(self) -> None:
         self.metrics.close()

@@ -1,0 +1,245 @@
+"""Soak test for ``make soak``: a real tritonserver under mixed good and bad images for a while.
+
+Starts an :class:`~kimi_vision_prep.serving.launcher.EmbeddedServer` (1 instance per model), then
+keeps ``--concurrency`` gRPC requests in flight for ``--seconds`` against both ensembles, cycling
+through good images (corpus files Pillow accepts plus synthetic ones) and bad ones (rejected corpus
+files, truncated / random / text payloads). Checks: no good image ever fails, every good response is
+bit-equal to in-process ``preprocess_bytes`` (computed once per image and preset), every bad one
+gets INVALID_ARG. Prints requests, errors and the RSS of tritonserver and each model stub at start
+and end; fails when any process grew by more than ``--rss-growth`` (fraction) *and* more than
+``--rss-growth-mib``. The two-part bound: a stub's RSS rises over the first minutes as the
+allocator, numba and Triton's shared-memory pool reach their working set for the largest image in
+the mix (tens of MiB on a ~170 MiB stub), which must not fail a short run; a leak of even a few KiB
+per request shows up as hundreds of MiB over 100k requests, which must.
+
+Exit code 0 on success, 1 on any failed check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from make_inputs import CORPUS, corpus_names, jpeg_rgb, png_mode
+from tritonclient.utils import InferenceServerException
+
+from kimi_vision_prep import PreprocessError, preprocess_bytes
+from kimi_vision_prep.serving.launcher import EmbeddedServer
+
+ENSEMBLES = {"kimi_k25_vision": "kimi-k2.5", "kimi_k3_vision": "kimi-k3"}
+OUTPUTS = ("PIXEL_VALUES", "GRID_THW", "NUM_TOKENS")
+INVALID_ARG = "StatusCode.INVALID_ARGUMENT"
+MIB = 1 << 20
+
+
+# -- process memory --------------------------------------------------------------------------------
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def _stub_label(pid: int) -> str:
+    """The model a Python-backend stub serves (``.../<model>/1/model.py`` on its command line)."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    for arg in args:
+        if arg.endswith(b"/model.py"):
+            return Path(arg.decode()).parts[-3]
+    return f"pid{pid}"
+
+
+def server_rss(server_pid: int) -> dict[str, int]:
+    """RSS in bytes of tritonserver and each of its stub processes, by model name."""
+    rss = {"tritonserver": _rss_bytes(server_pid)}
+    for child in _children(server_pid):
+        try:
+            rss[_stub_label(child)] = _rss_bytes(child)
+        except FileNotFoundError:  # exited between listing and reading
+            continue
+    return rss
+
+
+def rss_growth_failures(start: dict[str, int], end: dict[str, int], fraction: float, mib: float) -> list[str]:
+    """Processes whose RSS grew by more than ``fraction`` of their start and more than ``mib`` MiB."""
+    failures = []
+    for name, before in start.items():
+        after = end.get(name)
+        if after is None:
+            failures.append(f"{name}: process gone")
+        elif after - before > max(fraction * before, mib * MIB):
+            failures.append(f"{name}: {before / MIB:.0f} -> {after / MIB:.0f} MiB")
+    return failures
+
+
+def format_rss(rss: dict[str, int]) -> str:
+    return ", ".join(f"{name} {value / MIB:.0f} MiB" for name, value in sorted(rss.items()))
+
+
+# -- the workload ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Item:
+    """One payload and, per preset, the expected outcome: outputs (good) or None (bad)."""
+
+    label: str
+    data: bytes
+    expected: dict[str, dict[str, np.ndarray] | None]
+
+
+def expected_outputs(data: bytes, preset: str) -> dict[str, np.ndarray] | None:
+    try:
+        result = preprocess_bytes(data, preset)
+    except PreprocessError:
+        return None
+    return {
+        "PIXEL_VALUES": result.pixel_values,
+        "GRID_THW": result.grid_thw,
+        "NUM_TOKENS": np.array(result.num_tokens, dtype=np.int32),
+    }
+
+
+def workload() -> list[Item]:
+    """Good and bad payloads, with the in-process result for every preset precomputed."""
+    payloads: dict[str, bytes] = {
+        "synthetic 640x480 jpeg": jpeg_rgb(640, 480),
+        "synthetic 2400x1800 jpeg": jpeg_rgb(2400, 1800, seed=3),
+        "synthetic rgba png": png_mode(300, 200, "RGBA"),
+        "synthetic palette+trns png": png_mode(120, 90, "P+trns"),
+        "empty": b"",
+        "text path": b"/etc/passwd",
+        "random bytes": np.random.default_rng(0).bytes(4096),
+    }
+    jpeg = payloads["synthetic 640x480 jpeg"]
+    payloads["truncated jpeg"] = jpeg[: len(jpeg) // 2]
+    for name in corpus_names(accepted=True)[::4] + corpus_names(accepted=False):
+        payloads[name] = (CORPUS / name).read_bytes()
+    return [
+        Item(label, data, {preset: expected_outputs(data, preset) for preset in ENSEMBLES.values()})
+        for label, data in payloads.items()
+    ]
+
+
+@dataclass
+class Tally:
+    requests: int = 0
+    good_errors: list[str] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+    bad_wrong_code: list[str] = field(default_factory=list)
+    codes: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def check(item: Item, preset: str, result: object, error: InferenceServerException | None, tally: Tally) -> None:
+    expected = item.expected[preset]
+    with tally.lock:
+        tally.requests += 1
+        tally.codes["OK" if error is None else str(error.status())] += 1
+        if expected is None:
+            if error is None or error.status() != INVALID_ARG:
+                tally.bad_wrong_code.append(f"{item.label} ({preset}): {error.status() if error else 'accepted'}")
+            return
+        if error is not None:
+            tally.good_errors.append(f"{item.label} ({preset}): {error.status()} {error.message()}")
+            return
+    outputs = {name: result.as_numpy(name) for name in OUTPUTS}
+    same = (
+        np.array_equal(outputs["PIXEL_VALUES"][0], expected["PIXEL_VALUES"])
+        and np.array_equal(outputs["GRID_THW"][0], expected["GRID_THW"])
+        and int(outputs["NUM_TOKENS"][0, 0]) == int(expected["NUM_TOKENS"])
+    )
+    if not same:
+        with tally.lock:
+            tally.mismatches.append(f"{item.label} ({preset})")
+
+
+def run_load(url: str, items: list[Item], seconds: float, concurrency: int, tally: Tally) -> None:
+    """Keep ``concurrency`` async gRPC requests in flight, round robin over items and ensembles."""
+    client = grpcclient.InferenceServerClient(url)
+    slots = threading.Semaphore(concurrency)
+    pending: queue.Queue[None] = queue.Queue()
+    jobs = [(item, model) for item in items for model in ENSEMBLES]
+    deadline = time.monotonic() + seconds
+    sent = 0
+    try:
+        while time.monotonic() < deadline:
+            item, model = jobs[sent % len(jobs)]
+            slots.acquire()
+            tensor = grpcclient.InferInput("IMAGE_BYTES", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[item.data]], dtype=np.object_))
+
+            def done(result: object, error: object, item: Item = item, preset: str = ENSEMBLES[model]) -> None:
+                try:
+                    check(item, preset, result, error, tally)
+                finally:
+                    slots.release()
+                    pending.put(None)
+
+            client.async_infer(model, [tensor], done, outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS])
+            sent += 1
+        for _ in range(sent):
+            pending.get(timeout=300)
+    finally:
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rss-growth", type=float, default=0.25, help="allowed RSS growth, fraction of start")
+    parser.add_argument("--rss-growth-mib", type=float, default=150.0, help="allowed RSS growth, MiB")
+    args = parser.parse_args(argv)
+
+    items = workload()
+    good = sum(1 for item in items for outcome in item.expected.values() if outcome is not None)
+    print(f"workload: {len(items)} payloads, {good} good / {2 * len(items) - good} bad (payload, preset) pairs")
+    tally = Tally()
+    with EmbeddedServer(instances=1) as server:
+        assert server.process is not None
+        run_load(server.grpc_url, items, min(10.0, args.seconds), args.concurrency, Tally())  # warm-up, not counted
+        start_rss = server_rss(server.process.pid)
+        started = time.monotonic()
+        run_load(server.grpc_url, items, args.seconds, args.concurrency, tally)
+        elapsed = time.monotonic() - started
+        end_rss = server_rss(server.process.pid)
+        ready = server.is_ready()
+    rate = tally.requests / elapsed
+    print(f"requests: {tally.requests} in {elapsed:.0f} s ({rate:.1f}/s), codes {dict(tally.codes)}")
+    print(f"RSS start: {format_rss(start_rss)}")
+    print(f"RSS end:   {format_rss(end_rss)}")
+    failures = [
+        *(f"good image failed: {x}" for x in tally.good_errors[:10]),
+        *(f"not bit-equal to preprocess_bytes: {x}" for x in tally.mismatches[:10]),
+        *(f"bad image not INVALID_ARG: {x}" for x in tally.bad_wrong_code[:10]),
+        *(f"RSS grew: {x}" for x in rss_growth_failures(start_rss, end_rss, args.rss_growth, args.rss_growth_mib)),
+        *([] if ready else ["server not ready at the end"]),
+    ]
+    print(
+        f"errors: {len(tally.good_errors)} on good images, {len(tally.mismatches)} mismatches, "
+        f"{len(tally.bad_wrong_code)} bad images without INVALID_ARG"
+    )
+    for failure in failures:
+        print(f"FAIL {failure}")
+    print("soak: FAILED" if failures else "soak: OK")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
