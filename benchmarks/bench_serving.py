@@ -1,0 +1,140 @@
+"""Served vs in-process throughput of ``kimi_k25_vision`` on this host, in one run.
+
+In-process: ``bench_local.throughput`` (``preprocess_bytes`` on 2 threads, best of rounds). Served:
+the embedded tritonserver started per server setting (instances of the decode/preprocess models,
+the preprocess model's ``numba_threads``, the decode model's nvImageCodec ``decoder_threads``), swept with
+``bench_server`` over gRPC with and without shared memory; the best level is compared with
+in-process throughput measured right before that sweep (with the server up and idle), so both
+sides of a ratio saw the same load from other processes. Client and server share the host's
+cores, as a sidecar deployment would.
+
+    .venv/bin/python benchmarks/bench_serving.py [--duration 8] [--out-dir bench_results]
+
+Writes ``bench_serving.json`` and ``bench_serving.png`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from kimi_vision_client import bench_local, bench_server
+from kimi_vision_prep.serving.launcher import EmbeddedServer, default_model_repository, render_repository
+
+MODEL, PRESET = "kimi_k25_vision", "kimi-k2.5"
+
+
+@dataclass(frozen=True)
+class ServerSetting:
+    label: str
+    instances: int
+    numba_threads: int  # numba threads per preprocess instance; 0: numba's default (all cores)
+    decoder_threads: int  # nvImageCodec CPU threads per decoder; 0: all cores
+
+
+SETTINGS = (
+    ServerSetting("1 instance, numba 2 thr, decoder all cores (shipped)", 1, 0, 0),
+    ServerSetting("2 instances x 1 numba thr, decoder 1 thr", 2, 1, 1),
+    ServerSetting("2 instances, numba 2 thr, decoder all cores", 2, 0, 0),
+)
+
+
+def set_parameter(text: str, key: str, value: int) -> str:
+    return re.sub(rf'(key: "{key}" value: {{ string_value: ")\d+(")', rf"\g<1>{value}\g<2>", text)
+
+
+def render(setting: ServerSetting, workdir: Path) -> Path:
+    """The shipped repository with the setting's instance count and thread counts."""
+    repository = render_repository(default_model_repository(), workdir / "model_repository", setting.instances)
+    for config in repository.glob("*/config.pbtxt"):
+        text = set_parameter(config.read_text(), "decoder_threads", setting.decoder_threads)
+        config.write_text(set_parameter(text, "numba_threads", setting.numba_threads))
+    return repository
+
+
+@dataclass
+class Row:
+    """One sweep and the in-process throughput measured just before it."""
+
+    setting: str
+    transport: str
+    in_process_img_s: float
+    levels: list[bench_server.LevelResult]
+
+    @property
+    def best(self) -> bench_server.LevelResult:
+        return bench_server.best_level(self.levels)
+
+
+def measure(setting: ServerSetting, images: list[bench_local.BenchImage], duration_s: float, rounds: int) -> list[Row]:
+    """On a fresh server: in-process throughput, then a gRPC sweep; without and with shared memory."""
+    rows = []
+    pairs = [(im.name, im.data) for im in images]
+    with (
+        tempfile.TemporaryDirectory(prefix="bench_serving.") as tmp,
+        EmbeddedServer(render(setting, Path(tmp))) as server,
+    ):
+        for shm in (False, True):
+            transport = "grpc + shm" if shm else "grpc"
+            in_process = bench_local.throughput(images, PRESET, threads=2, rounds=rounds)
+            print(f"\n== {setting.label}, {transport} (in-process just before: {in_process:.2f} img/s)", flush=True)
+            config = bench_server.BenchConfig(server.grpc_url, "grpc", MODEL, shm, (1, 2, 4, 8), duration_s)
+            rows.append(Row(setting.label, transport, in_process, bench_server.sweep(config, pairs, quiet=True)))
+    return rows
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "| server setting | transport | in-process img/s | served img/s (best conc.) | served / in-process"
+        " | mean / p50 / p99 ms | MB/s out |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        best = row.best
+        served = f"{best.images_s:.1f} ({best.concurrency})"
+        latency = f"{best.mean_ms:.0f} / {best.p50_ms:.0f} / {best.p99_ms:.0f}"
+        ratio = best.images_s / row.in_process_img_s
+        lines.append(
+            f"| {row.setting} | {row.transport} | {row.in_process_img_s:.1f} | {served} | {ratio:.2f}x"
+            f" | {latency} | {best.mb_out_s:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per concurrency level")
+    parser.add_argument("--rounds", type=int, default=5, help="in-process rounds over the image set (best kept)")
+    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    args = parser.parse_args()
+
+    images = bench_local.bench_images(PRESET)
+    rows = [row for setting in SETTINGS for row in measure(setting, images, args.duration, args.rounds)]
+    table = markdown(rows)
+    print("\n" + table)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
+        "model": MODEL,
+        "duration_s_per_level": args.duration,
+        "images": [{"name": im.name, "bytes": len(im.data), "width": im.width, "height": im.height} for im in images],
+        "rows": [
+            {"setting": r.setting, "transport": r.transport, "in_process_2_threads_img_s": r.in_process_img_s}
+            | {"levels": bench_server.jsonable(r.levels)}
+            for r in rows
+        ],
+        "table_markdown": table,
+    }
+    (args.out_dir / "bench_serving.json").write_text(json.dumps(payload, indent=2))
+    series = {f"{r.setting} / {r.transport}": r.levels for r in rows}
+    bench_server.plot(series, args.out_dir / "bench_serving.png", f"{MODEL} served over gRPC")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""``kimi-prep bench`` against the embedded server: a short sweep writes its JSON and plot, error-free.
+
+No timing is asserted (the host is shared); only that every level ran, counted its requests and
+read Triton's per-model split.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimi_vision_client import cli
+
+pytestmark = pytest.mark.server
+
+
+@pytest.mark.parametrize("shm", [False, True], ids=["wire", "shm"])
+def test_bench_sweep_writes_json_and_plot(triton_server: Any, corpus: Path, tmp_path: Path, shm: bool) -> None:
+    images = [corpus / "pil__iptc.jpg", corpus / "sklearn__china.jpg"]
+    argv = ["bench", "--url", triton_server.grpc_url, "--concurrency", "1,2", "--requests", "4", "--quiet"]
+    argv += ["--out-dir", str(tmp_path), *(["--shm"] if shm else []), "--images", *map(str, images)]
+    assert cli.main(argv) == cli.EXIT_OK
+    result = json.loads((tmp_path / "bench_server.json").read_text())
+    assert (tmp_path / "bench_server.png").stat().st_size > 0
+    assert [level["concurrency"] for level in result["levels"]] == [1, 2]
+    for level in result["levels"]:
+        assert (level["requests"], level["errors"]) == (4, 0)
+        assert level["images_s"] > 0 and level["p50_ms"] <= level["p99_ms"]
+        assert {"kimi_k25_vision", "kimi_k25_decode", "kimi_k25_preprocess"} <= set(level["server"])
+        assert level["server"]["kimi_k25_preprocess"]["requests"] == 4
+
+
+def test_bench_reports_unavailable_server(tmp_path: Path) -> None:
+    from kimi_vision_prep.serving.launcher import free_port
+
+    argv = ["bench", "--url", f"127.0.0.1:{free_port()}", "--requests", "1", "--out-dir", str(tmp_path)]
+    assert cli.main(argv) == cli.EXIT_UNAVAILABLE
+    assert not (tmp_path / "bench_server.json").exists()
