@@ -120,9 +120,16 @@ def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(launcher, "serve", fake_serve)
     argv = ["serve", "--model-repository", str(tmp_path), "--http-port", "9000", "--grpc-port", "9001"]
-    assert cli.main([*argv, "--metrics-port", "9002", "--instances", "3"]) == 7
+    assert cli.main([*argv, "--metrics-port", "9002", "--instances", "3", "--probe-port", "9003"]) == 7
     assert calls == [
-        {"model_repository": tmp_path, "http_port": 9000, "grpc_port": 9001, "metrics_port": 9002, "instances": 3}
+        {
+            "model_repository": tmp_path,
+            "http_port": 9000,
+            "grpc_port": 9001,
+            "metrics_port": 9002,
+            "instances": 3,
+            "probe_port": 9003,
+        }
     ]
 
 

@@ -1,4 +1,4 @@
-"""``kimi-prep``: preprocess in-process, serve, infer against a server, or run a demo.
+"""``kimi-prep``: preprocess in-process, serve, infer against a server, benchmark, or run a demo.
 
 Every subcommand that processes images prints one summary line per image on stdout, one error line
 per bad image on stderr, writes the good results (optionally) to an ``.npz`` with the processor's
@@ -190,7 +190,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         instances=args.instances,
+        probe_port=args.probe_port,
     )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Concurrency sweep against a running server (``bench_server``)."""
+    from . import bench_server
+
+    config = bench_server.BenchConfig(
+        args.url, args.protocol, args.model, args.shm, args.concurrency_levels, args.duration, args.requests
+    )
+    with KimiVisionClient(args.url, args.protocol, args.model) as client:
+        if not client.is_ready():
+            print(f"kimi-prep: no ready model {args.model!r} at {args.url} ({args.protocol})", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+    images = [(str(path), path.read_bytes()) for path in expand_paths(args.images)] if args.images else None
+    result = bench_server.run(config, images, args.out_dir, args.quiet)
+    return EXIT_SOME_FAILED if any(level["errors"] for level in result["levels"]) else EXIT_OK
+
+
+def cmd_bench_local(args: argparse.Namespace) -> int:
+    """In-process side-by-side timings (``bench_local``)."""
+    from . import bench_local
+
+    bench_local.run(args.preset, args.repeats, args.out_dir)
+    return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -222,6 +247,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- argument parsing ---------------------------------------------------------------------------
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """``1,2,4,8`` -> ``[1, 2, 4, 8]``; every value must be >= 1."""
+    return [positive_int(part) for part in text.split(",")]
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--url``, ``--protocol``, ``--model``, ``--shm``: how ``infer`` and ``bench`` reach a server."""
+    parser.add_argument("--url", default=None, help="host:port (default localhost:8001 for grpc, :8000 for http)")
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="grpc")
+    parser.add_argument("--model", default="kimi_k25_vision")
+    parser.add_argument("--shm", action="store_true", help="exchange tensors through system shared memory")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-prep", description="Bit-exact Kimi vision preprocessing.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -238,18 +286,44 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--grpc-port", type=int, default=8001)
     srv.add_argument("--metrics-port", type=int, default=8002)
     srv.add_argument("--instances", type=int, default=None, help="model instances per preprocessing model")
+    srv.add_argument(
+        "--probe-port", type=int, default=None, help="serve /livez, /readyz and the watchdog's /metrics on this port"
+    )
     srv.set_defaults(run=cmd_serve)
 
     inf = sub.add_parser("infer", help="preprocess images on a running server")
-    inf.add_argument("--url", default=None, help="host:port (default localhost:8001 for grpc, :8000 for http)")
-    inf.add_argument("--protocol", choices=("http", "grpc"), default="grpc")
-    inf.add_argument("--model", default="kimi_k25_vision")
-    inf.add_argument("--shm", action="store_true", help="exchange tensors through system shared memory")
+    add_server_arguments(inf)
     inf.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     inf.add_argument("--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz")
     inf.add_argument("--quiet", action="store_true", help="no progress bar")
     inf.add_argument("images", nargs="+", type=Path, metavar="IMAGE|DIR")
     inf.set_defaults(run=cmd_infer)
+
+    bench = sub.add_parser("bench", help="throughput and latency of a running server over a concurrency sweep")
+    add_server_arguments(bench)
+    bench.add_argument(
+        "--concurrency",
+        dest="concurrency_levels",
+        type=positive_int_list,
+        default=[1, 2, 4, 8],
+        metavar="N[,N...]",
+        help="requests in flight per level, comma-separated (default 1,2,4,8)",
+    )
+    amount = bench.add_mutually_exclusive_group()
+    amount.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds per level (default 10)")
+    amount.add_argument("--requests", type=positive_int, default=None, metavar="N", help="requests per level")
+    bench.add_argument(
+        "--images", nargs="+", type=Path, metavar="FILE|DIR", help="default: bench-local's corpus photos and upscales"
+    )
+    bench.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="bench_server.json and .png")
+    bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    bench.set_defaults(run=cmd_bench)
+
+    local = sub.add_parser("bench-local", help="in-process timings: ours vs the plain reference and the decode floor")
+    local.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS))
+    local.add_argument("--repeats", type=int, default=5, help="timed runs per image (min and median reported)")
+    local.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="bench_local.json and .png")
+    local.set_defaults(run=cmd_bench_local)
 
     demo = sub.add_parser("demo", help="start a server, send sample images over HTTP and gRPC, stop")
     demo.add_argument("--model", default="kimi_k25_vision", choices=sorted(MODEL_PRESETS))
@@ -259,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "infer" and args.url is None:
+    if args.command in ("infer", "bench") and args.url is None:
         args.url = "localhost:8001" if args.protocol == "grpc" else "localhost:8000"
     if getattr(args, "concurrency", 1) < 1:
         print("kimi-prep: --concurrency must be >= 1", file=sys.stderr)

@@ -9,6 +9,12 @@ the environment is set so that stub loads this interpreter's libpython and this 
 - :func:`serve`: foreground server for ``kimi-prep serve``; forwards SIGINT/SIGTERM, returns the exit code.
 - :class:`EmbeddedServer`: context manager on free ports for tests and embedding.
 - :func:`render_repository`: a copy of the repository with instance counts substituted.
+
+Both run a :class:`~.watchdog.StubWatchdog` next to the server (a dead Python-backend stub gets
+its model reloaded) and, given a probe port, a :class:`~.probes.ProbeServer` (``/livez``,
+``/readyz``, ``/metrics``). The Python backend's shared-memory regions carry the launcher's pid
+and start time in their name (:func:`shm_region_prefix`): regions a killed server left behind are
+removed when that server is stopped, and at every start for launchers that no longer run.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import itertools
+import logging
 import os
 import re
 import shutil
@@ -28,10 +36,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .probes import ProbeServer
+from .watchdog import StubWatchdog, process_start_ticks
 
 # One FP32 PIXEL_VALUES of a 1920x1080 image is ~25 MiB, K3's largest ~145 MiB: start each stub's
 # shared-memory pool large enough for typical images and grow it in big steps.
@@ -39,6 +50,11 @@ SHM_DEFAULT_BYTES = 64 << 20
 SHM_GROWTH_BYTES = 64 << 20
 STUB_TIMEOUT_S = 120
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SHM_DIR = Path("/dev/shm")
+SHM_REGION_PREFIX = "kimi_prep_"
+# kimi_prep_<launcher pid>-<its start time in ticks>-<server number>_<uuid the backend appends>
+_OWNED_REGION = re.compile(rf"{SHM_REGION_PREFIX}(\d+)-(\d+)-\d+_")
+_server_numbers = itertools.count()
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../kimi_vision_prep
 
 
@@ -164,6 +180,7 @@ def server_args(  # noqa: PLR0917  (positional use in tests/test_deploy_files.py
     grpc_port: int,
     metrics_port: int,
     extra_args: Sequence[str] = (),
+    shm_prefix: str = SHM_REGION_PREFIX,
 ) -> list[str]:
     """Command line: explicit model control loading every model, Python backend shm sized for big outputs."""
     args = [
@@ -178,11 +195,62 @@ def server_args(  # noqa: PLR0917  (positional use in tests/test_deploy_files.py
         "--backend-config=python,shm-growth-byte-size=" + str(SHM_GROWTH_BYTES),
         f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT_S}",
         # Regions get a UUID suffix anyway; the prefix makes leftovers of a killed server identifiable.
-        "--backend-config=python,shm-region-prefix-name=kimi_prep_",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
     ]
     if install.backend_directory is not None:
         args.append(f"--backend-directory={install.backend_directory}")
     return [*args, *extra_args]
+
+
+def shm_region_prefix() -> str:
+    """A region prefix naming this launcher (pid, start time) and a new server of it."""
+    pid = os.getpid()
+    return f"{SHM_REGION_PREFIX}{pid}-{process_start_ticks(pid) or 0}-{next(_server_numbers)}_"
+
+
+def remove_shm_regions(prefix: str) -> list[str]:
+    """Unlink the regions in ``/dev/shm`` named ``prefix*`` (those of one stopped server); their names."""
+    removed = []
+    for region in SHM_DIR.glob(f"{prefix}*"):
+        with contextlib.suppress(FileNotFoundError):
+            region.unlink()
+            removed.append(region.name)
+    return removed
+
+
+def _owner_running(pid: int, start_ticks: int) -> bool:
+    return process_start_ticks(pid) == start_ticks
+
+
+def remove_stale_shm_regions() -> list[str]:
+    """Unlink the regions whose launcher no longer runs (a killed server's leftovers); their names.
+
+    Regions without an owner in their name (other prefixes, older launchers) are left alone.
+    """
+    removed = []
+    for region in SHM_DIR.glob(f"{SHM_REGION_PREFIX}*"):
+        owner = _OWNED_REGION.match(region.name)
+        if owner and not _owner_running(int(owner[1]), int(owner[2])):
+            with contextlib.suppress(FileNotFoundError):
+                region.unlink()
+                removed.append(region.name)
+    return removed
+
+
+@contextlib.contextmanager
+def supervision(process: subprocess.Popen[bytes], http_port: int, probe_port: int | None) -> Iterator[StubWatchdog]:
+    """The stub watchdog of a started server and, with ``probe_port``, its probe server."""
+    with contextlib.ExitStack() as stack:
+        watchdog = stack.enter_context(StubWatchdog(process, f"127.0.0.1:{http_port}"))
+        if probe_port is not None:
+            stack.enter_context(ProbeServer(watchdog, probe_port))
+        yield watchdog
+
+
+def _log_to_stderr() -> None:
+    """The watchdog's recoveries on stderr, next to tritonserver's log (unless the caller set up logging)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s kimi-prep %(levelname)s %(name)s: %(message)s")
 
 
 def serve(  # noqa: PLR0917  (the `kimi-prep serve` contract)
@@ -192,11 +260,21 @@ def serve(  # noqa: PLR0917  (the `kimi-prep serve` contract)
     metrics_port: int = 8002,
     instances: int | None = None,
     extra_args: Sequence[str] = (),
+    probe_port: int | None = None,
 ) -> int:
-    """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit code."""
+    """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit code.
+
+    A stub watchdog reloads models whose Python stub died; ``probe_port`` serves ``/livez``,
+    ``/readyz`` and the watchdog's ``/metrics``.
+    """
     install = find_tritonserver()
     repository = Path(model_repository or default_model_repository()).resolve()
+    _log_to_stderr()
+    for region in remove_stale_shm_regions():
+        logging.getLogger(__name__).info("removed stale shared-memory region /dev/shm/%s", region)
+    shm_prefix = shm_region_prefix()
     with contextlib.ExitStack() as stack:
+        stack.callback(remove_shm_regions, shm_prefix)
         if instances is not None:
             rendered = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_repo.")))
             repository = render_repository(repository, rendered / "model_repository", instances)
@@ -207,6 +285,7 @@ def serve(  # noqa: PLR0917  (the `kimi-prep serve` contract)
             grpc_port=grpc_port,
             metrics_port=metrics_port,
             extra_args=extra_args,
+            shm_prefix=shm_prefix,
         )
         process = subprocess.Popen(args, env=install.env, preexec_fn=_server_process_setup)  # noqa: PLW1509
 
@@ -215,7 +294,8 @@ def serve(  # noqa: PLR0917  (the `kimi-prep serve` contract)
 
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            return process.wait()
+            with supervision(process, http_port, probe_port):
+                return process.wait()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -243,7 +323,8 @@ class EmbeddedServer:
 
     ``instances`` renders the repository into a temp dir with that instance count. The server's log
     goes to ``log_path`` (kept), else into that temp dir (removed by :meth:`stop`). Readiness means
-    ``/v2/health/ready`` and every model of the repository ready.
+    ``/v2/health/ready`` and every model of the repository ready. ``watchdog`` reloads models whose
+    stub died; ``probe_port`` serves its probes (``probe_url``).
     """
 
     def __init__(
@@ -257,6 +338,7 @@ class EmbeddedServer:
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 300.0,
         log_path: Path | None = None,
+        probe_port: int | None = None,
     ) -> None:
         self.source_repository = Path(model_repository or default_model_repository()).resolve()
         self.instances = instances
@@ -270,6 +352,10 @@ class EmbeddedServer:
         self.repository = self.source_repository
         self._kept_log_path = Path(log_path) if log_path is not None else None
         self.log_path: Path | None = self._kept_log_path
+        self.probe_port = probe_port
+        self.shm_prefix = shm_region_prefix()
+        self.watchdog: StubWatchdog | None = None
+        self._supervision = contextlib.ExitStack()
 
     @property
     def http_url(self) -> str:
@@ -284,6 +370,13 @@ class EmbeddedServer:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
+    def probe_url(self) -> str:
+        """``http://127.0.0.1:<probe_port>`` (``/livez``, ``/readyz``, ``/metrics``)."""
+        if self.probe_port is None:
+            raise ValueError("started without a probe_port")
+        return f"http://127.0.0.1:{self.probe_port}"
+
+    @property
     def model_names(self) -> list[str]:
         return sorted(p.parent.name for p in self.repository.glob("*/config.pbtxt"))
 
@@ -294,6 +387,7 @@ class EmbeddedServer:
 
     def start(self) -> EmbeddedServer:
         install = find_tritonserver()
+        remove_stale_shm_regions()
         self._workdir = tempfile.TemporaryDirectory(prefix="kimi_prep_triton.")
         workdir = Path(self._workdir.name)
         if self.instances is not None:
@@ -307,6 +401,7 @@ class EmbeddedServer:
             grpc_port=self.grpc_port,
             metrics_port=self.metrics_port,
             extra_args=self.extra_args,
+            shm_prefix=self.shm_prefix,
         )
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
@@ -317,6 +412,7 @@ class EmbeddedServer:
                 preexec_fn=_server_process_setup,  # noqa: PLW1509  (async-signal-safe calls only)
             )
         try:
+            self.watchdog = self._supervision.enter_context(supervision(self.process, self.http_port, self.probe_port))
             self.wait_ready()
         except BaseException:
             self.stop()
@@ -341,8 +437,11 @@ class EmbeddedServer:
         raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s:g} s:\n{self.log_tail()}")
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
-        """SIGINT (clean shutdown, unloads models), then SIGKILL after ``timeout_s``."""
+        """Watchdog and probes off, SIGINT (clean shutdown, unloads models), SIGKILL after ``timeout_s``;
+        then the shared-memory regions a killed server left are removed."""
         code = None
+        self._supervision.close()
+        self.watchdog = None
         if self.process is not None:
             if self.process.poll() is None:
                 self.process.send_signal(signal.SIGINT)
@@ -353,6 +452,7 @@ class EmbeddedServer:
                     self.process.wait()
             code = self.process.returncode
             self.process = None
+            remove_shm_regions(self.shm_prefix)
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None

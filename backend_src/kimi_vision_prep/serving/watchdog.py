@@ -1,0 +1,351 @@
+"""Notice dead Python-backend stubs and reload their models; the health behind ``/readyz``.
+
+tritonserver 2.51 does not restart a Python backend stub that died (segfault, OOM kill,
+``kill -9``): the model stays ``READY`` in every health endpoint while each request to it fails
+with ``Stub process '<instance>' is not healthy``, and a ``load`` with an unchanged config does
+nothing. Only an ``unload`` then ``load`` through the repository API (explicit model control)
+starts a fresh stub; Triton reloads the ensembles composing the model with it.
+
+:class:`StubWatchdog` runs in the launcher process, next to the tritonserver it started:
+
+- every ``interval_s`` it lists the server's ``triton_python_backend_stub`` children (their argv
+  carries the model file and the instance name, e.g. ``kimi_k25_decode_0_0``). A stub that became
+  a zombie (the server does not reap it) or vanished while its model is still ``READY`` is dead;
+  stubs of a model the repository reports as not ``READY`` are being (un)loaded on purpose and
+  are left alone;
+- a model with a dead stub is reloaded (unload, load once it left ``READY``, then load again any
+  model that was ready before and is not now), one reload at a time, retried with exponential
+  backoff until it succeeds. The load does not wait for the unload to finish: the old version
+  stays ``UNLOADING`` behind the new one (its dead instance never finalizes) and is dropped when
+  the server stops;
+- ``kimi_prep_stub_deaths_total{model}`` and ``kimi_prep_recoveries_total{model}`` count deaths
+  and completed recoveries; :meth:`StubWatchdog.readiness` is false while a stub is known dead or
+  its recovery is in progress.
+
+Process scanning is used instead of canary requests: it sees every crash within one interval,
+costs nothing per request and never mistakes a slow or overloaded model for a dead one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STUB_BINARY = "triton_python_backend_stub"
+READY = "READY"
+PROC = Path("/proc")
+
+log = logging.getLogger(__name__)
+
+
+class RepositoryError(RuntimeError):
+    """A repository API call of tritonserver failed or timed out."""
+
+
+# -- the stub processes --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StubProcess:
+    """One ``triton_python_backend_stub`` child of the server."""
+
+    pid: int
+    start_ticks: int  # with pid, identifies the process across pid reuse
+    model: str
+    instance: str
+    zombie: bool
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        return self.pid, self.start_ticks
+
+
+def _stat_fields(pid_dir: Path) -> list[str]:
+    """Fields of ``/proc/<pid>/stat`` after the command name: state is [0], ppid [1], starttime [19]."""
+    stat = (pid_dir / "stat").read_text()
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot; None when no such process is visible."""
+    try:
+        return int(_stat_fields(PROC / str(pid))[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stub_from_argv(pid: int, fields: list[str], argv: list[str]) -> StubProcess | None:
+    """A model instance's stub from its argv: ``stub <repo>/<model>/<version>/model.py <shm region> ...
+    <instance name> ...``. None for other processes and for the short-lived stub that completes a
+    model's config while it loads (its instance name is the model's name)."""
+    if len(argv) < 9 or not argv[0].endswith(STUB_BINARY):
+        return None
+    model, instance = Path(argv[1]).parents[1].name, argv[8]
+    if instance == model:
+        return None
+    return StubProcess(pid, int(fields[19]), model, instance, zombie=fields[0] == "Z")
+
+
+def stub_processes(server_pid: int) -> list[StubProcess]:
+    """The Python-backend stubs whose parent is ``server_pid`` (zombies included)."""
+    stubs = []
+    for pid_dir in PROC.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            fields = _stat_fields(pid_dir)
+            if int(fields[1]) != server_pid:
+                continue
+            argv = [a.decode(errors="replace") for a in (pid_dir / "cmdline").read_bytes().split(b"\0")]
+        except (OSError, IndexError, ValueError):  # exited while we looked
+            continue
+        stub = stub_from_argv(int(pid_dir.name), fields, argv)
+        if stub is not None:
+            stubs.append(stub)
+    return stubs
+
+
+# -- the repository API --------------------------------------------------------------------------
+
+
+class TritonRepository:
+    """The few HTTP endpoints of tritonserver the watchdog needs."""
+
+    def __init__(self, http_url: str, load_timeout_s: float = 600.0) -> None:
+        self.base = f"http://{http_url}/v2"
+        self.load_timeout_s = load_timeout_s
+
+    def _post(self, path: str, timeout_s: float) -> bytes:
+        request = urllib.request.Request(f"{self.base}{path}", data=b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            raise RepositoryError(f"POST {path}: HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise RepositoryError(f"POST {path}: {exc}") from None
+
+    def model_states(self) -> dict[str, str]:
+        """``{model: state}`` of every model in the repository (READY, LOADING, UNLOADING, UNAVAILABLE)."""
+        entries = json.loads(self._post("/repository/index", timeout_s=10) or b"[]")
+        return {entry["name"]: entry.get("state", "UNAVAILABLE") for entry in entries}
+
+    def server_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base}/health/ready", timeout=5) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def unload(self, model: str) -> None:
+        self._post(f"/repository/models/{model}/unload", timeout_s=60)
+
+    def load(self, model: str) -> None:
+        self._post(f"/repository/models/{model}/load", timeout_s=self.load_timeout_s)
+
+    def wait_not_ready(self, model: str, timeout_s: float = 60.0) -> None:
+        """Until ``model`` left ``READY`` (its unload began)."""
+        deadline = time.monotonic() + timeout_s
+        while self.model_states().get(model) == READY:
+            if time.monotonic() > deadline:
+                raise RepositoryError(f"{model} still READY {timeout_s:g} s after its unload")
+            time.sleep(0.05)
+
+
+# -- the watchdog --------------------------------------------------------------------------------
+
+
+@dataclass
+class PendingRecovery:
+    """A model with a dead stub, waiting for (another attempt at) its reload."""
+
+    detected_at: float
+    attempts: int = 0
+    next_attempt_at: float = 0.0
+
+
+@dataclass
+class WatchdogState:
+    known: dict[tuple[int, int], StubProcess] = field(default_factory=dict)  # live stubs seen
+    handled: set[tuple[int, int]] = field(default_factory=set)  # dead stubs already acted upon
+    pending: dict[str, PendingRecovery] = field(default_factory=dict)
+    recovering: str | None = None
+    deaths: Counter[str] = field(default_factory=Counter)
+    recoveries: Counter[str] = field(default_factory=Counter)
+    last_round_at: float | None = None
+
+
+class StubWatchdog:
+    """Thread watching the stubs of ``process`` (a running tritonserver) and reloading their models."""
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        http_url: str,
+        *,
+        interval_s: float = 0.5,
+        initial_backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        self.process = process
+        self.repository = TritonRepository(http_url)
+        self.interval_s = interval_s
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._state = WatchdogState()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kimi-prep-stub-watchdog", daemon=True)
+
+    def start(self) -> StubWatchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.repository.load_timeout_s)
+
+    def __enter__(self) -> StubWatchdog:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- what the probes read --
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """``{"stub_deaths": {model: n}, "recoveries": {model: n}}``."""
+        with self._lock:
+            return {"stub_deaths": dict(self._state.deaths), "recoveries": dict(self._state.recoveries)}
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why not): watching, no stub known dead, no reload in progress, every model READY."""
+        if self.process.poll() is not None:
+            return False, f"tritonserver exited with code {self.process.returncode}"
+        with self._lock:
+            broken = sorted({*self._state.pending, *([self._state.recovering] if self._state.recovering else [])})
+            last_round = self._state.last_round_at
+        if broken:
+            return False, f"recovering from a dead stub: {', '.join(broken)}"
+        if last_round is None or time.monotonic() - last_round > max(10.0, 20 * self.interval_s):
+            return False, "the stub watchdog is not scanning"
+        if not self.repository.server_ready():
+            return False, "tritonserver is not ready"
+        try:
+            states = self.repository.model_states()
+        except RepositoryError as exc:
+            return False, str(exc)
+        not_ready = sorted(f"{name} {state}" for name, state in states.items() if state != READY)
+        return (False, f"models not ready: {', '.join(not_ready)}") if not_ready else (True, "ready")
+
+    # -- the loop --
+
+    def _run(self) -> None:
+        while not self._stopped.is_set() and self.process.poll() is None:
+            try:
+                self.poll_once()
+            except Exception:  # the watchdog must outlive any surprise; the next round tries again
+                log.exception("stub watchdog round failed")
+            with self._lock:
+                self._state.last_round_at = time.monotonic()
+            self._stopped.wait(self.interval_s)
+
+    def poll_once(self) -> None:
+        """One round: scan the stubs, record deaths, run the reloads that are due."""
+        self._record_deaths(stub_processes(self.process.pid))
+        now = time.monotonic()
+        with self._lock:
+            due = [model for model, pending in self._state.pending.items() if pending.next_attempt_at <= now]
+        for model in due:
+            if self._stopped.is_set():
+                return
+            self._attempt_recovery(model)
+
+    def _dead_stubs(self, stubs: list[StubProcess]) -> list[StubProcess]:
+        """Stubs that died since the last round (zombies, or known live ones gone); learns new live ones."""
+        seen = {stub.identity for stub in stubs}
+        with self._lock:
+            for stub in stubs:
+                if not stub.zombie:
+                    self._state.known[stub.identity] = stub
+            zombies = [stub for stub in stubs if stub.zombie and stub.identity not in self._state.handled]
+            vanished = [stub for identity, stub in self._state.known.items() if identity not in seen]
+        return zombies + vanished
+
+    def _record_deaths(self, stubs: list[StubProcess]) -> None:
+        dead = self._dead_stubs(stubs)
+        if not dead:
+            return
+        try:
+            states = self.repository.model_states()
+        except RepositoryError as exc:  # shutting down, or busy: look again next round
+            log.info("stub exit seen but the repository did not answer: %s", exc)
+            return
+        by_model: dict[str, list[StubProcess]] = {}
+        with self._lock:
+            for stub in dead:
+                self._state.known.pop(stub.identity, None)
+                self._state.handled.add(stub.identity)
+                by_model.setdefault(stub.model, []).append(stub)
+            for model, model_stubs in by_model.items():
+                if states.get(model) != READY or model in self._state.pending:
+                    continue  # unloading or loading on purpose, or already queued for a reload
+                self._state.deaths[model] += len(model_stubs)
+                self._state.pending[model] = PendingRecovery(detected_at=time.monotonic())
+                instances = ", ".join(f"{stub.instance} (pid {stub.pid})" for stub in model_stubs)
+                log.warning("stub of %s died: %s; reloading the model", model, instances)
+
+    def _attempt_recovery(self, model: str) -> None:
+        with self._lock:
+            pending = self._state.pending[model]
+            pending.attempts += 1
+            self._state.recovering = model
+        try:
+            self._reload(model)
+        except RepositoryError as exc:
+            backoff = min(self.max_backoff_s, self.initial_backoff_s * 2 ** (pending.attempts - 1))
+            log.error("reload %d of %s failed: %s; next try in %.1f s", pending.attempts, model, exc, backoff)
+            with self._lock:
+                pending.next_attempt_at = time.monotonic() + backoff
+                self._state.recovering = None
+            return
+        elapsed = time.monotonic() - pending.detected_at
+        self._forget_stubs_of(model)
+        with self._lock:
+            del self._state.pending[model]
+            self._state.recoveries[model] += 1
+            self._state.recovering = None
+        log.warning("%s recovered %.1f s after its stub died (attempt %d)", model, elapsed, pending.attempts)
+
+    def _reload(self, model: str) -> None:
+        """Unload, load; then load every model that was ready before and is not now (ensembles)."""
+        ready_before = {name for name, state in self.repository.model_states().items() if state == READY}
+        self.repository.unload(model)
+        self.repository.wait_not_ready(model)
+        self.repository.load(model)
+        states = self.repository.model_states()
+        for name in sorted(ready_before - {model}):
+            if states.get(name) != READY:
+                log.warning("loading %s again (it composes %s)", name, model)
+                self.repository.load(name)
+
+    def _forget_stubs_of(self, model: str) -> None:
+        """After a reload: the model's old stubs are gone or zombies; learn the new ones next round."""
+        with self._lock:
+            for identity, stub in list(self._state.known.items()):
+                if stub.model == model:
+                    del self._state.known[identity]
+        for stub in stub_processes(self.process.pid):
+            if stub.model == model and stub.zombie:
+                with self._lock:
+                    self._state.handled.add(stub.identity)

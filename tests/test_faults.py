@@ -1,0 +1,263 @@
+"""Faults: a killed Python-backend stub is noticed and its model reloaded with no one acting.
+
+One server of its own (not the shared fixture: these tests kill its processes), started with the
+stub watchdog and a probe port. Requests keep flowing from a few threads while a stub is killed;
+each of them either returns the library's exact result or fails with a server error, none hangs.
+Tests run in file order; the last one kills tritonserver itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from kimi_vision_prep import preprocess_bytes
+from kimi_vision_prep.serving import launcher
+from kimi_vision_prep.serving.launcher import EmbeddedServer, free_port
+from kimi_vision_prep.serving.watchdog import stub_processes
+
+pytestmark = pytest.mark.server
+
+MODEL = "kimi_k25_vision"
+PRESET = "kimi-k2.5"
+IMAGES = ["pil__hopper.jpg", "imagers__large_image.jpg", "imagers__tower_grayscale.jpg"]
+OUTPUTS = ["PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"]
+CLIENT_TIMEOUT_S = 60.0  # a request that hangs fails the test instead of the test hanging
+RECOVERY_BOUND_S = 60.0
+LOAD_THREADS = 3
+
+
+@dataclass
+class Outcomes:
+    """What the load threads saw: exact results, server errors (by message), and anything else."""
+
+    exact: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    wrong: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddedServer]:
+    try:
+        launcher.find_tritonserver()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    with EmbeddedServer(instances=1, probe_port=free_port()) as embedded:
+        yield embedded
+
+
+@pytest.fixture(scope="module")
+def images(corpus: Path) -> list[tuple[bytes, dict[str, np.ndarray]]]:
+    """(encoded bytes, expected outputs with the batch dimension) of each image."""
+    cases = []
+    for name in IMAGES:
+        data = (corpus / name).read_bytes()
+        expected = preprocess_bytes(data, PRESET)
+        cases.append(
+            (
+                data,
+                {
+                    "PIXEL_VALUES": expected.pixel_values[None],
+                    "GRID_THW": np.asarray(expected.grid_thw, dtype=np.int64)[None],
+                    "NUM_TOKENS": np.asarray([[expected.num_tokens]], dtype=np.int32),
+                },
+            )
+        )
+    return cases
+
+
+def probe(server: EmbeddedServer, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(server.probe_url + path, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def counter(server: EmbeddedServer, family: str, model: str) -> float:
+    status, text = probe(server, "/metrics")
+    assert status == 200
+    for line in text.splitlines():
+        if line.startswith(f'{family}{{model="{model}"}} '):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def infer(client: grpcclient.InferenceServerClient, data: bytes) -> dict[str, np.ndarray]:
+    tensor = grpcclient.InferInput("IMAGE_BYTES", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+    requested = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS]
+    result = client.infer(MODEL, [tensor], outputs=requested, client_timeout=CLIENT_TIMEOUT_S)
+    return {name: result.as_numpy(name) for name in OUTPUTS}
+
+
+def is_exact(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> bool:
+    return all(
+        outputs[name].dtype == expected[name].dtype and np.array_equal(outputs[name], expected[name])
+        for name in OUTPUTS
+    )
+
+
+def send_until(stop: threading.Event, server: EmbeddedServer, images: list, outcomes: Outcomes) -> None:
+    """One load thread: its own client, the images round robin until ``stop``."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        index = 0
+        while not stop.is_set():
+            data, expected = images[index % len(images)]
+            index += 1
+            try:
+                exact = is_exact(infer(client, data), expected)
+            except InferenceServerException as exc:
+                with outcomes.lock:
+                    outcomes.errors[f"{exc.status()}: {exc.message()}"[:160]] += 1
+                time.sleep(0.05)
+                continue
+            with outcomes.lock:
+                if exact:
+                    outcomes.exact += 1
+                else:
+                    outcomes.wrong.append(f"image {index % len(images)}")
+    finally:
+        client.close()
+
+
+def wait_for(condition: Callable[[], bool], bound_s: float, what: str) -> float:
+    """Seconds until ``condition()`` held; fails with ``what`` after ``bound_s``."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > bound_s:
+            pytest.fail(f"{what} within {bound_s:g} s")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def serves_exactly(server: EmbeddedServer, images: list) -> Callable[[], bool]:
+    def check() -> bool:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            return all(is_exact(infer(client, data), expected) for data, expected in images)
+        except InferenceServerException:
+            return False
+        finally:
+            client.close()
+
+    return check
+
+
+def kill_stub(server: EmbeddedServer, instance: str) -> int:
+    assert server.process is not None
+    (stub,) = [s for s in stub_processes(server.process.pid) if s.instance == instance and not s.zombie]
+    os.kill(stub.pid, signal.SIGKILL)
+    return stub.pid
+
+
+def readyz_watcher(server: EmbeddedServer, stop: threading.Event, seen: list[int]) -> threading.Thread:
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(probe(server, "/readyz")[0])
+            time.sleep(0.05)
+
+    return threading.Thread(target=watch, daemon=True)
+
+
+def kill_under_load_and_recover(server: EmbeddedServer, images: list, model: str) -> None:
+    """Kill ``model``'s stub while requests flow; assert errors not hangs, exact service again, counters."""
+    assert probe(server, "/readyz")[0] == 200
+    recoveries_before = counter(server, "kimi_prep_recoveries_total", model)
+    outcomes, stop, readyz = Outcomes(), threading.Event(), []
+    threads = [
+        threading.Thread(target=send_until, args=(stop, server, images, outcomes), daemon=True)
+        for _ in range(LOAD_THREADS)
+    ]
+    threads.append(readyz_watcher(server, stop, readyz))
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: outcomes.exact >= LOAD_THREADS, 60, "exact results under load before the kill")
+        killed_at = time.monotonic()
+        pid = kill_stub(server, f"{model}_0_0")
+        recovered_s = wait_for(
+            serves_exactly(server, images), RECOVERY_BOUND_S, f"{MODEL} served exactly again after killing {model}"
+        )
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz back to 200")
+        ready_s = time.monotonic() - killed_at
+        exact_at_recovery = outcomes.exact
+        wait_for(lambda: outcomes.exact >= exact_at_recovery + LOAD_THREADS, 60, "exact results under load again")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=CLIENT_TIMEOUT_S + 10)
+    assert not any(thread.is_alive() for thread in threads), "a request hung past its client timeout"
+    print(
+        f"\nkill -9 {model} stub (pid {pid}): served exactly again after {recovered_s:.2f} s, "
+        f"/readyz 200 again after {ready_s:.2f} s; "
+        f"under load: {outcomes.exact} exact, errors {dict(outcomes.errors)}, /readyz codes {sorted(set(readyz))}"
+    )
+    assert not outcomes.wrong, f"results differing from preprocess_bytes: {outcomes.wrong}"
+    assert not [message for message in outcomes.errors if "Deadline" in message], outcomes.errors
+    assert 503 in readyz, "/readyz never reported the broken model"
+    assert counter(server, "kimi_prep_recoveries_total", model) == recoveries_before + 1
+    assert counter(server, "kimi_prep_stub_deaths_total", model) == 1
+
+
+def test_probes_answer_on_a_healthy_server(server: EmbeddedServer) -> None:
+    assert probe(server, "/livez") == (200, "alive\n")
+    assert probe(server, "/readyz") == (200, "ready\n")
+    status, text = probe(server, "/metrics")
+    assert status == 200
+    assert "# TYPE kimi_prep_recoveries_total counter" in text
+    assert "# TYPE kimi_prep_stub_deaths_total counter" in text
+    assert probe(server, "/nothing")[0] == 404
+
+
+def test_killed_decode_stub_is_reloaded_under_load(server: EmbeddedServer, images: list) -> None:
+    kill_under_load_and_recover(server, images, "kimi_k25_decode")
+
+
+def test_killed_preprocess_stub_is_reloaded_under_load(server: EmbeddedServer, images: list) -> None:
+    kill_under_load_and_recover(server, images, "kimi_k25_preprocess")
+    assert counter(server, "kimi_prep_recoveries_total", "kimi_k25_decode") == 1
+
+
+def test_killed_server_is_not_live_and_leaves_no_shared_memory(server: EmbeddedServer) -> None:
+    assert server.process is not None
+    stubs = stub_processes(server.process.pid)
+    assert list(Path("/dev/shm").glob(f"{server.shm_prefix}*")), "the Python backend's regions carry the prefix"
+    server.process.send_signal(signal.SIGKILL)
+    wait_for(lambda: probe(server, "/livez")[0] == 503, 10, "/livez 503 after tritonserver was killed")
+    assert probe(server, "/readyz")[0] == 503
+    server.stop()
+    assert not list(Path("/dev/shm").glob(f"{server.shm_prefix}*")), "regions of the killed server left behind"
+    wait_for(
+        lambda: not any(Path(f"/proc/{stub.pid}").exists() for stub in stubs if not stub.zombie),
+        30,
+        "the stubs of a killed server exit",
+    )
+
+
+def test_stale_regions_of_dead_launchers_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "SHM_DIR", tmp_path)
+    own = launcher.shm_region_prefix() + "a"
+    dead_pid = max(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()) + 10_000
+    regions = [own, f"kimi_prep_{dead_pid}-1-0_b", f"kimi_prep_{os.getpid()}-1-0_c", "kimi_prep_d", "other_e"]
+    for name in regions:
+        (tmp_path / name).write_bytes(b"")
+    removed = launcher.remove_stale_shm_regions()
+    # A dead pid, and a live pid with another start time (a recycled pid or another container).
+    assert sorted(removed) == sorted(regions[1:3])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([own, "kimi_prep_d", "other_e"])
