@@ -1,18 +1,20 @@
 """Pillow-exact resize (Pillow 13 ``Image.resize``), for numpy arrays (numba) and torch tensors.
 
 ``bicubic`` is Pillow's BICUBIC convolution resampling (``libImaging/Resample.c``): per axis, a
-table of fixed-point coefficients (22 fractional bits) built with Pillow's float64 arithmetic, a
-horizontal pass over the source rows the vertical pass reads, then a vertical pass; each pass
-accumulates in int32 with a rounding bias and clips to uint8. A pass whose dimension is unchanged
-is skipped, and an unchanged size is returned as is. RGBA is resized premultiplied (RGBA -> RGBa ->
-resize -> RGBA) with Pillow's integer conversions, as ``Image.resize`` does.
+table of fixed-point coefficients (22 fractional bits) built with Pillow's float64 arithmetic and
+two separable passes, each accumulating in int32 with a rounding bias and clipping to uint8. The
+passes run horizontal first (over the source rows the vertical pass reads only), except that
+Pillow 13 runs the vertical pass first when the height shrinks much more than the width (see
+:func:`vertical_pass_first`). A pass whose dimension is unchanged is skipped, and an unchanged
+size is returned as is. RGBA is resized premultiplied (RGBA -> RGBa -> resize -> RGBA) with
+Pillow's integer conversions, as ``Image.resize`` does.
 
 ``nearest`` is Pillow's NEAREST resize (an affine scale, ``libImaging/Geometry.c``), which Pillow
 uses for palette and 1-bit sources; RGBA is not premultiplied there.
 
 Every integer operation is reproduced, so all paths are bit-exact to Pillow; the tests compare
 against Pillow itself. The torch path additionally offers ``method="antialias"``
-(``interpolate(mode="bicubic", antialias=True)``, rounded): faster on GPUs, not bit-exact.
+(``interpolate(mode="bicubic", antialias=True)``, rounded): not bit-exact.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ if TYPE_CHECKING:
     from .decode import Resample
 
 ResizeMethod = Literal["exact", "antialias"]
-# One resampling pass of a backend: (image, first, count, coef) -> image.
-ResamplePass = Callable[[Any, np.ndarray, np.ndarray, np.ndarray], Any]
+# One resampling pass of a backend: (image (H, W, C), bounds, coef) -> resampled image.
+ResamplePass = Callable[[Any, np.ndarray, np.ndarray], Any]
 
 PRECISION_BITS = 22  # fractional bits of Pillow's 8-bit fixed-point coefficients
 _ROUNDING_BIAS = 1 << (PRECISION_BITS - 1)
@@ -44,8 +46,8 @@ _BICUBIC_A = -0.5
 _BICUBIC_SUPPORT = 2.0
 _INT_MAX = 2**31 - 1
 
-# Horizontal-pass tile: 64 int32 lanes (rows_per_tile * channels of them are used), a constant trip
-# count the compiler vectorises without a scalar tail; one tile row of uint8 is one cache line.
+# Horizontal-pass tile: 64 lanes (rows_per_tile * channels of them used), a constant trip count the
+# compiler vectorises without a scalar tail; one uint8 tile row is one cache line.
 _TILE_LANES = 64
 # Vertical-pass chunk: 16 KiB of int32 accumulators stay in L1 while every tap row is added.
 _ROW_CHUNK = 4096
@@ -53,7 +55,7 @@ _ROW_CHUNK = 4096
 _PIL_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST}
 
 
-# --------------------------------------------------------------------------- coefficients
+# --------------------------------------------------------------------------- geometry
 
 
 def _bicubic_filter(x: np.ndarray) -> np.ndarray:
@@ -65,14 +67,16 @@ def _bicubic_filter(x: np.ndarray) -> np.ndarray:
     return np.where(x < 1.0, inner, np.where(x < 2.0, outer, 0.0))
 
 
-@functools.lru_cache(maxsize=64)  # two entries per (source, target) size pair; each <= out*ksize*4 bytes
-def bicubic_coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+# Per axis and size pair; a table is out_size * ksize * 4 bytes (about 75 KiB for 4000 -> 2073),
+# so 64 entries stay a few MiB for ordinary photos.
+@functools.lru_cache(maxsize=64)
+def bicubic_coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Pillow's ``precompute_coeffs`` + ``normalize_coeffs_8bpc`` for one axis.
 
-    Returns read-only ``(first, count, coef)``: int32 ``(out_size,)`` first source index and
-    number of taps of each output pixel, and int32 ``(out_size, ksize)`` fixed-point weights
-    (zero past ``count``). Raises :class:`UnsupportedImageError` where Pillow's own table would
-    overflow (it raises ``MemoryError`` there).
+    Returns read-only ``(bounds, coef)``: int32 ``(out_size, 2)`` first source index and number of
+    taps of each output pixel, and int32 ``(out_size, ksize)`` fixed-point weights (zero past the
+    taps). Raises :class:`UnsupportedImageError` where Pillow's own table would overflow (Pillow
+    raises ``MemoryError`` there).
     """
     scale = in_size / out_size
     filterscale = max(scale, 1.0)
@@ -82,7 +86,7 @@ def bicubic_coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.nd
         raise UnsupportedImageError(f"Pillow cannot resample {in_size} -> {out_size} pixels (coefficient overflow)")
     center = (np.arange(out_size, dtype=np.float64) + 0.5) * scale
     ss = 1.0 / filterscale
-    # C casts truncate toward zero; both values are clamped at 0 afterwards anyway.
+    # C casts truncate toward zero; both bounds are clamped to the image afterwards.
     first = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
     count = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), in_size) - first
     taps = np.arange(ksize)
@@ -94,10 +98,10 @@ def bicubic_coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.nd
     weights = np.where(total[:, None] != 0.0, weights / np.where(total == 0.0, 1.0, total)[:, None], weights)
     scaled = weights * (1 << PRECISION_BITS)
     coef = np.where(weights < 0, -0.5 + scaled, 0.5 + scaled).astype(np.int32)  # astype truncates like C
-    tables = (first.astype(np.int32), count.astype(np.int32), coef)
-    for table in tables:
-        table.setflags(write=False)
-    return tables
+    bounds = np.stack([first, count], axis=1).astype(np.int32)
+    bounds.setflags(write=False)
+    coef.setflags(write=False)
+    return bounds, coef
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,108 +121,155 @@ def nearest_indices(in_size: int, out_size: int) -> np.ndarray:
 
 def vertical_pass_first(width: int, height: int, new_width: int, new_height: int) -> bool:
     """Whether Pillow 13 resamples vertically first: when the height loses more than twice as many
-    pixels as the width (Pillow PR #9549, found and checked against Pillow by the tests). The order
-    matters because each pass rounds to uint8."""
+    pixels as the width (Pillow PR #9549; the rule was located against Pillow and the tests check
+    both sides of it). The order matters because each pass rounds to uint8."""
     return new_height < height and height - new_height > 2 * (width - new_width)
 
 
 def _bicubic_two_pass(
     image: Any, new_width: int, new_height: int, horizontal: ResamplePass, vertical: ResamplePass
 ) -> Any:
-    """``ImagingResampleInner``: the two passes of one backend in Pillow's order, skipping a pass
-    whose dimension is unchanged. ``image`` is ``(H, W, C)``; a pass maps an image and one axis's
-    :func:`bicubic_coefficients` to the resampled image."""
+    """``ImagingResampleInner``: one backend's two passes over ``(H, W, C)`` in Pillow's order,
+    skipping a pass whose dimension is unchanged."""
     height, width = image.shape[0], image.shape[1]
-    first_v, count_v, coef_v = bicubic_coefficients(height, new_height)
+    bounds_v, coef_v = bicubic_coefficients(height, new_height)
     if vertical_pass_first(width, height, new_width, new_height):
-        image = vertical(image, first_v, count_v, coef_v)
+        image = vertical(image, bounds_v, coef_v)
         return horizontal(image, *bicubic_coefficients(width, new_width)) if new_width != width else image
     if new_width != width:
         # Only the source rows the vertical pass reads are resampled horizontally.
-        row_first, row_last = int(first_v[0]), int(first_v[-1] + count_v[-1])
+        row_first, row_last = int(bounds_v[0, 0]), int(bounds_v[-1, 0] + bounds_v[-1, 1])
         image = horizontal(image[row_first:row_last], *bicubic_coefficients(width, new_width))
-        first_v = first_v - row_first
+        bounds_v = bounds_v - np.array([row_first, 0], dtype=np.int32)
+        bounds_v.setflags(write=False)  # like the cached tables: one numba specialisation, not two
     if new_height != height:
-        image = vertical(image, first_v, count_v, coef_v)
+        image = vertical(image, bounds_v, coef_v)
     return image
 
 
 # --------------------------------------------------------------------------- numba kernels
+# RGBA pixels are handled as one little-endian uint32 word where that helps (R in the low byte,
+# A in the high byte).
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _premultiply_word(pixel: np.uint32) -> np.uint32:
+    """Pillow's ``rgbA2rgba`` on one RGBA word: ``MULDIV255(v, a)`` per colour channel,
+    ``tmp = v * a + 128; ((tmp >> 8) + tmp) >> 8``."""
+    alpha = pixel >> np.uint32(24)
+    result = pixel & np.uint32(0xFF000000)
+    for shift in (0, 8, 16):
+        tmp = ((pixel >> np.uint32(shift)) & np.uint32(255)) * alpha + np.uint32(128)
+        result |= (((tmp >> np.uint32(8)) + tmp) >> np.uint32(8)) << np.uint32(shift)
+    return result
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _load_tile(src: np.ndarray, r0: int, n_rows: int, tile: np.ndarray, premultiply: bool) -> None:
+    """``tile[x, r*C + c] = src[r0 + r, x, c]`` for ``r < n_rows`` (C = 3, or 4 moved as words and
+    optionally premultiplied on the way)."""
+    if src.shape[2] == 4:
+        tile_words = tile.view(np.uint32)
+        for r in range(n_rows):
+            row_words = src[r0 + r].view(np.uint32)
+            for x in range(src.shape[1]):
+                word = row_words[x, 0]
+                tile_words[x, r] = _premultiply_word(word) if premultiply else word
+    else:
+        for r in range(n_rows):
+            row = src[r0 + r]
+            lane = r * 3
+            for x in range(src.shape[1]):
+                tile[x, lane] = row[x, 0]
+                tile[x, lane + 1] = row[x, 1]
+                tile[x, lane + 2] = row[x, 2]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _store_tile(tile: np.ndarray, r0: int, n_rows: int, out: np.ndarray) -> None:
+    """Inverse of :func:`_load_tile`: ``out[r0 + r, x, c] = tile[x, r*C + c]``."""
+    if out.shape[2] == 4:
+        tile_words = tile.view(np.uint32)
+        for r in range(n_rows):
+            row_words = out[r0 + r].view(np.uint32)
+            for x in range(out.shape[1]):
+                row_words[x, 0] = tile_words[x, r]
+    else:
+        for r in range(n_rows):
+            row = out[r0 + r]
+            lane = r * 3
+            for x in range(out.shape[1]):
+                row[x, 0] = tile[x, lane]
+                row[x, 1] = tile[x, lane + 1]
+                row[x, 2] = tile[x, lane + 2]
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _resample_horizontal(
-    src: np.ndarray, first: np.ndarray, count: np.ndarray, coef: np.ndarray, out: np.ndarray
-) -> None:
-    """Horizontal pass: uint8 ``src (rows, W, C)`` -> uint8 ``out (rows, W_out, C)``.
+def _resample_horizontal(src: np.ndarray, bounds: np.ndarray, coef: np.ndarray, out: np.ndarray,
+                         premultiply: bool) -> None:
+    """Horizontal pass: uint8 C-contiguous ``src (rows, W, C)`` -> ``out (rows, W_out, C)``.
 
-    Rows are processed in tiles of ``64 // C``; a tile is transposed to ``(W, 64)`` so that the
-    taps of one output column are accumulated for all its rows and channels in contiguous lanes.
+    Rows go in tiles of ``64 // C``, transposed to ``(W, 64)`` so that the taps of one output
+    column accumulate for all the tile's rows and channels in contiguous int32 lanes; the clipped
+    results are staged as ``(W_out, 64)`` and transposed back.
     """
     n_rows, width, channels = src.shape
+    out_width = out.shape[1]
     tile_rows = _TILE_LANES // channels
     for t in prange((n_rows + tile_rows - 1) // tile_rows):
         r0 = t * tile_rows
         nr = min(tile_rows, n_rows - r0)
-        tile = np.empty((width, _TILE_LANES), dtype=np.uint8)  # unused lanes are never written out
-        for r in range(nr):
-            for x in range(width):
-                for c in range(channels):
-                    tile[x, r * channels + c] = src[r0 + r, x, c]
+        tile = np.empty((width, _TILE_LANES), dtype=np.uint8)  # unused lanes are never stored
+        _load_tile(src, r0, nr, tile, premultiply)
+        result = np.empty((out_width, _TILE_LANES), dtype=np.uint8)
         acc = np.empty(_TILE_LANES, dtype=np.int32)
-        for xo in range(out.shape[1]):
-            acc[:] = _ROUNDING_BIAS
-            for k in range(count[xo]):
+        for xo in range(out_width):
+            acc[:] = np.int32(_ROUNDING_BIAS)
+            for k in range(bounds[xo, 1]):
                 w = coef[xo, k]
-                column = tile[first[xo] + k]
+                column = tile[bounds[xo, 0] + k]
                 for j in range(_TILE_LANES):
-                    acc[j] += w * np.int32(column[j])
-            for r in range(nr):
-                for c in range(channels):
-                    out[r0 + r, xo, c] = min(max(acc[r * channels + c] >> PRECISION_BITS, 0), 255)
+                    acc[j] = acc[j] + np.int32(w * np.int32(column[j]))
+            clipped = result[xo]
+            for j in range(_TILE_LANES):
+                clipped[j] = np.uint8(min(max(acc[j] >> np.int32(PRECISION_BITS), np.int32(0)), np.int32(255)))
+        _store_tile(result, r0, nr, out)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _resample_vertical(src: np.ndarray, first: np.ndarray, count: np.ndarray, coef: np.ndarray,
-                       out: np.ndarray) -> None:
-    """Vertical pass: uint8 ``src (H, L)`` -> uint8 ``out (H_out, L)``, whole rows as vectors."""
+def _resample_vertical(src: np.ndarray, bounds: np.ndarray, coef: np.ndarray, out: np.ndarray) -> None:
+    """Vertical pass: uint8 ``src (H, L)`` -> ``out (H_out, L)``, a weighted sum of whole rows.
+
+    Explicit int32 operations on 1-D chunk views keep every loop in 32-bit vector lanes (numba's
+    default int64 promotion measured 2.6x slower here)."""
     length = src.shape[1]
     for y in prange(out.shape[0]):
-        acc = np.empty(_ROW_CHUNK, dtype=np.int32)
+        acc_buffer = np.empty(_ROW_CHUNK, dtype=np.int32)
         for c0 in range(0, length, _ROW_CHUNK):
             n = min(_ROW_CHUNK, length - c0)
-            acc[:n] = _ROUNDING_BIAS
-            for k in range(count[y]):
+            acc = acc_buffer[:n]
+            acc[:] = np.int32(_ROUNDING_BIAS)
+            for k in range(bounds[y, 1]):
                 w = coef[y, k]
-                row = src[first[y] + k, c0 : c0 + n]
+                row = src[bounds[y, 0] + k, c0 : c0 + n]
                 for i in range(n):
-                    acc[i] += w * np.int32(row[i])
+                    acc[i] = acc[i] + np.int32(w * np.int32(row[i]))
+            out_chunk = out[y, c0 : c0 + n]
             for i in range(n):
-                out[y, c0 + i] = min(max(acc[i] >> PRECISION_BITS, 0), 255)
-
-
-# The alpha kernels see an RGBA pixel as one little-endian uint32 (R in the low byte, A in the high
-# byte), which lets the compiler vectorise them across pixels.
+                out_chunk[i] = np.uint8(min(max(acc[i] >> np.int32(PRECISION_BITS), np.int32(0)), np.int32(255)))
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _premultiply(pixels: np.ndarray, out: np.ndarray) -> None:
-    """Pillow's RGBA -> RGBa on uint32 ``(N,)`` pixels: ``MULDIV255(v, a)`` per colour channel,
-    ``tmp = v * a + 128; ((tmp >> 8) + tmp) >> 8``."""
+    """RGBA -> RGBa on uint32 ``(N,)`` words into ``out``."""
     for i in prange(pixels.shape[0]):
-        p = np.uint32(pixels[i])
-        alpha = p >> np.uint32(24)
-        result = p & np.uint32(0xFF000000)
-        for shift in (0, 8, 16):
-            tmp = ((p >> np.uint32(shift)) & np.uint32(255)) * alpha + np.uint32(128)
-            result |= (((tmp >> np.uint32(8)) + tmp) >> np.uint32(8)) << np.uint32(shift)
-        out[i] = result
+        out[i] = _premultiply_word(pixels[i])
 
 
 @functools.cache
 def unpremultiply_table() -> np.ndarray:
     """uint8 ``(256, 256)``: ``table[a, v]`` is Pillow's RGBa -> RGBA colour value (``rgba2rgbA``):
-    ``min(255 * v // a, 255)`` for ``0 < a < 255``, else ``v``. A lookup beats the division."""
+    ``min(255 * v // a, 255)`` for ``0 < a < 255``, else ``v``. A lookup is faster than dividing."""
     v = np.arange(256)[None, :]
     alpha = np.arange(256)[:, None]
     divided = np.minimum(255 * v // np.maximum(alpha, 1), 255)
@@ -229,22 +280,22 @@ def unpremultiply_table() -> np.ndarray:
 
 @njit(parallel=True, cache=True, nogil=True)
 def _unpremultiply(pixels: np.ndarray, table: np.ndarray) -> None:
-    """RGBa -> RGBA in place on uint32 ``(N,)`` pixels through :func:`unpremultiply_table`."""
+    """RGBa -> RGBA in place on uint32 ``(N,)`` words through :func:`unpremultiply_table`."""
     for i in prange(pixels.shape[0]):
-        p = pixels[i]
-        row = table[p >> np.uint32(24)]
-        result = p & np.uint32(0xFF000000)
+        pixel = pixels[i]
+        row = table[pixel >> np.uint32(24)]
+        result = pixel & np.uint32(0xFF000000)
         for shift in (0, 8, 16):
-            result |= np.uint32(row[(p >> np.uint32(shift)) & np.uint32(255)]) << np.uint32(shift)
+            result |= np.uint32(row[(pixel >> np.uint32(shift)) & np.uint32(255)]) << np.uint32(shift)
         pixels[i] = result
 
 
 # --------------------------------------------------------------------------- numpy path
 
 
-def _check_image(shape: tuple[int, ...], dtype: Any, new_width: int, new_height: int) -> None:
-    if len(shape) != 3 or shape[2] not in (3, 4) or str(dtype) not in ("uint8", "torch.uint8"):
-        raise ValueError(f"expected uint8 (H, W, 3|4), got {dtype} {tuple(shape)}")
+def _check_image(pixels: Any, is_uint8: bool, new_width: int, new_height: int) -> None:
+    if not is_uint8 or pixels.ndim != 3 or pixels.shape[2] not in (3, 4):
+        raise ValueError(f"expected uint8 (H, W, 3|4), got {pixels.dtype} {tuple(pixels.shape)}")
     if new_width < 1 or new_height < 1:
         raise ValueError(f"target size must be positive, got {new_width}x{new_height}")
 
@@ -264,57 +315,66 @@ def unpremultiply_numpy(rgba: np.ndarray) -> np.ndarray:
     return rgba
 
 
-def _horizontal_pass_numpy(image: np.ndarray, first: np.ndarray, count: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    """uint8 C-contiguous ``(H, W, C)`` -> uint8 ``(H, len(first), C)``."""
-    out = np.empty((image.shape[0], first.shape[0], image.shape[2]), dtype=np.uint8)
+def _horizontal_pass_numpy(
+    image: np.ndarray, bounds: np.ndarray, coef: np.ndarray, premultiply: bool = False
+) -> np.ndarray:
+    """uint8 C-contiguous ``(H, W, C)`` -> uint8 ``(H, len(bounds), C)``; ``premultiply`` (C = 4)
+    converts RGBA -> RGBa while loading the source."""
+    out = np.empty((image.shape[0], bounds.shape[0], image.shape[2]), dtype=np.uint8)
     with parallel_kernel(out.size):
-        _resample_horizontal(image, first, count, coef, out)
+        _resample_horizontal(image, bounds, coef, out, premultiply)
     return out
 
 
-def _vertical_pass_numpy(image: np.ndarray, first: np.ndarray, count: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    """uint8 C-contiguous ``(H, W, C)`` -> uint8 ``(len(first), W, C)``."""
-    out = np.empty((first.shape[0], *image.shape[1:]), dtype=np.uint8)
+def _vertical_pass_numpy(image: np.ndarray, bounds: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """uint8 C-contiguous ``(H, W, C)`` -> uint8 ``(len(bounds), W, C)``."""
+    out = np.empty((bounds.shape[0], *image.shape[1:]), dtype=np.uint8)
     with parallel_kernel(out.size):
-        _resample_vertical(image.reshape(image.shape[0], -1), first, count, coef, out.reshape(out.shape[0], -1))
+        _resample_vertical(image.reshape(image.shape[0], -1), bounds, coef, out.reshape(out.shape[0], -1))
     return out
 
 
-def bicubic_numpy(pixels: np.ndarray, new_width: int, new_height: int) -> np.ndarray:
-    """Pillow's BICUBIC on uint8 ``(H, W, C)`` -> uint8 ``(new_height, new_width, C)``, no alpha handling."""
-    return _bicubic_two_pass(
-        np.ascontiguousarray(pixels), new_width, new_height, _horizontal_pass_numpy, _vertical_pass_numpy
-    )
+def bicubic_numpy(pixels: np.ndarray, new_width: int, new_height: int, premultiply: bool = False) -> np.ndarray:
+    """Pillow's BICUBIC on uint8 ``(H, W, C)`` -> uint8 ``(new_height, new_width, C)``.
+
+    ``premultiply`` (RGBA): resample RGBa, the source premultiplied as Pillow does; the result
+    stays premultiplied. When the horizontal pass reads the source, it premultiplies on the fly,
+    sparing a full-size copy.
+    """
+    height, width = pixels.shape[:2]
+    image = np.ascontiguousarray(pixels)
+    fused = new_width != width and not vertical_pass_first(width, height, new_width, new_height)
+    if premultiply and not fused:
+        image = premultiply_numpy(image)
+    horizontal = functools.partial(_horizontal_pass_numpy, premultiply=premultiply and fused)
+    return _bicubic_two_pass(image, new_width, new_height, horizontal, _vertical_pass_numpy)
 
 
 def resize_numpy(pixels: np.ndarray, new_width: int, new_height: int, resample: Resample) -> np.ndarray:
     """uint8 ``(H, W, C)`` -> uint8 ``(new_height, new_width, C)``, bit-exact to ``Image.resize``."""
-    _check_image(pixels.shape, pixels.dtype, new_width, new_height)
+    _check_image(pixels, pixels.dtype == np.uint8, new_width, new_height)
     height, width = pixels.shape[:2]
     if (width, height) == (new_width, new_height):
         return pixels
     if resample == "nearest":
         return pixels[nearest_indices(height, new_height)][:, nearest_indices(width, new_width)]
     if pixels.shape[2] == 4:
-        resized = bicubic_numpy(premultiply_numpy(pixels), new_width, new_height)
-        return unpremultiply_numpy(resized)
+        return unpremultiply_numpy(bicubic_numpy(pixels, new_width, new_height, premultiply=True))
     return bicubic_numpy(pixels, new_width, new_height)
 
 
 # --------------------------------------------------------------------------- torch path
 
 
-def _resample_axis_torch(
-    image: torch.Tensor, first: np.ndarray, count: np.ndarray, coef: np.ndarray, axis: int
-) -> torch.Tensor:
+def _resample_axis_torch(image: torch.Tensor, bounds: np.ndarray, coef: np.ndarray, axis: int) -> torch.Tensor:
     """One exact pass along ``axis`` (0: vertical, 1: horizontal) of int32 ``(H, W, C)``: the int32
     sum of gathered taps times fixed-point coefficients, plus the bias, shifted and clipped."""
     import torch
 
     device = image.device
-    ksize = int(count.max())
-    # Taps past ``count`` have weight 0; clamping their index keeps the gather in bounds.
-    index = torch.tensor(np.minimum(first[:, None] + np.arange(ksize), image.shape[axis] - 1), device=device)
+    ksize = int(bounds[:, 1].max())
+    # Taps past the count have weight 0; clamping their index keeps the gather in bounds.
+    index = torch.tensor(np.minimum(bounds[:, :1] + np.arange(ksize), image.shape[axis] - 1), device=device)
     weights = torch.tensor(coef[:, :ksize], device=device)
     broadcast = (-1, 1, 1) if axis == 0 else (1, -1, 1)
     acc = torch.full((1, 1, 1), _ROUNDING_BIAS, dtype=torch.int32, device=device)
@@ -337,7 +397,7 @@ def bicubic_torch(image: torch.Tensor, new_width: int, new_height: int) -> torch
 
 def bicubic_antialias_torch(image: torch.Tensor, new_width: int, new_height: int) -> torch.Tensor:
     """``interpolate(mode="bicubic", antialias=True)`` rounded and clipped: int32 ``(H, W, C)`` ->
-    int32 ``(new_height, new_width, C)``. Close to Pillow (see tests for the measured error), not equal."""
+    int32 ``(new_height, new_width, C)``. Close to Pillow (the tests measure it), not equal."""
     import torch
 
     planar = image.permute(2, 0, 1)[None].to(torch.float32)
@@ -375,7 +435,7 @@ def resize_torch(
     """
     import torch
 
-    _check_image(tuple(pixels.shape), pixels.dtype, new_width, new_height)
+    _check_image(pixels, pixels.dtype == torch.uint8, new_width, new_height)
     if method not in ("exact", "antialias"):
         raise ValueError(f"method must be 'exact' or 'antialias', got {method!r}")
     height, width = pixels.shape[:2]
@@ -404,8 +464,8 @@ def resize_pillow(pixels: np.ndarray, new_width: int, new_height: int, resample:
 
 
 def resize(pixels: Any, new_width: int, new_height: int, resample: Resample, method: ResizeMethod = "exact") -> Any:
-    """Resize a numpy array (numba kernels) or torch tensor (tensor ops on its device), uint8
-    ``(H, W, C)`` with C in {3, 4}; returns the same kind, bit-exact to Pillow's ``Image.resize``.
+    """Resize uint8 ``(H, W, C)``, C in {3, 4}, bit-exact to Pillow's ``Image.resize``: a numpy array
+    through the numba kernels, a torch tensor with tensor ops on its device. Returns the same kind.
     ``method`` applies to tensors only (numpy is always exact)."""
     if isinstance(pixels, np.ndarray):
         if method != "exact":
