@@ -1,28 +1,15 @@
-"""Shared fixtures: the corpus and its manifest."""
+"""Shared fixtures: the corpus and the embedded tritonserver.
+
+Helpers live in ``make_inputs.py`` (import that, not ``conftest``: with several conftest.py files,
+``import conftest`` may find the wrong one).
+"""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
-
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
-
-
-def manifest() -> list[dict[str, str]]:
-    """Rows of ``shared/corpus/MANIFEST.tsv`` (empty when the corpus is missing)."""
-    path = CORPUS / "MANIFEST.tsv"
-    if not path.exists():
-        return []
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f, delimiter="\t"))
-
-
-def corpus_files(accepted: bool | None = None) -> list[str]:
-    """Corpus file names; ``accepted`` filters on the manifest's ``pil_load == "ok"``."""
-    rows = manifest()
-    return [r["filename"] for r in rows if accepted is None or (r["pil_load"] == "ok") == accepted]
+from make_inputs import CORPUS
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import corpus_files
+from make_inputs import corpus_names
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import preprocess_bytes
@@ -163,7 +163,7 @@ def test_32_concurrent_requests(triton_server: Any, corpus: Path) -> None:
 def test_rejected_files_fail_alone_in_shared_batches(triton_server: Any, corpus: Path) -> None:
     """Every file Pillow rejects gets INVALID_ARG for its own request; good requests in flight at the
     same time (async gRPC, so the dynamic batcher groups them) succeed bit-exactly."""
-    rejected = corpus_files(accepted=False)
+    rejected = corpus_names(accepted=False)
     assert rejected
     good = IMAGES[:4]
     jobs: list[tuple[str, str, bool]] = []  # (model, file, expected ok)
