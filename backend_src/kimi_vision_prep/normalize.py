@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit, prange
 
-from .numba_runtime import numba_lock
+from .numba_runtime import parallel_kernel
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +68,7 @@ def write_patches_numpy(
     if image.shape[0] > grid_h * patch_size or image.shape[1] > grid_w * patch_size:
         raise ValueError(f"image {image.shape[:2]} larger than the {grid_h}x{grid_w} patch grid")
     out = np.empty((grid_h * grid_w, 3, patch_size, patch_size), dtype=np.float32)
-    with numba_lock:
+    with parallel_kernel(out.size):
         _write_patches(image, table, out, grid_w)
     return out
 
@@ -86,7 +86,7 @@ def write_patches_torch(
     if (height, width) != (grid_h * p, grid_w * p):
         padded = torch.zeros((grid_h * p, grid_w * p, 3), dtype=torch.uint8, device=image.device)
         padded[:height, :width] = image
-    lut = torch.from_numpy(table).to(image.device)  # (256, 3)
+    lut = torch.tensor(table, device=image.device)  # (256, 3); a copy: the cached table is read-only
     channel = torch.arange(3, device=image.device)
     values = lut[padded.long(), channel]  # (Hp, Wp, 3) float32
     return values.view(grid_h, p, grid_w, p, 3).permute(0, 2, 4, 1, 3).reshape(grid_h * grid_w, 3, p, p)
