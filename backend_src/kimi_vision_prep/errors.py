@@ -1,8 +1,8 @@
 """One exception hierarchy for the package, and its mapping onto Triton error codes.
 
 Every error a caller can see derives from :class:`PreprocessError`. ``triton_code`` is the name
-of the ``pb_utils.TritonError`` code the serving layer returns for it; this table is the only
-place where that mapping lives (README "Error codes" repeats it).
+of the ``pb_utils.TritonError`` code the serving layer returns for it; these class attributes are
+the only place where that mapping lives (README "Error codes" repeats it).
 """
 
 from __future__ import annotations
@@ -69,22 +69,6 @@ class CancelledError(PreprocessError):
 
     triton_code = "CANCELLED"
     reason = "cancelled"
-
-
-TRITON_CODES: dict[type[PreprocessError], str] = {
-    cls: cls.triton_code
-    for cls in (
-        PreprocessError,
-        InvalidImageError,
-        UnsupportedImageError,
-        ImageTooLargeError,
-        InvalidRequestError,
-        InvalidPresetError,
-        DecoderBusyError,
-        FallbackError,
-        CancelledError,
-    )
-}
 
 
 def triton_code_for(exc: BaseException) -> str:
