@@ -7,6 +7,7 @@ an unpinned base image, CMD flags that differ from the launcher's.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import re
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kimi_vision_client.cli import build_parser
+from kimi_vision_client.cli import build_parser, cmd_serve
 from kimi_vision_prep.serving import launcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,6 +26,7 @@ DOCKERFILES = {"cu12": DOCKER / "Dockerfile.cu12", "cu13": DOCKER / "Dockerfile.
 COMPOSE = DOCKER / "docker-compose.yml"
 K8S = DOCKER / "k8s" / "deployment.yaml"
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+PROBE_PORT = 8003  # kimi-prep serve --probe-port: /livez, /readyz
 PINNED_TRITON = re.compile(r"^nvcr\.io/nvidia/tritonserver:\d{2}\.\d{2}-py3$")
 MODEL_NAME = re.compile(r"\bkimi_(?:k\d+_[a-z0-9_]+|patch_embed)\b")
 
@@ -107,26 +109,33 @@ def test_dockerfile_installs_its_nvimagecodec_extra(cuda: str) -> None:
     assert any(f"nvimgcodec-{cuda}" in dep for dep in extras[cuda])
 
 
+def serve_arguments(path: Path) -> argparse.Namespace:
+    """The Dockerfile's CMD parsed by the ``kimi-prep`` CLI (it must be ``kimi-prep serve ...``)."""
+    argv = cmd_argv(path)
+    assert argv[0] == "kimi-prep", f"{path.name}: CMD must run the launcher (watchdog, probes), not {argv[0]}"
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    assert "kimi-prep" in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    args = build_parser().parse_args(argv[1:])
+    assert args.run is cmd_serve
+    return args
+
+
 @pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
-def test_dockerfile_cmd_runs_tritonserver_with_the_launcher_flags(cuda: str) -> None:
-    argv = cmd_argv(DOCKERFILES[cuda])
-    assert argv[0] == "tritonserver"
-    model_repository = flag_value(argv, "--model-repository")
-    install = launcher.TritonInstall(Path("tritonserver"), None, {}, embedded=False)
-    expected = launcher.server_args(install, Path(model_repository), PORTS["http"], PORTS["grpc"], PORTS["metrics"])
-    # The region prefix only keeps several servers on one host apart (it embeds a pid): one per container.
-    expected = [arg for arg in expected[1:] if "shm-region-prefix-name" not in arg]
-    assert sorted(argv[1:]) == sorted(expected)
-    copied_to = {shlex.split(args)[-1] for args in instruction_args(DOCKERFILES[cuda], "COPY")}
-    assert model_repository in copied_to
+def test_dockerfile_cmd_runs_the_launcher_with_probes(cuda: str) -> None:
+    args = serve_arguments(DOCKERFILES[cuda])
+    copied_to = {shlex.split(a)[-1] for a in instruction_args(DOCKERFILES[cuda], "COPY")}
+    assert str(args.model_repository) in copied_to
+    assert {name: getattr(args, f"{name}_port") for name in PORTS} == PORTS
+    assert args.probe_port == PROBE_PORT
+    assert args.instances is None  # the shipped configs' instance counts
 
 
 @pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
 def test_dockerfile_exposes_the_ports_it_serves_on(cuda: str) -> None:
     exposed = {int(p) for args in instruction_args(DOCKERFILES[cuda], "EXPOSE") for p in args.split()}
-    argv = cmd_argv(DOCKERFILES[cuda])
-    served = {int(flag_value(argv, f"--{name}-port")) for name in PORTS}
-    assert exposed == served == set(PORTS.values())
+    args = serve_arguments(DOCKERFILES[cuda])
+    served = {getattr(args, f"{name}_port") for name in PORTS} | {args.probe_port}
+    assert exposed == served == {*PORTS.values(), PROBE_PORT}
 
 
 @pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
@@ -164,12 +173,12 @@ def test_compose_builds_an_existing_dockerfile_from_the_repository_root() -> Non
 def test_compose_ports_gpu_shm_and_healthcheck() -> None:
     service = compose_service()
     published = {tuple(int(p) for p in mapping.split(":")) for mapping in service["ports"]}
-    assert published == {(port, port) for port in PORTS.values()}
+    assert published == {(port, port) for port in (*PORTS.values(), PROBE_PORT)}
     (device,) = service["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
     assert service["shm_size"]
     health = " ".join(service["healthcheck"]["test"])
-    assert f"localhost:{PORTS['http']}/v2/health/ready" in health
+    assert f"localhost:{PROBE_PORT}/readyz" in health  # Triton's own ready stays 200 with a dead stub
 
 
 # -- Kubernetes ---------------------------------------------------------------------------------
@@ -190,10 +199,10 @@ def test_k8s_deployment_gpu_shm_and_probes() -> None:
     (shm_volume,) = [v for v in pod["volumes"] if v["name"] == shm_mount["name"]]
     assert shm_volume["emptyDir"]["medium"] == "Memory" and shm_volume["emptyDir"]["sizeLimit"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == PORTS
-    for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live")):
+    assert ports == {**PORTS, "probes": PROBE_PORT}
+    for probe, path in (("startupProbe", "/readyz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/livez")):
         assert container[probe]["httpGet"]["path"] == path
-        assert container[probe]["httpGet"]["port"] in ("http", PORTS["http"])
+        assert container[probe]["httpGet"]["port"] in ("probes", PROBE_PORT)
 
 
 def test_k8s_service_and_hpa_target_the_deployment() -> None:
