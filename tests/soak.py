@@ -177,6 +177,18 @@ def check(item: Item, preset: str, result: object, error: InferenceServerExcepti
             tally.mismatches.append(f"{item.label} ({preset})")
 
 
+Samples = list[tuple[float, dict[str, int]]]  # (seconds since the load started, server_rss)
+
+
+def sample_rss(server_pid: int, every_s: float, stop: threading.Event, samples: Samples) -> None:
+    """Append ``(seconds since start, server_rss)`` every ``every_s`` until ``stop``, printing each."""
+    started = time.monotonic()
+    while not stop.wait(every_s):
+        elapsed, rss = time.monotonic() - started, server_rss(server_pid)
+        samples.append((elapsed, rss))
+        print(f"  {elapsed:5.0f} s  RssAnon {format_rss(rss)}", flush=True)
+
+
 def run_load(url: str, items: list[Item], seconds: float, concurrency: int, tally: Tally) -> None:
     """Keep ``concurrency`` async gRPC requests in flight, round robin over items and ensembles."""
     client = grpcclient.InferenceServerClient(url)
@@ -213,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rss-growth", type=float, default=0.25, help="allowed RSS growth, fraction of start")
     parser.add_argument("--rss-growth-mib", type=float, default=150.0, help="allowed RSS growth, MiB")
+    parser.add_argument("--sample-every", type=float, default=15.0, help="print every process's RssAnon this often (s)")
     args = parser.parse_args(argv)
 
     items = workload()
@@ -223,8 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         assert server.process is not None
         run_load(server.grpc_url, items, min(10.0, args.seconds), args.concurrency, Tally())  # warm-up, not counted
         start_rss = server_rss(server.process.pid)
+        samples: Samples = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample_rss, args=(server.process.pid, args.sample_every, stop, samples))
+        sampler.start()
         started = time.monotonic()
-        run_load(server.grpc_url, items, args.seconds, args.concurrency, tally)
+        try:
+            run_load(server.grpc_url, items, args.seconds, args.concurrency, tally)
+        finally:
+            stop.set()
+            sampler.join()
         elapsed = time.monotonic() - started
         end_rss = server_rss(server.process.pid)
         end_shmem = server_rss(server.process.pid, "RssShmem")

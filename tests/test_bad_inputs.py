@@ -3,6 +3,7 @@ and no input hangs or kills the process."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from make_inputs import (
+    CORPUS,
     corpus_names,
     gif_transparent,
     jpeg_grey,
@@ -296,3 +298,36 @@ def test_bad_inputs_do_not_hang_or_crash(tmp_path: Path, corpus: Path, preset: s
     assert not unexpected, unexpected
     for name, verdict in verdicts.items():
         assert (verdict == "ok") == (reference_error(inputs[name], preset) is None), (name, verdict)
+
+
+# -- rejected images free their memory at once ----------------------------------------------------
+
+
+def live_pillow_images() -> int:
+    return sum(1 for obj in gc.get_objects() if isinstance(obj, Image.Image))
+
+
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_rejected_images_are_freed_without_the_cycle_collector(preset: str) -> None:
+    """A half-decoded image Pillow rejects must not outlive its error. A stored traceback (or its
+    implicit ``__context__``) used to form a reference cycle that held each rejected image (12 MB
+    for pil__ultrahdr.jpg) until the cycle collector ran: a decode stub's heap grew by hundreds of
+    MiB under a stream of bad uploads."""
+    truncated = jpeg_rgb(1200, 900)[:20000]  # header intact, entropy data cut: Pillow loads part, then fails
+    payloads = [(CORPUS / name).read_bytes() for name in REJECTED] + [truncated, b"", b"not an image"]
+    decoder = ImageDecoder()
+    Image.init()  # every plugin imported now (PalmImagePlugin keeps a module-level image)
+    gc.collect()
+    gc.disable()
+    try:
+        before = live_pillow_images()
+        for data in payloads:
+            results = decoder.decode_batch([data, data], kimi_vision_prep.get_preset(preset))
+            assert all(isinstance(r, PreprocessError) for r in results)
+            assert all(r.__traceback__ is None and r.__context__ is None for r in results)
+            del results
+            results = kimi_vision_prep.preprocess_batch([data], preset, decoder=decoder)
+            del results
+        assert live_pillow_images() == before
+    finally:
+        gc.enable()

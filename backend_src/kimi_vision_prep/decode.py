@@ -46,6 +46,7 @@ from .errors import (
     InvalidImageError,
     PreprocessError,
     UnsupportedImageError,
+    detached,
 )
 from .jpeg_scan import JpegScan, scan_jpeg
 from .presets import Preset
@@ -267,9 +268,7 @@ class ImageDecoder:
 
     def _decode_params(self) -> Any:
         codec = self._codec
-        return codec.DecodeParams(
-            apply_exif_orientation=False, color_spec=codec.ColorSpec.SRGB, allow_any_depth=False
-        )
+        return codec.DecodeParams(apply_exif_orientation=False, color_spec=codec.ColorSpec.SRGB, allow_any_depth=False)
 
     # -- routing ------------------------------------------------------------------------------
 
@@ -366,21 +365,27 @@ class ImageDecoder:
             try:
                 plans.append(self._plan(data))
             except PreprocessError as exc:
-                plans.append(exc)
-        fast = [p for p in plans if isinstance(p, _Plan) and p.fast]
-        self._decode_fast(fast)
+                plans.append(detached(exc))
         results: list[DecodedImage | PreprocessError] = []
-        for plan in plans:
-            if isinstance(plan, PreprocessError):
-                results.append(plan)
-                continue
-            try:
-                result = plan.result if plan.result is not None else self._decode_pillow(plan, preset)
-            except PreprocessError as exc:
-                results.append(exc)
-                continue
-            self.stats.record(result.decode_path, result.fallback_reason)
-            results.append(result)
+        try:
+            self._decode_fast([p for p in plans if isinstance(p, _Plan) and p.fast])
+            for plan in plans:
+                if isinstance(plan, PreprocessError):
+                    results.append(plan)
+                    continue
+                try:
+                    result = plan.result if plan.result is not None else self._decode_pillow(plan, preset)
+                except PreprocessError as exc:
+                    results.append(detached(exc))
+                    continue
+                self.stats.record(result.decode_path, result.fallback_reason)
+                results.append(result)
+        finally:
+            # The pixels are copies by now; free Pillow's decoder state and any half-loaded image
+            # at once rather than when the last reference goes.
+            for plan in plans:
+                if isinstance(plan, _Plan):
+                    plan.image.close()
         return results
 
 

@@ -7,6 +7,8 @@ the only place where that mapping lives (README "Error codes" repeats it).
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 
 class PreprocessError(Exception):
     """Base class. ``reason`` is a short stable label used in metrics and logs."""
@@ -79,3 +81,18 @@ def triton_code_for(exc: BaseException) -> str:
 def reason_for(exc: BaseException) -> str:
     """Stable metric label for any exception."""
     return exc.reason if isinstance(exc, PreprocessError) else "internal"
+
+
+ErrorT = TypeVar("ErrorT", bound=BaseException)
+
+
+def detached(exc: ErrorT) -> ErrorT:
+    """``exc`` without its traceback, for keeping an error as a value (one result per request).
+
+    A stored traceback keeps every frame it passed through alive, and the frame that stores the
+    error usually holds the list it is stored in: a reference cycle that pins the request's decoded
+    or half-decoded pixels (megabytes) until the cycle collector runs. Under a stream of bad images
+    that grew a decode stub's heap by ~2 MiB per rejected image. Bad input needs no traceback.
+    """
+    exc.__context__ = exc.__cause__ = None  # the library's errors carry their cause in the message
+    return exc.with_traceback(None)
