@@ -1,14 +1,17 @@
-"""Served vs in-process throughput of ``kimi_k25_vision`` on this host, in one run.
+"""Served vs in-process throughput of ``kimi_k25_vision`` (float32 and uint8 wires) on this host, in one run.
 
 In-process: ``bench_local.throughput`` (``preprocess_bytes`` on 2 threads, best of rounds). Served:
 the embedded tritonserver started per server setting (instances of the decode/preprocess models,
 the preprocess model's ``numba_threads``, the decode model's nvImageCodec ``decoder_threads``), swept with
-``bench_server`` over gRPC with and without shared memory; the best level is compared with
-in-process throughput measured right before that sweep (with the server up and idle), so both
-sides of a ratio saw the same load from other processes. Client and server share the host's
-cores, as a sidecar deployment would.
+``bench_server`` over gRPC with and without shared memory, each on two wires: float32
+``PIXEL_VALUES`` (``kimi_k25_vision``) and uint8 ``PIXEL_PATCHES`` (``kimi_k25_vision_u8``, expanded
+into the same float32 ``pixel_values`` by the client, inside the measured latency). The best level
+is compared with in-process throughput measured right before that sweep (with the server up and
+idle), so both sides of a ratio saw the same load from other processes. Client and server share
+the host's cores, as a sidecar deployment would.
 
-    .venv/bin/python benchmarks/bench_serving.py [--duration 8] [--out-dir bench_results]
+    .venv/bin/python benchmarks/bench_serving.py [--duration 8] [--settings 1,2,3] [--concurrency 1,2,4,8]
+        [--out-dir bench_results]
 
 Writes ``bench_serving.json`` and ``bench_serving.png`` and prints a Markdown table.
 """
@@ -25,9 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kimi_vision_client import bench_local, bench_server
+from kimi_vision_client.cli import positive_int_list
 from kimi_vision_prep.serving.launcher import EmbeddedServer, default_model_repository, render_repository
 
 MODEL, PRESET = "kimi_k25_vision", "kimi-k2.5"
+# The pixels' wire -> the model serving it (same preset, same pixel_values on the client).
+WIRES = {"float32": MODEL, "uint8": "kimi_k25_vision_u8"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class Row:
 
     setting: str
     transport: str
+    wire: str
     in_process_img_s: float
     levels: list[bench_server.LevelResult]
 
@@ -72,8 +79,15 @@ class Row:
         return bench_server.best_level(self.levels)
 
 
-def measure(setting: ServerSetting, images: list[bench_local.BenchImage], duration_s: float, rounds: int) -> list[Row]:
-    """On a fresh server: in-process throughput, then a gRPC sweep; without and with shared memory."""
+def measure(
+    setting: ServerSetting,
+    images: list[bench_local.BenchImage],
+    duration_s: float,
+    rounds: int,
+    concurrency: tuple[int, ...] = (1, 2, 4, 8),
+) -> list[Row]:
+    """On a fresh server: in-process throughput, then a gRPC sweep; without and with shared memory,
+    each with the float32 and the uint8 wire (adjacent rows)."""
     rows = []
     pairs = [(im.name, im.data) for im in images]
     with (
@@ -82,18 +96,24 @@ def measure(setting: ServerSetting, images: list[bench_local.BenchImage], durati
     ):
         for shm in (False, True):
             transport = "grpc + shm" if shm else "grpc"
-            in_process = bench_local.throughput(images, PRESET, threads=2, rounds=rounds)
-            print(f"\n== {setting.label}, {transport} (in-process just before: {in_process:.2f} img/s)", flush=True)
-            config = bench_server.BenchConfig(server.grpc_url, "grpc", MODEL, shm, (1, 2, 4, 8), duration_s)
-            rows.append(Row(setting.label, transport, in_process, bench_server.sweep(config, pairs, quiet=True)))
+            for wire, model in WIRES.items():
+                in_process = bench_local.throughput(images, PRESET, threads=2, rounds=rounds)
+                print(
+                    f"\n== {setting.label}, {transport}, {wire} wire ({model}; in-process just before:"
+                    f" {in_process:.2f} img/s)",
+                    flush=True,
+                )
+                config = bench_server.BenchConfig(server.grpc_url, "grpc", model, shm, concurrency, duration_s)
+                levels = bench_server.sweep(config, pairs, quiet=True)
+                rows.append(Row(setting.label, transport, wire, in_process, levels))
     return rows
 
 
 def markdown(rows: list[Row]) -> str:
     lines = [
-        "| server setting | transport | in-process img/s | served img/s (best conc.) | served / in-process"
+        "| server setting | transport | wire | in-process img/s | served img/s (best conc.) | served / in-process"
         " | mean / p50 / p99 ms | MB/s out |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         best = row.best
@@ -101,7 +121,7 @@ def markdown(rows: list[Row]) -> str:
         latency = f"{best.mean_ms:.0f} / {best.p50_ms:.0f} / {best.p99_ms:.0f}"
         ratio = best.images_s / row.in_process_img_s
         lines.append(
-            f"| {row.setting} | {row.transport} | {row.in_process_img_s:.1f} | {served} | {ratio:.2f}x"
+            f"| {row.setting} | {row.transport} | {row.wire} | {row.in_process_img_s:.1f} | {served} | {ratio:.2f}x"
             f" | {latency} | {best.mb_out_s:.0f} |"
         )
     return "\n".join(lines)
@@ -111,29 +131,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per concurrency level")
     parser.add_argument("--rounds", type=int, default=5, help="in-process rounds over the image set (best kept)")
+    parser.add_argument(
+        "--settings",
+        type=positive_int_list,
+        default=list(range(1, len(SETTINGS) + 1)),
+        metavar="I[,I...]",
+        help="server settings to run, 1-based: " + "; ".join(f"{i}: {s.label}" for i, s in enumerate(SETTINGS, 1)),
+    )
+    parser.add_argument(
+        "--concurrency", type=positive_int_list, default=[1, 2, 4, 8], metavar="N[,N...]", help="levels per sweep"
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
+    if any(i > len(SETTINGS) for i in args.settings):
+        parser.error(f"--settings: there are {len(SETTINGS)} settings")
 
     images = bench_local.bench_images(PRESET)
-    rows = [row for setting in SETTINGS for row in measure(setting, images, args.duration, args.rounds)]
+    settings = [SETTINGS[i - 1] for i in args.settings]
+    concurrency = tuple(args.concurrency)
+    rows = [row for s in settings for row in measure(s, images, args.duration, args.rounds, concurrency)]
     table = markdown(rows)
     print("\n" + table)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     payload = {
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
-        "model": MODEL,
+        "models": WIRES,
         "duration_s_per_level": args.duration,
         "images": [{"name": im.name, "bytes": len(im.data), "width": im.width, "height": im.height} for im in images],
         "rows": [
-            {"setting": r.setting, "transport": r.transport, "in_process_2_threads_img_s": r.in_process_img_s}
+            {"setting": r.setting, "transport": r.transport, "wire": r.wire}
+            | {"in_process_2_threads_img_s": r.in_process_img_s}
             | {"levels": bench_server.jsonable(r.levels)}
             for r in rows
         ],
         "table_markdown": table,
     }
     (args.out_dir / "bench_serving.json").write_text(json.dumps(payload, indent=2))
-    series = {f"{r.setting} / {r.transport}": r.levels for r in rows}
-    bench_server.plot(series, args.out_dir / "bench_serving.png", f"{MODEL} served over gRPC")
+    series = {f"{r.setting} / {r.transport} / {r.wire}": r.levels for r in rows}
+    title = f"{WIRES['float32']} (float32) and {WIRES['uint8']} (uint8) over gRPC"
+    bench_server.plot(series, args.out_dir / "bench_serving.png", title)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kimi_vision_client import cli
+from kimi_vision_prep import preprocess_bytes
 
 pytestmark = pytest.mark.server
 
@@ -31,6 +32,25 @@ def test_bench_sweep_writes_json_and_plot(triton_server: Any, corpus: Path, tmp_
         assert level["images_s"] > 0 and level["p50_ms"] <= level["p99_ms"]
         assert {"kimi_k25_vision", "kimi_k25_decode", "kimi_k25_preprocess"} <= set(level["server"])
         assert level["server"]["kimi_k25_preprocess"]["requests"] == 4
+
+
+@pytest.mark.parametrize("shm", [False, True], ids=["wire", "shm"])
+def test_bench_u8_counts_the_bytes_received(triton_server: Any, corpus: Path, tmp_path: Path, shm: bool) -> None:
+    """Against ``kimi_k25_vision_u8`` "MB/s out" is the uint8 patches (plus grid and tokens) actually
+    received, not the float32 pixel_values the client expands them into."""
+    names = ["pil__iptc.jpg", "sklearn__china.jpg"]
+    images = [corpus / name for name in names]
+    argv = ["bench", "--url", triton_server.grpc_url, "--model", "kimi_k25_vision_u8", "--concurrency", "1,2"]
+    argv += ["--requests", "4", "--quiet", "--out-dir", str(tmp_path), *(["--shm"] if shm else [])]
+    assert cli.main([*argv, "--images", *map(str, images)]) == cli.EXIT_OK
+    result = json.loads((tmp_path / "bench_server.json").read_text())
+    # 4 requests per level, round-robin over 2 images: each image twice.
+    per_image = [preprocess_bytes(path.read_bytes()).pixel_values.nbytes // 4 + 3 * 8 + 4 for path in images]
+    for level in result["levels"]:
+        assert (level["requests"], level["errors"]) == (4, 0)
+        assert {"kimi_k25_vision_u8", "kimi_k25_preprocess"} <= set(level["server"])
+        received = level["mb_out_s"] * level["wall_s"] * 1e6
+        assert received == pytest.approx(2 * sum(per_image), rel=1e-9)
 
 
 def test_bench_reports_unavailable_server(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ Expected arrays are recomputed here with ``kimi_vision_prep.preprocess_bytes`` o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -150,20 +151,40 @@ def test_infer_without_a_server_fails_once_and_clearly(
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("mode", ["http", "grpc", "grpc+shm"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "http kimi_k25_vision",
+        "grpc kimi_k25_vision",
+        "grpc+shm kimi_k25_vision",
+        "http kimi_k25_vision_u8",  # the uint8 wire: the same npz
+        "grpc+shm kimi_k25_vision_u8",
+    ],
+)
 def test_infer_equals_preprocess(
-    triton_server: object, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str
+    triton_server: object, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
 ) -> None:
+    mode, model = case.split()
     protocol, _, shm = mode.partition("+")
     paths = [corpus / name for name in MIXED]
     out = tmp_path / "infer.npz"
     url = getattr(triton_server, f"{protocol}_url")
-    argv = ["infer", "--url", url, "--protocol", protocol, "--concurrency", "2", "--out", str(out)]
+    argv = ["infer", "--url", url, "--protocol", protocol, "--model", model, "--concurrency", "2", "--out", str(out)]
     code = cli.main([*argv, *(["--shm"] if shm else []), *map(str, paths)])
     captured = capsys.readouterr()
     assert code != 0
     assert_reports(captured.out, captured.err, [corpus / n for n in GOOD], [corpus / n for n in BAD])
     assert_npz_equal(out, expected_npz(paths, "kimi-k2.5"))
+
+
+@pytest.mark.server
+def test_infer_u8_k3_equals_preprocess(triton_server: Any, corpus: Path, tmp_path: Path) -> None:
+    """``--model kimi_k3_vision_u8``: chessboard-composited K3 results through the uint8 wire."""
+    paths = [corpus / name for name in GOOD]
+    out = tmp_path / "k3.npz"
+    argv = ["infer", "--url", triton_server.grpc_url, "--model", "kimi_k3_vision_u8", "--quiet"]
+    assert cli.main([*argv, "--out", str(out), *map(str, paths)]) == cli.EXIT_OK
+    assert_npz_equal(out, expected_npz(paths, "kimi-k3"))
 
 
 @pytest.mark.server

@@ -17,18 +17,26 @@ import tritonclient.utils
 import tritonclient.utils.shared_memory as shm
 
 from kimi_vision_client.client import (
+    GRID_THW,
     MODEL_PRESETS,
+    NUM_TOKENS,
+    PIXEL_PATCHES,
     PIXEL_VALUES,
     KimiVisionClient,
     VisionResult,
+    Wire,
     error_from_server,
     image_size,
     largest_preset,
+    learn_wire,
     output_byte_sizes,
     strip_scheme,
+    to_vision_result,
 )
 from kimi_vision_client.samples import sample_images
 from kimi_vision_prep import (
+    KIMI_K3,
+    KIMI_K25,
     PRESETS,
     DecoderBusyError,
     InvalidImageError,
@@ -126,6 +134,85 @@ def test_output_byte_sizes_match_the_arrays_preprocessing_produces(corpus: Path)
             result = preprocess_bytes(data, preset)
             sizes = output_byte_sizes(*image_size(data), preset)
             assert sizes[PIXEL_VALUES] == np.asarray(result.pixel_values).nbytes
+            u8_sizes = output_byte_sizes(*image_size(data), preset, PIXEL_PATCHES)
+            patches = preprocess_bytes(data, preset, output="pixel_patches").pixel_patches
+            assert list(u8_sizes) == [PIXEL_PATCHES, GRID_THW, NUM_TOKENS]
+            assert u8_sizes[PIXEL_PATCHES] == patches.nbytes == sizes[PIXEL_VALUES] // 4
+
+
+# Model configs as the server returns them (JSON), for learn_wire without a server.
+def _step(model: str, pixels: str) -> dict:
+    return {
+        "model_name": model,
+        "output_map": {pixels: pixels, "GRID_THW": "GRID_THW", "NUM_TOKENS": "NUM_TOKENS"},
+    }
+
+
+def _ensemble(name: str, pixels: str, prep: str) -> dict:
+    outputs = [{"name": n} for n in (pixels, "GRID_THW", "NUM_TOKENS")]
+    steps = [{"model_name": "decode", "output_map": {"IMAGE": "image"}}, _step(prep, pixels)]
+    return {"name": name, "output": outputs, "ensemble_scheduling": {"step": steps}}
+
+
+def _preprocess(name: str, **parameters: str) -> dict:
+    outputs = [{"name": n} for n in ("PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS")]
+    return {"name": name, "output": outputs, "parameters": {k: {"string_value": v} for k, v in parameters.items()}}
+
+
+CONFIGS = {
+    c["name"]: c
+    for c in [
+        _ensemble("kimi_k3_vision_u8", PIXEL_PATCHES, "prep_k3"),
+        _ensemble("kimi_k3_vision", PIXEL_VALUES, "prep_k3"),
+        _ensemble("custom_u8", PIXEL_PATCHES, "prep_custom"),
+        _ensemble("bare_u8", PIXEL_PATCHES, "prep_bare"),
+        _ensemble("bare_f32", PIXEL_VALUES, "prep_bare"),
+        _ensemble("kimi_k25_vision_u8", PIXEL_PATCHES, "prep_bare"),
+        _preprocess("prep_k3", preset="kimi-k3"),
+        _preprocess("prep_custom", preset="kimi-k2.5", image_mean="0.1,0.2,0.3", image_std="0.4,0.5,0.6"),
+        _preprocess("prep_bare"),
+    ]
+}
+
+
+def test_learn_wire_from_model_configs() -> None:
+    """The wire comes from the model's outputs, the preset from the config of the model producing
+    the pixels (so customised mean/std expand correctly); fallbacks never guess a uint8 table."""
+    asked: list[str] = []
+
+    def get_config(name: str) -> dict:
+        asked.append(name)
+        return CONFIGS[name]
+
+    assert learn_wire(get_config, "kimi_k3_vision_u8") == Wire(PIXEL_PATCHES, KIMI_K3)
+    assert asked == ["kimi_k3_vision_u8", "prep_k3"]
+    assert learn_wire(get_config, "kimi_k3_vision") == Wire(PIXEL_VALUES, KIMI_K3)
+    custom = learn_wire(get_config, "custom_u8").preset
+    assert (custom.image_mean, custom.image_std) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
+    assert learn_wire(get_config, "custom_u8", KIMI_K25) == Wire(PIXEL_PATCHES, KIMI_K25)  # given: used as is
+    # No preset in the server's config: the shipped name's, else the largest (float32 sizing only) ...
+    assert learn_wire(get_config, "kimi_k25_vision_u8") == Wire(PIXEL_PATCHES, KIMI_K25)
+    assert learn_wire(get_config, "bare_f32") == Wire(PIXEL_VALUES, largest_preset())
+    # ... but never a guessed table for uint8.
+    with pytest.raises(PreprocessError, match="preset="):
+        learn_wire(get_config, "bare_u8")
+    assert learn_wire(get_config, "bare_u8", KIMI_K3).preset == KIMI_K3
+
+
+def test_to_vision_result_expands_patches(corpus: Path) -> None:
+    data = (corpus / "pilx__p_trns_single.png").read_bytes()
+    expected = preprocess_bytes(data, "kimi-k3")
+    patches = preprocess_bytes(data, "kimi-k3", output="pixel_patches").pixel_patches
+    outputs = {
+        PIXEL_PATCHES: patches[None],
+        GRID_THW: expected.grid_thw[None],
+        NUM_TOKENS: np.array([[expected.num_tokens]], np.int32),
+    }
+    result = to_vision_result(outputs, KIMI_K3)
+    assert result.pixel_values.tobytes() == expected.pixel_values.tobytes()
+    assert result.grid_thw.tolist() == expected.grid_thw.tolist() and result.num_tokens == expected.num_tokens
+    with pytest.raises(ValueError, match="preset"):
+        to_vision_result(outputs)
 
 
 def test_largest_preset_bounds_every_registered_preset() -> None:
@@ -181,9 +268,32 @@ def test_infer_single_image_and_bad_image_message(triton_server: object, corpus:
 
 
 @pytest.mark.server
+@pytest.mark.parametrize("shm", [False, True], ids=["wire", "shm"])
+@pytest.mark.parametrize("model", ["kimi_k25_vision_u8", "kimi_k3_vision_u8"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_shared_memory_is_bit_equal_and_cleaned_up(triton_server: object, corpus: Path, protocol: str) -> None:
-    model = "kimi_k3_vision"
+def test_u8_wire_is_learnt_and_receives_a_quarter(
+    triton_server: object, corpus: Path, protocol: str, model: str, shm: bool
+) -> None:
+    """A ``*_u8`` model is served over the uint8 wire (learnt from the server): the client receives
+    uint8 patches, a quarter of the float32 bytes, and returns the same float32 pixel_values."""
+    good = read(corpus, GOOD[:3])
+    with KimiVisionClient(url_of(triton_server, protocol), protocol, model, shm) as client:
+        assert client.wire == Wire(PIXEL_PATCHES, get_preset(MODEL_PRESETS[model]))
+        results = client.infer_many(good, concurrency=2)
+        received = client.output_bytes_received
+    expected = [in_process(data, model) for data in good]
+    for got, want in zip(results, expected, strict=True):
+        assert_same(got, want, f"{protocol} {model}")
+    pixel_bytes = sum(r.pixel_values.nbytes for r in expected)
+    assert received == pixel_bytes // 4 + len(good) * (3 * 8 + 4)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("model", ["kimi_k3_vision", "kimi_k25_vision_u8", "kimi_k3_vision_u8"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_shared_memory_is_bit_equal_and_cleaned_up(
+    triton_server: object, corpus: Path, protocol: str, model: str
+) -> None:
     # Small, bad (no output size known / known but rejected), then large: regions are reused and grown.
     names = [GOOD[0], BAD[0], GOOD[4], BAD[1], GOOD[2]]
     images = [*read(corpus, names), sample_images()["large_resized.jpg"]]

@@ -27,7 +27,7 @@ from google.protobuf import json_format, text_format
 from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
-from kimi_vision_prep import KIMI_K3, KIMI_K25, Preset, preprocess_bytes, preset_from_parameters
+from kimi_vision_prep import KIMI_K3, KIMI_K25, Preset, pipeline, preprocess_bytes, preset_from_parameters
 from kimi_vision_prep.serving import launcher, models
 from kimi_vision_prep.serving.config import decoder_settings, model_parameters
 from kimi_vision_prep.serving.models import (
@@ -85,7 +85,8 @@ def test_every_config_parses_and_is_consistent() -> None:
     configs = {name: load_config(name) for name in all_models()}
     assert set(configs) == {
         "kimi_k25_decode", "kimi_k3_decode", "kimi_k25_preprocess", "kimi_k3_preprocess",
-        "kimi_k25_vision", "kimi_k3_vision", "kimi_patch_embed", "kimi_k25_vision_embed",
+        "kimi_k25_vision", "kimi_k3_vision", "kimi_k25_vision_u8", "kimi_k3_vision_u8",
+        "kimi_patch_embed", "kimi_k25_vision_embed",
     }  # fmt: skip
     for name, config in configs.items():
         assert config.name == name and config.max_batch_size > 0
@@ -102,14 +103,21 @@ def test_every_config_parses_and_is_consistent() -> None:
             )
     for family in ("k25", "k3"):
         patch = preset_from_parameters(model_parameters(config_dict(f"kimi_{family}_preprocess"))).patch_size
-        outputs = {o.name: list(o.dims) for o in configs[f"kimi_{family}_preprocess"].output}
-        assert outputs["PIXEL_VALUES"] == [-1, 3, patch, patch]
-        assert {o.name: list(o.dims) for o in configs[f"kimi_{family}_vision"].output}["PIXEL_VALUES"] == [
-            -1,
-            3,
-            patch,
-            patch,
-        ]
+        prep = {o.name: o for o in configs[f"kimi_{family}_preprocess"].output}
+        assert list(prep["PIXEL_VALUES"].dims) == list(prep["PIXEL_PATCHES"].dims) == [-1, 3, patch, patch]
+        assert prep["PIXEL_VALUES"].data_type == model_config_pb2.TYPE_FP32
+        assert prep["PIXEL_PATCHES"].data_type == model_config_pb2.TYPE_UINT8
+        vision, u8 = configs[f"kimi_{family}_vision"], configs[f"kimi_{family}_vision_u8"]
+        assert {o.name: o for o in vision.output}["PIXEL_VALUES"] == prep["PIXEL_VALUES"]
+        assert {o.name: o for o in u8.output}["PIXEL_PATCHES"] == prep["PIXEL_PATCHES"]
+        # The uint8 ensemble is the float32 one with PIXEL_PATCHES in place of PIXEL_VALUES.
+        swapped = model_config_pb2.ModelConfig()
+        swapped.CopyFrom(vision)
+        swapped.name = u8.name
+        swapped.output[0].CopyFrom(prep["PIXEL_PATCHES"])
+        swapped.ensemble_scheduling.step[1].output_map.pop("PIXEL_VALUES")
+        swapped.ensemble_scheduling.step[1].output_map["PIXEL_PATCHES"] = "PIXEL_PATCHES"
+        assert vision.output[0].name == "PIXEL_VALUES" and swapped == u8
     for name in ("kimi_k25_preprocess", "kimi_k3_preprocess", "kimi_patch_embed"):
         assert model_parameters(config_dict(name))["FORCE_CPU_ONLY_INPUT_TENSORS"] == "no"
 
@@ -158,9 +166,14 @@ class FakeResponse:
 
 
 class FakeRequest:
-    def __init__(self, cancelled: bool = False, **inputs: Any) -> None:
+    """A ``pb_utils.InferenceRequest``. ``requested``: the names ``requested_output_names()``
+    returns; None leaves the method out (the model then produces every output)."""
+
+    def __init__(self, cancelled: bool = False, requested: tuple[str, ...] | None = None, **inputs: Any) -> None:
         self.inputs = {name: v if isinstance(v, FakeTensor) else FakeTensor(name, v) for name, v in inputs.items()}
         self.cancelled = cancelled
+        if requested is not None:
+            self.requested_output_names = lambda: set(requested)
 
     def is_cancelled(self) -> bool:
         return self.cancelled
@@ -303,6 +316,55 @@ def test_decode_then_preprocess_equals_library(
         np.testing.assert_array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
         np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None])
         assert outputs["NUM_TOKENS"].dtype == np.int32 and outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
+
+
+def test_preprocess_computes_only_the_requested_outputs(
+    pb: SimpleNamespace, images: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request gets exactly the outputs it names (as Triton passes them: an ensemble step its
+    output_map, a client its list or, naming none, all), and only their kernels run."""
+    decode = DecodeModel(pb, model_args("kimi_k3_decode"))
+    prep = PreprocessModel(pb, model_args("kimi_k3_preprocess"))
+    calls: list[str] = []
+    for module, name in [
+        (pipeline, "write_patches_numpy"),
+        (pipeline, "patchify_numpy"),
+        (pipeline, "resize"),
+        (models, "pixel_values_from_patches"),
+    ]:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    everything = ("PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS")
+    selections: list[tuple[tuple[str, ...] | None, list[str]]] = [
+        (("PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"), ["resize", "write_patches_numpy"]),  # kimi_*_vision step
+        (("PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"), ["resize", "patchify_numpy"]),  # kimi_*_vision_u8 step
+        (("PIXEL_VALUES",), ["resize", "write_patches_numpy"]),  # kimi_k25_vision_embed step
+        (everything, ["resize", "patchify_numpy", "pixel_values_from_patches"]),  # a client naming none
+        (None, ["resize", "patchify_numpy", "pixel_values_from_patches"]),  # a request that cannot say
+        (("GRID_THW",), []),  # no pixels asked for: no resize either
+    ]
+    for name in ("pilx__p_trns_single.png", "imagers__large_image.jpg"):
+        data = images[name]
+        (decoded,) = [outputs_of(r) for r in decode.execute([bytes_request(data)])]
+        expected = preprocess_bytes(data, "kimi-k3")
+        patches = preprocess_bytes(data, "kimi-k3", output="pixel_patches").pixel_patches
+        for requested, kernels in selections:
+            calls.clear()
+            inputs = {key: decoded[key] for key in ("IMAGE", "ORIGINAL_SIZE", "RESAMPLE")}
+            (response,) = prep.execute([FakeRequest(requested=requested, **inputs)])
+            outputs = outputs_of(response)
+            assert set(outputs) == set(requested or everything), (name, requested)
+            assert calls == kernels, (name, requested)
+            if "PIXEL_VALUES" in outputs:
+                assert outputs["PIXEL_VALUES"].dtype == np.float32
+                assert outputs["PIXEL_VALUES"][0].tobytes() == expected.pixel_values.tobytes()
+            if "PIXEL_PATCHES" in outputs:
+                assert outputs["PIXEL_PATCHES"].dtype == np.uint8
+                np.testing.assert_array_equal(outputs["PIXEL_PATCHES"], patches[None])
+            if "GRID_THW" in outputs:
+                np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None])
+            if "NUM_TOKENS" in outputs:
+                assert outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
 
 
 def test_preprocess_rejects_bad_inputs_per_request(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
@@ -518,10 +580,12 @@ def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> Non
 
 
 def test_warmup_leaves_nothing_to_compile(corpus: Path) -> None:
-    """After initialize(), real requests (writable or read-only buffers) hit no new numba signature.
+    """After initialize(), real requests (writable or read-only buffers, any selection of outputs)
+    hit no new numba signature.
 
     Runs in a fresh interpreter so earlier tests' compilations cannot hide a missing warm-up."""
     script = textwrap.dedent(f"""\
+        import itertools
         import sys
         import numba
         import numpy as np
@@ -544,6 +608,9 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path) -> None:
         )
         names = ["imagers__large_image.jpg", "pil__hopper.jpg", "pilx__uncompressed_la.png",
                  "pilx__transparent.webp", "pilx__p_trns_single.png", "pil__pil_sample_cmyk.jpg"]
+        # float32 ensembles, uint8 ensembles, the embed chain, and a client naming no outputs (all)
+        selections = [("PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"), ("PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"),
+                      ("PIXEL_VALUES",), None]
         for family in ("k25", "k3"):
             decode = t.DecodeModel(pb, t.model_args(f"kimi_{{family}}_decode"))
             prep = t.PreprocessModel(pb, t.model_args(f"kimi_{{family}}_preprocess"))
@@ -551,11 +618,11 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path) -> None:
             for name in names:
                 (response,) = decode.execute([t.bytes_request(open({str(corpus)!r} + "/" + name, "rb").read())])
                 out = t.outputs_of(response)
-                for writable in (True, False):
+                for writable, requested in itertools.product((True, False), selections):
                     image = out["IMAGE"].copy()
                     image.setflags(write=writable)
-                    request = t.FakeRequest(IMAGE=image, ORIGINAL_SIZE=out["ORIGINAL_SIZE"], RESAMPLE=out["RESAMPLE"])
-                    t.outputs_of(prep.execute([request])[0])
+                    inputs = dict(IMAGE=image, ORIGINAL_SIZE=out["ORIGINAL_SIZE"], RESAMPLE=out["RESAMPLE"])
+                    t.outputs_of(prep.execute([t.FakeRequest(requested=requested, **inputs)])[0])
             after = signatures()
             assert before == after, (family, {{k: (before[k], after[k]) for k in after if before.get(k) != after[k]}})
     """)

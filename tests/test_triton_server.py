@@ -19,9 +19,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from make_inputs import corpus_names
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from kimi_vision_prep import preprocess_bytes
+from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes
 
 pytestmark = pytest.mark.server
 
@@ -32,11 +32,15 @@ MODELS = [
     "kimi_k3_preprocess",
     "kimi_k25_vision",
     "kimi_k3_vision",
+    "kimi_k25_vision_u8",
+    "kimi_k3_vision_u8",
     "kimi_patch_embed",
     "kimi_k25_vision_embed",
 ]
 ENSEMBLES = {"kimi_k25_vision": "kimi-k2.5", "kimi_k3_vision": "kimi-k3"}
+U8_ENSEMBLES = {"kimi_k25_vision_u8": "kimi-k2.5", "kimi_k3_vision_u8": "kimi-k3"}
 VISION_OUTPUTS = ["PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"]
+U8_OUTPUTS = ["PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"]
 IMAGES = [
     "pil__hopper.jpg",  # baseline 4:2:0 RGB: the nvImageCodec route
     "imagers__large_image.jpg",  # 2268x1512: resized under K2.5
@@ -87,6 +91,20 @@ def assert_matches_library(outputs: dict, data: bytes, preset: str) -> None:
     assert int(outputs["NUM_TOKENS"][0, 0]) == expected.num_tokens
 
 
+def assert_u8_matches_library(outputs: dict, data: bytes, preset: str) -> None:
+    """uint8 ensemble outputs equal the library's ``pixel_patches``, and expanded with the preset's
+    table they equal its float32 ``pixel_values`` bit for bit."""
+    expected = preprocess_bytes(data, preset)
+    patches = outputs["PIXEL_PATCHES"]
+    assert patches.dtype == np.uint8 and patches.shape == (1, *expected.pixel_values.shape)
+    np.testing.assert_array_equal(patches[0], preprocess_bytes(data, preset, output="pixel_patches").pixel_patches)
+    assert pixel_values_from_patches(patches[0], preset).tobytes() == expected.pixel_values.tobytes()
+    assert outputs["GRID_THW"].dtype == np.int64
+    np.testing.assert_array_equal(outputs["GRID_THW"][0], expected.grid_thw)
+    assert outputs["NUM_TOKENS"].dtype == np.int32
+    assert int(outputs["NUM_TOKENS"][0, 0]) == expected.num_tokens
+
+
 def is_invalid_arg(exc: InferenceServerException) -> bool:
     """INVALID_ARG as each protocol reports it (HTTP 400, gRPC INVALID_ARGUMENT)."""
     return exc.status() in ("400", "StatusCode.INVALID_ARGUMENT")
@@ -108,6 +126,44 @@ def test_ensemble_bit_equal_to_library(triton_server: Any, corpus: Path, protoco
     for name in IMAGES:
         data = read(corpus, name)
         assert_matches_library(infer(triton_server, protocol, model, data), data, ENSEMBLES[model])
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize("model", sorted(U8_ENSEMBLES))
+def test_u8_ensemble_expands_bit_equal_to_library(triton_server: Any, corpus: Path, protocol: str, model: str) -> None:
+    """The uint8 wire: downscaled, CMYK, grey, LA / palette / GIF transparency (chessboard under K3)."""
+    for name in IMAGES:
+        data = read(corpus, name)
+        assert_u8_matches_library(infer(triton_server, protocol, model, data, U8_OUTPUTS), data, U8_ENSEMBLES[model])
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_outputs_named_or_not(triton_server: Any, corpus: Path, protocol: str) -> None:
+    """Naming no outputs returns all of a model's; naming some returns only those (the preprocess
+    model computes only what was requested, see PreprocessModel)."""
+    data = read(corpus, "pil__hopper.jpg")
+    client = client_for(triton_server, protocol)
+    try:
+        result = client.infer("kimi_k3_vision_u8", [bytes_input(protocol, data)])
+        outputs = {name: result.as_numpy(name) for name in U8_OUTPUTS}
+        assert_u8_matches_library(outputs, data, "kimi-k3")
+        assert result.as_numpy("PIXEL_VALUES") is None
+        decoded = infer(triton_server, protocol, "kimi_k3_decode", data, ["IMAGE", "ORIGINAL_SIZE", "RESAMPLE"])
+        module = PROTOCOLS[protocol]
+        inputs = []
+        for name, value in decoded.items():
+            tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        expected = preprocess_bytes(data, "kimi-k3")
+        everything = client.infer("kimi_k3_preprocess", inputs)
+        assert_matches_library({n: everything.as_numpy(n) for n in VISION_OUTPUTS}, data, "kimi-k3")
+        assert_u8_matches_library({n: everything.as_numpy(n) for n in U8_OUTPUTS}, data, "kimi-k3")
+        only = client.infer("kimi_k3_preprocess", inputs, outputs=[module.InferRequestedOutput("GRID_THW")])
+        np.testing.assert_array_equal(only.as_numpy("GRID_THW")[0], expected.grid_thw)
+        assert all(only.as_numpy(n) is None for n in ("PIXEL_VALUES", "PIXEL_PATCHES", "NUM_TOKENS"))
+    finally:
+        client.close()
 
 
 def test_decode_model_outputs(triton_server: Any, corpus: Path) -> None:
@@ -207,6 +263,54 @@ def test_rejected_files_fail_alone_in_shared_batches(triton_server: Any, corpus:
     inferences = counts(stats_after)[0] - counts(stats_before)[0]
     executions = counts(stats_after)[1] - counts(stats_before)[1]
     assert inferences == len(jobs) // 2 and executions < inferences
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_u8_bad_image_fails_alone(triton_server: Any, corpus: Path, protocol: str) -> None:
+    """In the uint8 ensembles a bad image gets INVALID_ARG (with the library's message) while the
+    good requests around it, in flight at the same time, succeed bit-exactly."""
+    bad = ["pil__truncated_jpeg.jpg", "pilx__broken.png"]
+    jobs = [(model, name) for model in sorted(U8_ENSEMBLES) for name in (IMAGES[0], bad[0], IMAGES[1], bad[1])]
+    module = PROTOCOLS[protocol]
+    if protocol == "http":  # a connection per request in flight, so the dynamic batcher can group them
+        client = httpclient.InferenceServerClient(triton_server.http_url, concurrency=len(jobs))
+    else:
+        client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    try:
+        if protocol == "grpc":
+            done: queue.Queue = queue.Queue()
+            for index, (model, name) in enumerate(jobs):
+                client.async_infer(
+                    model,
+                    [bytes_input(protocol, read(corpus, name))],
+                    callback=lambda result, error, index=index: done.put((index, result, error)),
+                    outputs=[module.InferRequestedOutput(n) for n in U8_OUTPUTS],
+                )
+            answers = {}
+            for _ in jobs:
+                index, result, error = done.get(timeout=120)
+                answers[index] = (result, error)
+        else:
+            pending = [client.async_infer(model, [bytes_input(protocol, read(corpus, name))]) for model, name in jobs]
+            answers = {}
+            for index, request in enumerate(pending):
+                try:
+                    answers[index] = (request.get_result(), None)
+                except InferenceServerException as error:
+                    answers[index] = (None, error)
+    finally:
+        client.close()
+    for index, (model, name) in enumerate(jobs):
+        result, error = answers[index]
+        data = read(corpus, name)
+        if name in bad:
+            assert result is None and error is not None and is_invalid_arg(error), f"{model} {name}: {error}"
+            with pytest.raises(PreprocessError) as raised:
+                preprocess_bytes(data, U8_ENSEMBLES[model])
+            assert str(raised.value) in str(error)
+        else:
+            assert error is None, f"{model} {name}: {error}"
+            assert_u8_matches_library({n: result.as_numpy(n) for n in U8_OUTPUTS}, data, U8_ENSEMBLES[model])
 
 
 def test_rejected_file_over_http_is_400(triton_server: Any, corpus: Path) -> None:

@@ -23,7 +23,15 @@ from .errors import (
     PreprocessError,
     UnsupportedImageError,
 )
-from .pipeline import PreprocessResult, concat_results, preprocess_batch, preprocess_bytes, preprocess_decoded
+from .pipeline import (
+    PixelOutput,
+    PreprocessResult,
+    concat_results,
+    pixel_values_from_patches,
+    preprocess_batch,
+    preprocess_bytes,
+    preprocess_decoded,
+)
 from .presets import KIMI_K3, KIMI_K25, PRESETS, Preset, get_preset, preset_from_parameters
 from .sizing import TargetSize, navit_target_size
 
@@ -41,6 +49,7 @@ __all__ = [
     "InvalidImageError",
     "InvalidPresetError",
     "InvalidRequestError",
+    "PixelOutput",
     "PreprocessError",
     "PreprocessResult",
     "Preset",
@@ -50,6 +59,7 @@ __all__ = [
     "default_decoder",
     "get_preset",
     "navit_target_size",
+    "pixel_values_from_patches",
     "preprocess_batch",
     "preprocess_bytes",
     "preprocess_decoded",

@@ -4,17 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from .composite import composite_on_chessboard, composite_on_chessboard_torch
 from .decode import DecodedImage, ImageDecoder, default_decoder
-from .errors import PreprocessError
-from .normalize import normalize_table, write_patches_numpy, write_patches_torch
+from .errors import PreprocessError, detached
+from .normalize import (
+    expand_patches,
+    expand_patches_torch,
+    normalize_table,
+    patchify_numpy,
+    patchify_torch,
+    write_patches_numpy,
+    write_patches_torch,
+)
 from .presets import Preset, get_preset
 from .resize import resize
 from .sizing import TargetSize, navit_target_size
+
+# What preprocessing produces per image: normalised float32 ``pixel_values`` (the processor's
+# output, the default) or the uint8 ``pixel_patches`` they are a table lookup of.
+PixelOutput = Literal["pixel_values", "pixel_patches"]
+PIXEL_OUTPUTS: tuple[str, ...] = get_args(PixelOutput)
 
 
 @dataclass
@@ -22,7 +35,10 @@ class PreprocessResult:
     """One image's processor output.
 
     ``pixel_values``: float32 ``(N, 3, p, p)`` with ``N = grid_h * grid_w`` (numpy on the CPU path,
-    a torch tensor on CUDA). ``grid_thw``: int64 ``(3,)`` = ``(1, grid_h, grid_w)``.
+    a torch tensor on CUDA); None when ``output="pixel_patches"`` was asked for.
+    ``pixel_patches``: uint8 ``(N, 3, p, p)`` in the same layout (padded pixels 0), only with
+    ``output="pixel_patches"`` (else None); :func:`pixel_values_from_patches` expands it into
+    bit-equal ``pixel_values``. ``grid_thw``: int64 ``(3,)`` = ``(1, grid_h, grid_w)``.
     """
 
     pixel_values: Any
@@ -31,6 +47,7 @@ class PreprocessResult:
     decode_path: str
     fallback_reason: str | None
     target: TargetSize
+    pixel_patches: Any = None
 
     @property
     def width(self) -> int:
@@ -53,14 +70,29 @@ def resize_to_target(decoded: DecodedImage, target: TargetSize, preset: Preset) 
     return pixels
 
 
-def preprocess_decoded(decoded: DecodedImage, preset: str | Preset = "kimi-k2.5") -> PreprocessResult:
-    """Resize, pad, normalise and patchify one decoded image (numpy -> numba, torch -> torch)."""
+def preprocess_decoded(
+    decoded: DecodedImage, preset: str | Preset = "kimi-k2.5", *, output: PixelOutput = "pixel_values"
+) -> PreprocessResult:
+    """Resize, pad, normalise and patchify one decoded image (numpy -> numba, torch -> torch).
+
+    ``output="pixel_values"`` (default): float32 ``pixel_values`` in one fused pass.
+    ``output="pixel_patches"``: uint8 ``pixel_patches`` only (pad + patchify, no normalisation; 4x
+    smaller, e.g. to send over a wire and expand with :func:`pixel_values_from_patches` there).
+    """
+    if output not in PIXEL_OUTPUTS:
+        raise ValueError(f"output must be one of {PIXEL_OUTPUTS}, got {output!r}")
     preset = get_preset(preset)
     target = navit_target_size(decoded.width, decoded.height, preset)
     rgb = resize_to_target(decoded, target, preset)
-    table = normalize_table(preset.image_mean, preset.image_std)
-    write = write_patches_numpy if isinstance(rgb, np.ndarray) else write_patches_torch
-    pixel_values = write(rgb, table, target.grid_h, target.grid_w, preset.patch_size)
+    on_cpu = isinstance(rgb, np.ndarray)
+    pixel_values = pixel_patches = None
+    if output == "pixel_values":
+        table = normalize_table(preset.image_mean, preset.image_std)
+        write = write_patches_numpy if on_cpu else write_patches_torch
+        pixel_values = write(rgb, table, target.grid_h, target.grid_w, preset.patch_size)
+    else:
+        patchify = patchify_numpy if on_cpu else patchify_torch
+        pixel_patches = patchify(rgb, target.grid_h, target.grid_w, preset.patch_size)
     return PreprocessResult(
         pixel_values=pixel_values,
         grid_thw=np.asarray(target.grid_thw, dtype=np.int64),
@@ -68,22 +100,42 @@ def preprocess_decoded(decoded: DecodedImage, preset: str | Preset = "kimi-k2.5"
         decode_path=decoded.decode_path,
         fallback_reason=decoded.fallback_reason,
         target=target,
+        pixel_patches=pixel_patches,
     )
 
 
+def pixel_values_from_patches(pixel_patches: Any, preset: str | Preset = "kimi-k2.5") -> Any:
+    """uint8 ``(N, 3, p, p)`` patches (numpy or torch, any device) -> float32 ``(N, 3, p, p)``
+    ``pixel_values`` under ``preset``'s mean/std, bit-equal to the fused ``output="pixel_values"``."""
+    preset = get_preset(preset)
+    table = normalize_table(preset.image_mean, preset.image_std)
+    expand = expand_patches if isinstance(pixel_patches, np.ndarray) else expand_patches_torch
+    return expand(pixel_patches, table)
+
+
 def preprocess_bytes(
-    data: bytes, preset: str | Preset = "kimi-k2.5", *, decoder: ImageDecoder | None = None
+    data: bytes,
+    preset: str | Preset = "kimi-k2.5",
+    *,
+    decoder: ImageDecoder | None = None,
+    output: PixelOutput = "pixel_values",
 ) -> PreprocessResult:
-    """Encoded image bytes -> :class:`PreprocessResult`; raises a typed :class:`PreprocessError`."""
+    """Encoded image bytes -> :class:`PreprocessResult`; raises a typed :class:`PreprocessError`.
+    ``output`` as for :func:`preprocess_decoded`."""
     preset = get_preset(preset)
     decoded = (decoder or default_decoder()).decode(data, preset)
-    return preprocess_decoded(decoded, preset)
+    return preprocess_decoded(decoded, preset, output=output)
 
 
 def preprocess_batch(
-    items: Sequence[bytes], preset: str | Preset = "kimi-k2.5", *, decoder: ImageDecoder | None = None
+    items: Sequence[bytes],
+    preset: str | Preset = "kimi-k2.5",
+    *,
+    decoder: ImageDecoder | None = None,
+    output: PixelOutput = "pixel_values",
 ) -> list[PreprocessResult | PreprocessError]:
-    """Many images, decoded in one batch; one result or one typed error per item, in order."""
+    """Many images, decoded in one batch; one result or one typed error per item, in order.
+    ``output`` as for :func:`preprocess_decoded`."""
     preset = get_preset(preset)
     results: list[PreprocessResult | PreprocessError] = []
     for decoded in (decoder or default_decoder()).decode_batch(items, preset):
@@ -91,14 +143,17 @@ def preprocess_batch(
             results.append(decoded)
             continue
         try:
-            results.append(preprocess_decoded(decoded, preset))
+            results.append(preprocess_decoded(decoded, preset, output=output))
         except PreprocessError as exc:
-            results.append(exc)
+            results.append(detached(exc))
     return results
 
 
 def concat_results(results: Sequence[PreprocessResult]) -> tuple[np.ndarray, np.ndarray]:
-    """Several images as the processor returns them: ``pixel_values (ΣN, 3, p, p)``, ``grid_thws (n, 3)``."""
+    """Several images as the processor returns them: ``pixel_values (ΣN, 3, p, p)``, ``grid_thws (n, 3)``.
+    Needs float32 results (``output="pixel_values"``)."""
+    if any(r.pixel_values is None for r in results):
+        raise ValueError("concat_results needs pixel_values; expand pixel_patches with pixel_values_from_patches")
     pixel_values = np.concatenate([np.asarray(r.pixel_values) for r in results], axis=0)
     grid_thws = np.stack([r.grid_thw for r in results]).astype(np.int64)
     return pixel_values, grid_thws

@@ -4,8 +4,9 @@ For each concurrency level, that many threads (one :class:`KimiVisionClient` eac
 the largest images first so shared-memory regions never grow inside the timed window) send the
 images round-robin, each thread one request at a time (a closed loop), for ``duration_s`` seconds
 or ``requests`` requests in all. A level reports requests/s, images/s (successful requests: one
-image each), MB/s of encoded input and of ``PIXEL_VALUES`` output, mean and p50/p90/p99 latency
-and errors.
+image each), MB/s of encoded input and of output as received (``PIXEL_VALUES`` float32, or
+``PIXEL_PATCHES`` uint8 for a ``*_u8`` model, which the client then expands; plus the small
+``GRID_THW`` / ``NUM_TOKENS``), mean and p50/p90/p99 latency and errors.
 Triton's per-model statistics are read before and after each level; their difference splits the
 server's time per request by model (ensemble, decode, preprocess) and phase (queue,
 compute_input, compute_infer, compute_output). Writes ``bench_server.json`` and
@@ -168,12 +169,15 @@ def closed_loop(
     samples = []
     while (ticket := tickets()) >= 0:
         data = images[ticket % len(images)][1]
+        received = client.output_bytes_received
         start = time.perf_counter()
         try:
-            bytes_out, error = client.infer(data).pixel_values.nbytes, None
+            client.infer(data)
+            error = None
         except PreprocessError as exc:
-            bytes_out, error = 0, f"{type(exc).__name__}: {exc}"
-        samples.append(Sample(time.perf_counter() - start, len(data), bytes_out, error))
+            error = f"{type(exc).__name__}: {exc}"
+        latency_s = time.perf_counter() - start
+        samples.append(Sample(latency_s, len(data), client.output_bytes_received - received, error))
         on_done()
     return samples
 

@@ -1,10 +1,19 @@
 """A Triton client for the Kimi vision preprocessing ensembles, one API over HTTP and gRPC.
 
 The ensembles take ``IMAGE_BYTES`` (TYPE_STRING, batch shape ``[1, 1]``) and return
-``PIXEL_VALUES`` float32 ``[1, N, 3, p, p]``, ``GRID_THW`` int64 ``[1, 3]`` and ``NUM_TOKENS``
-int32 ``[1, 1]``. :class:`KimiVisionClient` hides the batch dimension and maps server errors onto
-the :mod:`kimi_vision_prep.errors` hierarchy, so a remote call fails exactly like
-``kimi_vision_prep.preprocess_bytes`` would in-process.
+``PIXEL_VALUES`` float32 ``[1, N, 3, p, p]`` (``kimi_*_vision``) or, on the "uint8 wire"
+(``kimi_*_vision_u8``), ``PIXEL_PATCHES`` uint8 ``[1, N, 3, p, p]``, plus ``GRID_THW`` int64
+``[1, 3]`` and ``NUM_TOKENS`` int32 ``[1, 1]``. :class:`KimiVisionClient` hides the batch
+dimension, expands uint8 patches into the float32 ``pixel_values`` with the preset's normalise
+table (bit-equal to the float32 ensemble: ``PIXEL_VALUES`` is that table read at
+``PIXEL_PATCHES``), and maps server errors onto the :mod:`kimi_vision_prep.errors` hierarchy, so a
+remote call fails exactly like ``kimi_vision_prep.preprocess_bytes`` would in-process.
+
+The wire is learnt from the server, once per client, at the first request (:func:`learn_wire`):
+a model whose config lists a ``PIXEL_PATCHES`` output is served over the uint8 wire, and the
+preset (mean/std for the table, sizes for shared memory) is read from the ``parameters`` of the
+model that produces the pixels (following ensemble steps), so a renamed or re-parameterised
+model still expands exactly.
 
 With ``use_shared_memory=True`` the request and the outputs travel through POSIX shared memory
 (client and server must share ``/dev/shm``, e.g. the same host or pod). The output size is known
@@ -16,7 +25,7 @@ from __future__ import annotations
 import io
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,21 +45,32 @@ from kimi_vision_prep import (
     Preset,
     get_preset,
     navit_target_size,
+    pixel_values_from_patches,
+    preset_from_parameters,
 )
 
 Protocol = Literal["http", "grpc"]
 Waiter = Callable[[], Any]
 
 INPUT_NAME = "IMAGE_BYTES"
-PIXEL_VALUES, GRID_THW, NUM_TOKENS = "PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"
+PIXEL_VALUES, PIXEL_PATCHES = "PIXEL_VALUES", "PIXEL_PATCHES"
+GRID_THW, NUM_TOKENS = "GRID_THW", "NUM_TOKENS"
 OUTPUT_DTYPES: dict[str, np.dtype] = {
     PIXEL_VALUES: np.dtype(np.float32),
+    PIXEL_PATCHES: np.dtype(np.uint8),
     GRID_THW: np.dtype(np.int64),
     NUM_TOKENS: np.dtype(np.int32),
 }
-# Which preset sizes a model's outputs (for shared-memory regions). Unknown models are sized with
-# the largest registered preset: a region larger than the output is fine, a smaller one is not.
-MODEL_PRESETS: dict[str, str] = {"kimi_k25_vision": "kimi-k2.5", "kimi_k3_vision": "kimi-k3"}
+# The shipped models' presets: the fallback when the server's config does not name one (and, for
+# VisionResult checks and the CLI demo, the preset of a known model without asking the server).
+# Unknown float32 models fall back to the largest registered preset (a shared-memory region larger
+# than the output is fine, a smaller one is not); unknown uint8 models need the server's preset.
+MODEL_PRESETS: dict[str, str] = {
+    "kimi_k25_vision": "kimi-k2.5",
+    "kimi_k3_vision": "kimi-k3",
+    "kimi_k25_vision_u8": "kimi-k2.5",
+    "kimi_k3_vision_u8": "kimi-k3",
+}
 # Server status (HTTP code or gRPC StatusCode) -> the error the in-process pipeline raises.
 STATUS_ERRORS: dict[str, type[PreprocessError]] = {
     "400": InvalidImageError,
@@ -97,12 +117,13 @@ def image_size(data: bytes) -> tuple[int, int] | None:
         return None
 
 
-def output_byte_sizes(width: int, height: int, preset: Preset) -> dict[str, int]:
-    """Bytes of each output for a ``width x height`` image under ``preset`` (batch of one)."""
+def output_byte_sizes(width: int, height: int, preset: Preset, pixel_output: str = PIXEL_VALUES) -> dict[str, int]:
+    """Bytes of each output for a ``width x height`` image under ``preset`` (batch of one), with
+    the pixels as ``pixel_output`` (``PIXEL_VALUES`` float32 or ``PIXEL_PATCHES`` uint8)."""
     target = navit_target_size(width, height, preset)
     patch_values = 3 * preset.patch_size * preset.patch_size
     return {
-        PIXEL_VALUES: target.num_patches * patch_values * OUTPUT_DTYPES[PIXEL_VALUES].itemsize,
+        pixel_output: target.num_patches * patch_values * OUTPUT_DTYPES[pixel_output].itemsize,
         GRID_THW: 3 * OUTPUT_DTYPES[GRID_THW].itemsize,
         NUM_TOKENS: OUTPUT_DTYPES[NUM_TOKENS].itemsize,
     }
@@ -113,10 +134,83 @@ def largest_preset() -> Preset:
     return max(PRESETS.values(), key=lambda p: (p.in_patch_limit, p.patch_limit_on_one_side))
 
 
-def to_vision_result(outputs: dict[str, np.ndarray]) -> VisionResult:
-    """Batch-of-one output tensors -> :class:`VisionResult` (copies, so shm regions can be reused)."""
+@dataclass(frozen=True)
+class Wire:
+    """How a model's pixels travel, as learnt from the server by :func:`learn_wire`.
+
+    ``pixel_output``: ``PIXEL_VALUES`` (float32, used as received) or ``PIXEL_PATCHES`` (uint8,
+    expanded on the client). ``preset``: sizes shared-memory regions and, on the uint8 wire, gives
+    the normalise table (``normalize_table(preset.image_mean, preset.image_std)``).
+    """
+
+    pixel_output: str
+    preset: Preset
+
+    @property
+    def outputs(self) -> tuple[str, str, str]:
+        """The output names requested per image."""
+        return (self.pixel_output, GRID_THW, NUM_TOKENS)
+
+
+def config_parameters(config: Mapping[str, Any]) -> dict[str, str]:
+    """``parameters`` of a model config (HTTP / gRPC JSON) as plain ``{key: string_value}``."""
+    return {key: str(value.get("string_value", "")) for key, value in (config.get("parameters") or {}).items()}
+
+
+def producer_preset(
+    get_config: Callable[[str], Mapping[str, Any]], config: Mapping[str, Any], tensor: str, depth: int = 0
+) -> Preset | None:
+    """The preset of the model that produces output ``tensor`` of ``config``: for an ensemble, the
+    step whose ``output_map`` yields it (followed recursively); otherwise the model's own
+    ``parameters`` when they name a ``preset``. None when no model on the way names one."""
+    for step in (config.get("ensemble_scheduling") or {}).get("step", []):
+        for key, value in (step.get("output_map") or {}).items():
+            if value == tensor and depth < 8:
+                return producer_preset(get_config, get_config(step["model_name"]), key, depth + 1)
+    parameters = config_parameters(config)
+    return preset_from_parameters(parameters) if "preset" in parameters else None
+
+
+def learn_wire(get_config: Callable[[str], Mapping[str, Any]], model: str, preset: Preset | None = None) -> Wire:
+    """Ask the server how ``model`` returns its pixels (``get_config(name)`` is a model-config call).
+
+    A model whose outputs include ``PIXEL_PATCHES`` is served over the uint8 wire, else it returns
+    ``PIXEL_VALUES``. The preset is ``preset`` if given, else the one in the config parameters of
+    the model producing the pixels, else the shipped name's (:data:`MODEL_PRESETS`), else (float32
+    only: it just sizes regions) the largest registered preset. An unknown uint8 model whose
+    server names no preset raises :class:`PreprocessError`: a guessed table would give wrong values.
+    """
+    config = get_config(model)
+    names = {output.get("name") for output in config.get("output", [])}
+    pixel_output = PIXEL_PATCHES if PIXEL_PATCHES in names else PIXEL_VALUES
+    if preset is None:
+        preset = producer_preset(get_config, config, pixel_output)
+    if preset is None and model in MODEL_PRESETS:
+        preset = get_preset(MODEL_PRESETS[model])
+    if preset is None:
+        if pixel_output == PIXEL_PATCHES:
+            raise PreprocessError(
+                f"model {model!r} returns uint8 PIXEL_PATCHES but its config names no preset to expand them "
+                "with; pass preset= to KimiVisionClient"
+            )
+        preset = largest_preset()
+    return Wire(pixel_output, preset)
+
+
+def to_vision_result(outputs: Mapping[str, np.ndarray], preset: Preset | None = None) -> VisionResult:
+    """Batch-of-one output tensors -> :class:`VisionResult` (new arrays, so shm regions can be reused).
+
+    ``PIXEL_PATCHES`` (uint8) are expanded into float32 ``pixel_values`` with ``preset``'s table;
+    ``PIXEL_VALUES`` are copied as they are.
+    """
+    if PIXEL_PATCHES in outputs:
+        if preset is None:
+            raise ValueError("expanding PIXEL_PATCHES needs the preset")
+        pixel_values = pixel_values_from_patches(np.asarray(outputs[PIXEL_PATCHES][0]), preset)
+    else:
+        pixel_values = np.array(outputs[PIXEL_VALUES][0], dtype=np.float32)
     return VisionResult(
-        pixel_values=np.array(outputs[PIXEL_VALUES][0], dtype=np.float32),
+        pixel_values=pixel_values,
         grid_thw=np.array(outputs[GRID_THW], dtype=np.int64).reshape(3),
         num_tokens=int(np.asarray(outputs[NUM_TOKENS]).reshape(())),
     )
@@ -138,6 +232,9 @@ class HttpAdapter:
 
     def output_shape(self, result: Any, name: str) -> list[int]:
         return list(result.get_output(name)["shape"])
+
+    def model_config(self, client: Any, model: str) -> dict[str, Any]:
+        return client.get_model_config(model)
 
 
 class GrpcAdapter:
@@ -162,6 +259,9 @@ class GrpcAdapter:
 
     def output_shape(self, result: Any, name: str) -> list[int]:
         return list(result.get_output(name).shape)
+
+    def model_config(self, client: Any, model: str) -> dict[str, Any]:
+        return client.get_model_config(model, as_json=True)["config"]
 
 
 ADAPTERS: dict[str, type[HttpAdapter] | type[GrpcAdapter]] = {"http": HttpAdapter, "grpc": GrpcAdapter}
@@ -234,11 +334,15 @@ class KimiVisionClient:
     """Preprocess images on a Triton server running the Kimi vision ensembles.
 
     ``url`` is ``host:port`` (a scheme is accepted and ignored); ``protocol`` picks
-    tritonclient.http or tritonclient.grpc; ``model`` the ensemble; ``use_shared_memory`` sends
-    inputs and receives outputs through system shared memory. ``preset`` sizes the output regions
-    (default: the model's preset, or the largest registered one for unknown models); pass it when
-    the server's preset parameters are customised, or its outputs may not fit the regions.
-    ``max_concurrency`` is the HTTP connection pool size. Not thread safe: use one client per thread.
+    tritonclient.http or tritonclient.grpc; ``model`` the ensemble (``kimi_*_vision`` float32, or
+    ``kimi_*_vision_u8``: uint8 patches on the wire, expanded here; the result is the same);
+    ``use_shared_memory`` sends inputs and receives outputs through system shared memory.
+    ``preset`` overrides the preset learnt from the server (see :func:`learn_wire`); it sizes the
+    output regions and, on the uint8 wire, expands the patches, so it must match the server's.
+    ``max_concurrency`` is the HTTP connection pool size. Attributes: ``preset``, the preset in
+    use (the given one, else the shipped name's until the first request has learnt the server's);
+    ``wire`` (:class:`Wire`); ``output_bytes_received``, the output bytes received so far (over the
+    wire or through shared memory). Not thread safe: use one client per thread.
     """
 
     def __init__(
@@ -257,11 +361,14 @@ class KimiVisionClient:
         self.protocol = protocol
         self.model = model
         self.use_shared_memory = use_shared_memory
-        self.preset = get_preset(preset) if preset is not None else self._model_preset(model)
+        self._preset_override = get_preset(preset) if preset is not None else None
+        self.preset = self._preset_override or self._model_preset(model)
         self._adapter = ADAPTERS[protocol]()
         self._client = self._adapter.connect(self.url, max_concurrency)
+        self._wire: Wire | None = None
         self._free_slots: list[ShmSlot] = []
         self._all_slots: list[ShmSlot] = []
+        self.output_bytes_received = 0
 
     @staticmethod
     def _model_preset(model: str) -> Preset:
@@ -284,6 +391,17 @@ class KimiVisionClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @property
+    def wire(self) -> Wire:
+        """How ``model`` returns its pixels and under which preset; asked from the server once
+        (raises what the server call raises; a later access asks again)."""
+        if self._wire is None:
+            self._wire = learn_wire(
+                lambda name: self._adapter.model_config(self._client, name), self.model, self._preset_override
+            )
+            self.preset = self._wire.preset
+        return self._wire
 
     @property
     def shared_memory_regions(self) -> list[str]:
@@ -340,7 +458,7 @@ class KimiVisionClient:
     def _submit(self, data: bytes) -> _Pending | PreprocessError:
         slot = self._acquire_slot() if self.use_shared_memory else None
         try:
-            inputs, outputs, offsets = self._request(data, slot)
+            inputs, outputs, offsets = self._request(data, slot, self.wire)
             return _Pending(self._adapter.submit(self._client, self.model, inputs, outputs), slot, offsets)
         except Exception as exc:
             self._release_slot(slot)
@@ -351,20 +469,26 @@ class KimiVisionClient:
             return pending
         try:
             result = pending.wait()
+            wire = self.wire
             if pending.slot is not None and pending.output_offsets is not None:
-                return to_vision_result(self._read_shm_outputs(result, pending.slot, pending.output_offsets))
-            return to_vision_result({name: result.as_numpy(name) for name in OUTPUT_DTYPES})
+                outputs = self._read_shm_outputs(result, pending.slot, pending.output_offsets)
+            else:
+                outputs = {name: result.as_numpy(name) for name in wire.outputs}
+            self.output_bytes_received += sum(array.nbytes for array in outputs.values())
+            return to_vision_result(outputs, wire.preset)
         except Exception as exc:
             return error_from_server(exc)
         finally:
             self._release_slot(pending.slot)
 
-    def _request(self, data: bytes, slot: ShmSlot | None) -> tuple[list[Any], list[Any], dict[str, int] | None]:
+    def _request(
+        self, data: bytes, slot: ShmSlot | None, wire: Wire
+    ) -> tuple[list[Any], list[Any], dict[str, int] | None]:
         """InferInput / InferRequestedOutput lists, and the output offsets when outputs go to shm."""
         module = self._adapter.module
         image = module.InferInput(INPUT_NAME, [1, 1], "BYTES")
         batch = np.array([[data]], dtype=np.object_)
-        outputs = [module.InferRequestedOutput(name) for name in OUTPUT_DTYPES]
+        outputs = [module.InferRequestedOutput(name) for name in wire.outputs]
         if slot is None:
             image.set_data_from_numpy(batch)
             return [image], outputs, None
@@ -373,7 +497,7 @@ class KimiVisionClient:
         size = image_size(data)
         # An unparsable header has no known output size: the outputs (none: the server rejects it)
         # then travel over the wire, only the input uses shm.
-        sizes = output_byte_sizes(*size, self.preset) if size is not None else None
+        sizes = output_byte_sizes(*size, wire.preset, wire.pixel_output) if size is not None else None
         slot.fit(self._client, input_bytes, sum(sizes.values()) if sizes else 0)
         assert slot.input is not None and slot.output is not None
         shm.set_shared_memory_region(slot.input.handle, [serialized])

@@ -17,8 +17,11 @@ model                  inputs                                     outputs
                                                                   RESAMPLE uint8 ``[1, 1]`` (0 bicubic,
                                                                   1 nearest), DECODE_PATH bytes ``[1, 1]``
 ``kimi_*_preprocess``  IMAGE, ORIGINAL_SIZE, RESAMPLE             PIXEL_VALUES float32 ``[1, N, 3, p, p]``,
-                                                                  GRID_THW int64 ``[1, 3]``, NUM_TOKENS
-                                                                  int32 ``[1, 1]``
+                                                                  PIXEL_PATCHES uint8 ``[1, N, 3, p, p]``
+                                                                  (the same patches before the normalise
+                                                                  lookup), GRID_THW int64 ``[1, 3]``,
+                                                                  NUM_TOKENS int32 ``[1, 1]``; only the
+                                                                  requested ones are computed
 ``kimi_patch_embed``   PIXEL_VALUES float32 ``[1, N, 3, p, p]``   PATCH_EMBEDS float32 ``[1, N, hidden]``
 =====================  =========================================  ======================================
 
@@ -26,6 +29,11 @@ Contract of ``execute``: one response per request, in order; a request that fail
 ``TritonError`` whose code comes from :func:`~kimi_vision_prep.errors.triton_code_for` and never
 affects the other requests of the batch; a cancelled request gets CANCELLED; nothing is raised out
 of ``execute``.
+
+Requested outputs (``request.requested_output_names()``, checked on tritonserver 2.51): a client
+that names no outputs gets, and the model sees as requested, every output of the config; an
+ensemble step requests exactly the keys of its ``output_map`` (whatever the ensemble's client
+asked for); outputs a model returns beyond the requested ones are dropped by the backend.
 """
 
 from __future__ import annotations
@@ -33,17 +41,18 @@ from __future__ import annotations
 import dataclasses
 import io
 import time
+import traceback
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from ..decode import DecodedImage, ImageDecoder, pillow_pixels
-from ..errors import CancelledError, InvalidRequestError, PreprocessError, reason_for, triton_code_for
+from ..errors import CancelledError, InvalidRequestError, PreprocessError, detached, reason_for, triton_code_for
 from ..numba_runtime import set_num_threads
-from ..pipeline import PreprocessResult, preprocess_decoded
+from ..pipeline import pixel_values_from_patches, preprocess_decoded
 from ..presets import Preset, preset_from_parameters
 from ..sizing import navit_target_size
 from .config import decoder_settings, model_config_from_args, model_parameters, numba_threads, parse_int
@@ -54,6 +63,7 @@ RESAMPLE_NAMES: dict[int, str] = {code: name for name, code in RESAMPLE_CODES.it
 CHANNEL_MODES: dict[int, str] = {3: "RGB", 4: "RGBA"}
 
 Outputs = dict[str, Any]  # output name -> numpy array or torch tensor (with the batch dim of 1)
+PREPROCESS_OUTPUTS = ("PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS")
 
 
 # -- tensors in and out (the DLPack hand-off) ---------------------------------------------------
@@ -184,13 +194,35 @@ def decoded_from_inputs(image: Any, original_size: Any, resample: Any, preset: P
     )
 
 
-def preprocess_outputs(result: PreprocessResult) -> Outputs:
-    """Outputs of a preprocess model for one image."""
-    return {
-        "PIXEL_VALUES": result.pixel_values[None],
-        "GRID_THW": result.grid_thw[None],
-        "NUM_TOKENS": np.array([[result.num_tokens]], dtype=np.int32),
-    }
+def preprocess_outputs(decoded: DecodedImage, preset: Preset, requested: Collection[str] | None = None) -> Outputs:
+    """Outputs of a preprocess model for one image: the ``requested`` names (None: all of
+    :data:`PREPROCESS_OUTPUTS`), each computed only if asked for.
+
+    PIXEL_VALUES alone: the fused float32 pass. PIXEL_PATCHES: uint8 pad + patchify, and
+    PIXEL_VALUES, if asked for as well, expanded from those patches (one resize for both; bit-equal
+    to the fused pass). Neither pixel output: no resize at all (GRID_THW / NUM_TOKENS need only
+    the size).
+    """
+    wanted = set(PREPROCESS_OUTPUTS if requested is None else requested)
+    outputs: Outputs = {}
+    if {"PIXEL_VALUES", "PIXEL_PATCHES"} & wanted:
+        output = "pixel_patches" if "PIXEL_PATCHES" in wanted else "pixel_values"
+        result = preprocess_decoded(decoded, preset, output=output)
+        target = result.target
+        if "PIXEL_PATCHES" in wanted:
+            outputs["PIXEL_PATCHES"] = result.pixel_patches[None]
+        if "PIXEL_VALUES" in wanted:
+            values = result.pixel_values
+            if values is None:
+                values = pixel_values_from_patches(result.pixel_patches, preset)
+            outputs["PIXEL_VALUES"] = values[None]
+    else:
+        target = navit_target_size(decoded.width, decoded.height, preset)
+    if "GRID_THW" in wanted:
+        outputs["GRID_THW"] = np.asarray(target.grid_thw, dtype=np.int64)[None]
+    if "NUM_TOKENS" in wanted:
+        outputs["NUM_TOKENS"] = np.array([[target.num_tokens]], dtype=np.int32)
+    return outputs
 
 
 def pixel_values_from_input(array: Any, patch_size: int) -> Any:
@@ -256,6 +288,14 @@ class TritonIO:
         return input_array(tensor)
 
     @staticmethod
+    def requested_outputs(request: Any) -> frozenset[str] | None:
+        """The output names the request asked for (``requested_output_names()``); None when the
+        request cannot say, meaning all. Triton fills in every output when a client names none."""
+        getter = getattr(request, "requested_output_names", None)
+        names = getter() if callable(getter) else None
+        return frozenset(names) if names else None
+
+    @staticmethod
     def is_cancelled(request: Any) -> bool:
         check = getattr(request, "is_cancelled", None)
         return bool(check()) if check is not None else False
@@ -310,6 +350,13 @@ class ServingModel:
         """One outputs dict or one exception per request, in order."""
         raise NotImplementedError
 
+    def failed(self, exc: BaseException) -> BaseException:
+        """A request's error as a result value: without its traceback (see :func:`detached`: kept, it
+        pins the request's tensors in a reference cycle), logged in full first when it is a bug."""
+        if not isinstance(exc, PreprocessError):
+            self.io.log("error", f"{self.name}: {''.join(traceback.format_exception(exc)).rstrip()}")
+        return detached(exc)
+
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         """One response per request, in order; never raises (the stub would fail the whole batch)."""
         try:
@@ -332,8 +379,9 @@ class ServingModel:
                 results[index] = result
         except Exception as exc:  # a bug; it must not take the stub down
             self.io.log("error", f"{self.name}: execute failed for {len(live)} request(s): {type(exc).__name__}: {exc}")
+            error = self.failed(exc)
             for index in live:
-                results[index] = exc
+                results[index] = error
         self.metrics.add_stage_seconds(self.stage, time.perf_counter() - started)
         return [self._respond(request, result) for request, result in zip(requests, results, strict=True)]
 
@@ -400,7 +448,7 @@ class DecodeModel(ServingModel):
             try:
                 items.append(image_bytes_from_input(self.io.get_input(request, "IMAGE_BYTES")))
             except Exception as exc:
-                items.append(exc)
+                items.append(self.failed(exc))
         decoded = iter(self.decoder.decode_batch([x for x in items if isinstance(x, bytes)], self.preset))
         results: list[Outputs | BaseException] = []
         for item in items:
@@ -430,14 +478,18 @@ class PreprocessModel(ServingModel):
 
     def warmup(self) -> None:
         """Run every warm-up image through the pipeline (loads or compiles the numba kernels), from
-        writable and from read-only buffers (distinct numba signatures; Triton may hand either)."""
+        writable and from read-only buffers (distinct numba signatures; Triton may hand either),
+        for each kernel combination a request can select: fused float32 (PIXEL_VALUES), uint8
+        patchify (PIXEL_PATCHES), and patchify + expand (both)."""
+        selections = (("PIXEL_VALUES",), ("PIXEL_PATCHES",), ("PIXEL_VALUES", "PIXEL_PATCHES"))
         for decoded in warmup_decoded(self.preset):
             for writable in (True, False):
                 pixels = decoded.pixels.copy()
                 pixels.setflags(write=writable)
                 outputs = decode_outputs(dataclasses.replace(decoded, pixels=pixels))
                 inputs = (outputs["IMAGE"], outputs["ORIGINAL_SIZE"], outputs["RESAMPLE"])
-                preprocess_decoded(decoded_from_inputs(*inputs, self.preset), self.preset)
+                for requested in selections:
+                    preprocess_outputs(decoded_from_inputs(*inputs, self.preset), self.preset, requested)
 
     def process(self, request: Any) -> Outputs:
         decoded = decoded_from_inputs(
@@ -446,7 +498,7 @@ class PreprocessModel(ServingModel):
             self.io.get_input(request, "RESAMPLE"),
             self.preset,
         )
-        return preprocess_outputs(preprocess_decoded(decoded, self.preset))
+        return preprocess_outputs(decoded, self.preset, self.io.requested_outputs(request))
 
     def handle(self, requests: Sequence[Any]) -> list[Outputs | BaseException]:
         results: list[Outputs | BaseException] = []
@@ -454,7 +506,7 @@ class PreprocessModel(ServingModel):
             try:
                 results.append(self.process(request))
             except Exception as exc:  # per request: one bad input never fails its batch
-                results.append(exc)
+                results.append(self.failed(exc))
         return results
 
 
@@ -488,7 +540,7 @@ class PatchEmbedModel(ServingModel):
                 inputs.append(pixel_values.to(self.device))
                 results.append({})
             except Exception as exc:
-                results.append(exc)
+                results.append(self.failed(exc))
         if inputs:
             embeds = embed_patches(self.conv, torch.cat(inputs)).split([len(x) for x in inputs])
             ok = (r for r in results if not isinstance(r, BaseException))
