@@ -1,12 +1,13 @@
 """Soak test for ``make soak``: a real tritonserver under mixed good and bad images for a while.
 
 Starts an :class:`~kimi_vision_prep.serving.launcher.EmbeddedServer` (1 instance per model), then
-keeps ``--concurrency`` gRPC requests in flight for ``--seconds`` against both ensembles, cycling
-through good images (corpus files Pillow accepts plus synthetic ones) and bad ones (rejected corpus
-files, truncated / random / text payloads). Checks: no good image ever fails, every good response is
-bit-equal to in-process ``preprocess_bytes`` (computed once per image and preset), every bad one
-gets INVALID_ARG. Prints requests, errors and the private RSS (RssAnon) of tritonserver and each model
-stub at start, every ``--sample-every`` seconds and at the end.
+keeps ``--concurrency`` gRPC requests in flight for ``--seconds`` against the four ensembles (float32
+and uint8 wire), cycling through good images (corpus files Pillow accepts plus synthetic ones) and
+bad ones (rejected corpus files, truncated / random / text payloads). Checks: no good image ever
+fails, every good response is bit-equal to in-process ``preprocess_bytes`` (computed once per image
+and preset; uint8 patches expanded first), every bad one gets INVALID_ARG. Prints requests, errors
+and the private RSS (RssAnon) of tritonserver and each model stub at start, every
+``--sample-every`` seconds and at the end.
 
 The leak bound compares peaks: a process fails when its highest sample in the second half of the
 run exceeds its highest in the first half by more than ``--rss-growth`` (fraction) *and* more than
@@ -34,11 +35,17 @@ import tritonclient.grpc as grpcclient
 from make_inputs import CORPUS, corpus_names, jpeg_rgb, png_mode
 from tritonclient.utils import InferenceServerException
 
-from kimi_vision_prep import PreprocessError, preprocess_bytes
+from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 
-ENSEMBLES = {"kimi_k25_vision": "kimi-k2.5", "kimi_k3_vision": "kimi-k3"}
-OUTPUTS = ("PIXEL_VALUES", "GRID_THW", "NUM_TOKENS")
+# Ensemble -> (preset, pixel output): float32 PIXEL_VALUES, or uint8 PIXEL_PATCHES expanded here.
+ENSEMBLES = {
+    "kimi_k25_vision": ("kimi-k2.5", "PIXEL_VALUES"),
+    "kimi_k3_vision": ("kimi-k3", "PIXEL_VALUES"),
+    "kimi_k25_vision_u8": ("kimi-k2.5", "PIXEL_PATCHES"),
+    "kimi_k3_vision_u8": ("kimi-k3", "PIXEL_PATCHES"),
+}
+PRESETS = sorted({preset for preset, _ in ENSEMBLES.values()})
 INVALID_ARG = "StatusCode.INVALID_ARGUMENT"
 MIB = 1 << 20
 
@@ -154,7 +161,7 @@ def workload() -> list[Item]:
     for name in corpus_names(accepted=True)[::4] + corpus_names(accepted=False):
         payloads[name] = (CORPUS / name).read_bytes()
     return [
-        Item(label, data, {preset: expected_outputs(data, preset) for preset in ENSEMBLES.values()})
+        Item(label, data, {preset: expected_outputs(data, preset) for preset in PRESETS})
         for label, data in payloads.items()
     ]
 
@@ -169,27 +176,31 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def check(item: Item, preset: str, result: object, error: InferenceServerException | None, tally: Tally) -> None:
+def check(item: Item, model: str, result: object, error: InferenceServerException | None, tally: Tally) -> None:
+    preset, pixel_output = ENSEMBLES[model]
     expected = item.expected[preset]
     with tally.lock:
         tally.requests += 1
         tally.codes["OK" if error is None else str(error.status())] += 1
         if expected is None:
             if error is None or error.status() != INVALID_ARG:
-                tally.bad_wrong_code.append(f"{item.label} ({preset}): {error.status() if error else 'accepted'}")
+                tally.bad_wrong_code.append(f"{item.label} ({model}): {error.status() if error else 'accepted'}")
             return
         if error is not None:
-            tally.good_errors.append(f"{item.label} ({preset}): {error.status()} {error.message()}")
+            tally.good_errors.append(f"{item.label} ({model}): {error.status()} {error.message()}")
             return
-    outputs = {name: result.as_numpy(name) for name in OUTPUTS}
+    outputs = {name: result.as_numpy(name) for name in (pixel_output, "GRID_THW", "NUM_TOKENS")}
+    pixel_values = outputs[pixel_output][0]
+    if pixel_output == "PIXEL_PATCHES":
+        pixel_values = pixel_values_from_patches(pixel_values, preset)
     same = (
-        np.array_equal(outputs["PIXEL_VALUES"][0], expected["PIXEL_VALUES"])
+        np.array_equal(pixel_values, expected["PIXEL_VALUES"])
         and np.array_equal(outputs["GRID_THW"][0], expected["GRID_THW"])
         and int(outputs["NUM_TOKENS"][0, 0]) == int(expected["NUM_TOKENS"])
     )
     if not same:
         with tally.lock:
-            tally.mismatches.append(f"{item.label} ({preset})")
+            tally.mismatches.append(f"{item.label} ({model})")
 
 
 Samples = list[tuple[float, dict[str, int]]]  # (seconds since the load started, server_rss)
@@ -219,14 +230,15 @@ def run_load(url: str, items: list[Item], seconds: float, concurrency: int, tall
             tensor = grpcclient.InferInput("IMAGE_BYTES", [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[item.data]], dtype=np.object_))
 
-            def done(result: object, error: object, item: Item = item, preset: str = ENSEMBLES[model]) -> None:
+            def done(result: object, error: object, item: Item = item, model: str = model) -> None:
                 try:
-                    check(item, preset, result, error, tally)
+                    check(item, model, result, error, tally)
                 finally:
                     slots.release()
                     pending.put(None)
 
-            client.async_infer(model, [tensor], done, outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS])
+            outputs = [grpcclient.InferRequestedOutput(n) for n in (ENSEMBLES[model][1], "GRID_THW", "NUM_TOKENS")]
+            client.async_infer(model, [tensor], done, outputs=outputs)
             sent += 1
         for _ in range(sent):
             pending.get(timeout=300)
@@ -245,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
 
     items = workload()
     good = sum(1 for item in items for outcome in item.expected.values() if outcome is not None)
-    print(f"workload: {len(items)} payloads, {good} good / {2 * len(items) - good} bad (payload, preset) pairs")
+    print(
+        f"workload: {len(items)} payloads, {good} good / {len(PRESETS) * len(items) - good} bad (payload, preset) "
+        f"pairs, sent round robin to {', '.join(ENSEMBLES)}"
+    )
     tally = Tally()
     with EmbeddedServer(instances=1) as server:
         assert server.process is not None
