@@ -150,7 +150,14 @@ def throughput(images: list[BenchImage], preset_name: str, threads: int, rounds:
     return best
 
 
-def run(preset_name: str = "kimi-k2.5", repeats: int = 5, out_dir: Path = Path("bench_results")) -> dict[str, Any]:
+def run(
+    preset_name: str = "kimi-k2.5",
+    repeats: int = 5,
+    out_dir: Path = Path("bench_results"),
+    allocator: str = "glibc default",
+) -> dict[str, Any]:
+    """Time every image four ways (ours, reference, decode floor, DALI) and write JSON + PNG.
+    ``allocator`` only labels the results (the caller configured the process)."""
     reference = load_reference()
     dali = dali_runner(preset_name)
     decoder = ImageDecoder(pool_size=1)
@@ -177,7 +184,13 @@ def run(preset_name: str = "kimi-k2.5", repeats: int = 5, out_dir: Path = Path("
         print(_format_row(row), flush=True)
     summary = _summarise(rows)
     summary["throughput_2_threads_img_s"] = throughput(bench_images(preset_name), preset_name, 2, 3)
-    result = {"preset": preset_name, "repeats": repeats, "rows": _jsonable(rows), "summary": summary}
+    result = {
+        "preset": preset_name,
+        "repeats": repeats,
+        "allocator": allocator,
+        "rows": _jsonable(rows),
+        "summary": summary,
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench_local.json").write_text(json.dumps(result, indent=2))
     _plot(rows, out_dir / "bench_local.png", preset_name)

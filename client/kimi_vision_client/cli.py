@@ -212,9 +212,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_bench_local(args: argparse.Namespace) -> int:
     """In-process side-by-side timings (``bench_local``)."""
+    from kimi_vision_prep.allocator import keep_large_buffers
+
     from . import bench_local
 
-    bench_local.run(args.preset, args.repeats, args.out_dir)
+    allocator = "glibc default"
+    if not args.default_allocator and keep_large_buffers():
+        allocator = "large buffers kept on the heap (kimi_vision_prep.allocator)"
+    print(f"allocator: {allocator}")
+    bench_local.run(args.preset, args.repeats, args.out_dir, allocator)
     return EXIT_OK
 
 
@@ -323,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS))
     local.add_argument("--repeats", type=int, default=5, help="timed runs per image (min and median reported)")
     local.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="bench_local.json and .png")
+    local.add_argument(
+        "--default-allocator",
+        action="store_true",
+        help="leave glibc's defaults (by default the process keeps large buffers on the heap, as served models do)",
+    )
     local.set_defaults(run=cmd_bench_local)
 
     demo = sub.add_parser("demo", help="start a server, send sample images over HTTP and gRPC, stop")

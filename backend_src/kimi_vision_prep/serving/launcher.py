@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..allocator import allocator_env
 from .probes import ProbeServer
 from .watchdog import StubWatchdog, process_start_ticks
 
@@ -49,14 +50,6 @@ from .watchdog import StubWatchdog, process_start_ticks
 SHM_DEFAULT_BYTES = 64 << 20
 SHM_GROWTH_BYTES = 64 << 20
 STUB_TIMEOUT_S = 120
-# glibc malloc for tritonserver and the stubs (an operator's own MALLOC_* values win). By default,
-# glibc serves allocations above 32 MiB (a 16384-patch PIXEL_VALUES is 37 MiB; big decoded images
-# too) with a fresh mmap and unmaps them on free, so every such request page-faults its buffers in
-# anew (4 KiB at a time); smaller freed blocks at the heap top are trimmed back to the kernel. Below
-# 256 MiB, buffers now come from the heap and are reused, and up to 512 MiB of free heap top is kept:
-# +17 % served img/s on 2 cores (BENCHMARKS.md). The cost is that a process keeps its peak heap (one
-# batch of its largest requests) instead of returning it; `make soak` bounds that.
-ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(512 << 20)}
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 SHM_DIR = Path("/dev/shm")
 SHM_REGION_PREFIX = "kimi_prep_"
@@ -125,7 +118,8 @@ def _layout_embedded_backends(pytriton_dir: Path) -> Path:
 
 def find_tritonserver() -> TritonInstall:
     """``tritonserver`` on PATH (NGC container), else the embedded one from ``nvidia-pytriton``."""
-    env = {**ALLOCATOR_ENV, **os.environ}
+    # Big buffers stay on the heap in tritonserver and the stubs (allocator.py); operator values win.
+    env = {**allocator_env(), **os.environ}
     _python_path_env(env)
     on_path = shutil.which("tritonserver", path=os.environ.get("PATH"))
     if on_path:
