@@ -1,11 +1,14 @@
-"""Served vs in-process throughput of ``kimi_k25_vision`` (float32 and uint8 wires) on this host, in one run.
+"""Served vs in-process throughput of ``kimi_k25_vision`` (ensembles on float32 and uint8 wires, and the fused
+single model) on this host, in one run.
 
 In-process: ``bench_local.throughput`` (``preprocess_bytes`` on 2 threads, best of rounds). Served:
-the embedded tritonserver started per server setting (instances of the decode/preprocess models,
-the preprocess model's ``numba_threads``, the decode model's nvImageCodec ``decoder_threads``), swept with
-``bench_server`` over gRPC with and without shared memory, each on two wires: float32
-``PIXEL_VALUES`` (``kimi_k25_vision``) and uint8 ``PIXEL_PATCHES`` (``kimi_k25_vision_u8``, expanded
-into the same float32 ``pixel_values`` by the client, inside the measured latency). The best level
+the embedded tritonserver started per server setting (instances of every model, the preprocess and
+fused models' ``numba_threads``, the decode and fused models' nvImageCodec ``decoder_threads``), swept
+with ``bench_server`` over gRPC with and without shared memory, each on three models: the float32
+``PIXEL_VALUES`` ensemble (``kimi_k25_vision``), the uint8 ``PIXEL_PATCHES`` ensemble
+(``kimi_k25_vision_u8``, expanded into the same float32 ``pixel_values`` by the client, inside the
+measured latency) and ``kimi_k25_vision_fused`` (decode + preprocess in one Python model, no
+ensemble hop; the client reads its uint8 ``PIXEL_PATCHES`` like the uint8 ensemble's). The best level
 is compared with in-process throughput measured right before that sweep (with the server up and
 idle), so both sides of a ratio saw the same load from other processes. Client and server share
 the host's cores, as a sidecar deployment would.
@@ -32,16 +35,17 @@ from kimi_vision_client.cli import positive_int_list
 from kimi_vision_prep.serving.launcher import EmbeddedServer, default_model_repository, render_repository
 
 MODEL, PRESET = "kimi_k25_vision", "kimi-k2.5"
-# The pixels' wire -> the model serving it (same preset, same pixel_values on the client).
-WIRES = {"float32": MODEL, "uint8": "kimi_k25_vision_u8"}
+# The pixels' wire (and, for the fused model, the model kind) -> the model serving it (same preset,
+# same pixel_values on the client).
+WIRES = {"float32": MODEL, "uint8": "kimi_k25_vision_u8", "fused uint8": "kimi_k25_vision_fused"}
 
 
 @dataclass(frozen=True)
 class ServerSetting:
     label: str
     instances: int
-    numba_threads: int  # numba threads per preprocess instance; 0: numba's default (all cores)
-    decoder_threads: int  # nvImageCodec CPU threads per decoder; 0: all cores
+    numba_threads: int  # numba threads per preprocess / fused instance; 0: numba's default (all cores)
+    decoder_threads: int  # nvImageCodec CPU threads per decoder (decode / fused instance); 0: all cores
 
 
 SETTINGS = (
@@ -87,7 +91,7 @@ def measure(
     concurrency: tuple[int, ...] = (1, 2, 4, 8),
 ) -> list[Row]:
     """On a fresh server: in-process throughput, then a gRPC sweep; without and with shared memory,
-    each with the float32 and the uint8 wire (adjacent rows)."""
+    each with the float32 and the uint8 ensemble and the fused model (adjacent rows)."""
     rows = []
     pairs = [(im.name, im.data) for im in images]
     with (
@@ -99,7 +103,7 @@ def measure(
             for wire, model in WIRES.items():
                 in_process = bench_local.throughput(images, PRESET, threads=2, rounds=rounds)
                 print(
-                    f"\n== {setting.label}, {transport}, {wire} wire ({model}; in-process just before:"
+                    f"\n== {setting.label}, {transport}, {wire} ({model}; in-process just before:"
                     f" {in_process:.2f} img/s)",
                     flush=True,
                 )
@@ -168,7 +172,7 @@ def main() -> None:
     }
     (args.out_dir / "bench_serving.json").write_text(json.dumps(payload, indent=2))
     series = {f"{r.setting} / {r.transport} / {r.wire}": r.levels for r in rows}
-    title = f"{WIRES['float32']} (float32) and {WIRES['uint8']} (uint8) over gRPC"
+    title = f"{WIRES['float32']} (float32), {WIRES['uint8']} (uint8), {WIRES['fused uint8']} over gRPC"
     bench_server.plot(series, args.out_dir / "bench_serving.png", title)
 
 

@@ -34,13 +34,17 @@ def test_bench_sweep_writes_json_and_plot(triton_server: Any, corpus: Path, tmp_
         assert level["server"]["kimi_k25_preprocess"]["requests"] == 4
 
 
+@pytest.mark.parametrize("model", ["kimi_k25_vision_u8", "kimi_k25_vision_fused"])
 @pytest.mark.parametrize("shm", [False, True], ids=["wire", "shm"])
-def test_bench_u8_counts_the_bytes_received(triton_server: Any, corpus: Path, tmp_path: Path, shm: bool) -> None:
-    """Against ``kimi_k25_vision_u8`` "MB/s out" is the uint8 patches (plus grid and tokens) actually
-    received, not the float32 pixel_values the client expands them into."""
+def test_bench_u8_counts_the_bytes_received(
+    triton_server: Any, corpus: Path, tmp_path: Path, shm: bool, model: str
+) -> None:
+    """Against ``kimi_k25_vision_u8`` and ``kimi_k25_vision_fused`` "MB/s out" is the uint8 patches
+    (plus grid and tokens) actually received, not the float32 pixel_values the client expands them
+    into; the fused model runs alone (no decode / preprocess step in the server split)."""
     names = ["pil__iptc.jpg", "sklearn__china.jpg"]
     images = [corpus / name for name in names]
-    argv = ["bench", "--url", triton_server.grpc_url, "--model", "kimi_k25_vision_u8", "--concurrency", "1,2"]
+    argv = ["bench", "--url", triton_server.grpc_url, "--model", model, "--concurrency", "1,2"]
     argv += ["--requests", "4", "--quiet", "--out-dir", str(tmp_path), *(["--shm"] if shm else [])]
     assert cli.main([*argv, "--images", *map(str, images)]) == cli.EXIT_OK
     result = json.loads((tmp_path / "bench_server.json").read_text())
@@ -48,7 +52,10 @@ def test_bench_u8_counts_the_bytes_received(triton_server: Any, corpus: Path, tm
     per_image = [preprocess_bytes(path.read_bytes()).pixel_values.nbytes // 4 + 3 * 8 + 4 for path in images]
     for level in result["levels"]:
         assert (level["requests"], level["errors"]) == (4, 0)
-        assert {"kimi_k25_vision_u8", "kimi_k25_preprocess"} <= set(level["server"])
+        if model == "kimi_k25_vision_fused":
+            assert set(level["server"]) == {model} and level["server"][model]["requests"] == 4
+        else:
+            assert {model, "kimi_k25_preprocess"} <= set(level["server"])
         received = level["mb_out_s"] * level["wall_s"] * 1e6
         assert received == pytest.approx(2 * sum(per_image), rel=1e-9)
 

@@ -159,6 +159,8 @@ def test_infer_without_a_server_fails_once_and_clearly(
         "grpc+shm kimi_k25_vision",
         "http kimi_k25_vision_u8",  # the uint8 wire: the same npz
         "grpc+shm kimi_k25_vision_u8",
+        "grpc kimi_k25_vision_fused",  # decode + preprocess in one model: the same npz
+        "grpc+shm kimi_k25_vision_fused",
     ],
 )
 def test_infer_equals_preprocess(

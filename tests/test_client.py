@@ -171,6 +171,11 @@ CONFIGS = {
         _preprocess("prep_k3", preset="kimi-k3"),
         _preprocess("prep_custom", preset="kimi-k2.5", image_mean="0.1,0.2,0.3", image_std="0.4,0.5,0.6"),
         _preprocess("prep_bare"),
+        # Single models with both pixel outputs (like kimi_*_vision_fused): their own parameters.
+        _preprocess("kimi_k3_vision_fused", preset="kimi-k3", decoder_threads="1"),
+        _preprocess("fused_custom", preset="kimi-k2.5", image_mean="0.1,0.2,0.3", image_std="0.4,0.5,0.6"),
+        _preprocess("kimi_k25_vision_fused"),
+        _preprocess("fused_bare"),
     ]
 }
 
@@ -197,6 +202,26 @@ def test_learn_wire_from_model_configs() -> None:
     with pytest.raises(PreprocessError, match="preset="):
         learn_wire(get_config, "bare_u8")
     assert learn_wire(get_config, "bare_u8", KIMI_K3).preset == KIMI_K3
+
+
+def test_learn_wire_of_a_single_model_with_both_pixel_outputs() -> None:
+    """A model offering PIXEL_PATCHES and PIXEL_VALUES (kimi_*_vision_fused) is read over uint8 with
+    the preset of its own parameters (no ensemble to follow); only when no preset is known at all
+    does the client fall back to its float32 output rather than guess a table."""
+    asked: list[str] = []
+
+    def get_config(name: str) -> dict:
+        asked.append(name)
+        return CONFIGS[name]
+
+    assert learn_wire(get_config, "kimi_k3_vision_fused") == Wire(PIXEL_PATCHES, KIMI_K3)
+    assert asked == ["kimi_k3_vision_fused"]
+    custom = learn_wire(get_config, "fused_custom")
+    assert custom.pixel_output == PIXEL_PATCHES
+    assert (custom.preset.image_mean, custom.preset.image_std) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
+    assert learn_wire(get_config, "kimi_k25_vision_fused") == Wire(PIXEL_PATCHES, KIMI_K25)  # the shipped name's
+    assert learn_wire(get_config, "fused_bare") == Wire(PIXEL_VALUES, largest_preset())
+    assert learn_wire(get_config, "fused_bare", KIMI_K3) == Wire(PIXEL_PATCHES, KIMI_K3)
 
 
 def test_to_vision_result_expands_patches(corpus: Path) -> None:
@@ -269,13 +294,16 @@ def test_infer_single_image_and_bad_image_message(triton_server: object, corpus:
 
 @pytest.mark.server
 @pytest.mark.parametrize("shm", [False, True], ids=["wire", "shm"])
-@pytest.mark.parametrize("model", ["kimi_k25_vision_u8", "kimi_k3_vision_u8"])
+@pytest.mark.parametrize(
+    "model", ["kimi_k25_vision_u8", "kimi_k3_vision_u8", "kimi_k25_vision_fused", "kimi_k3_vision_fused"]
+)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_u8_wire_is_learnt_and_receives_a_quarter(
     triton_server: object, corpus: Path, protocol: str, model: str, shm: bool
 ) -> None:
-    """A ``*_u8`` model is served over the uint8 wire (learnt from the server): the client receives
-    uint8 patches, a quarter of the float32 bytes, and returns the same float32 pixel_values."""
+    """A ``*_u8`` model, and a ``*_vision_fused`` one (it offers both pixel outputs), is served over
+    the uint8 wire (learnt from the server): the client receives uint8 patches, a quarter of the
+    float32 bytes, and returns the same float32 pixel_values."""
     good = read(corpus, GOOD[:3])
     with KimiVisionClient(url_of(triton_server, protocol), protocol, model, shm) as client:
         assert client.wire == Wire(PIXEL_PATCHES, get_preset(MODEL_PRESETS[model]))
@@ -289,7 +317,7 @@ def test_u8_wire_is_learnt_and_receives_a_quarter(
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("model", ["kimi_k3_vision", "kimi_k25_vision_u8", "kimi_k3_vision_u8"])
+@pytest.mark.parametrize("model", ["kimi_k3_vision", "kimi_k25_vision_u8", "kimi_k3_vision_u8", "kimi_k3_vision_fused"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_shared_memory_is_bit_equal_and_cleaned_up(
     triton_server: object, corpus: Path, protocol: str, model: str

@@ -424,7 +424,7 @@ def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS
 
     repository = tmp_path_factory.mktemp("tight") / "model_repository"
     shutil.copytree(default_model_repository(), repository, ignore=shutil.ignore_patterns("__pycache__"))
-    for extra in ("kimi_patch_embed", "kimi_k25_vision_embed"):
+    for extra in ("kimi_patch_embed", "kimi_k25_vision_embed", "kimi_k25_vision_fused", "kimi_k3_vision_fused"):
         shutil.rmtree(repository / extra)
     for config in repository.glob("*/config.pbtxt"):
         text = re.sub(r"max_queue_size: \d+", "max_queue_size: 1", config.read_text())

@@ -27,11 +27,20 @@ from google.protobuf import json_format, text_format
 from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
-from kimi_vision_prep import KIMI_K3, KIMI_K25, Preset, pipeline, preprocess_bytes, preset_from_parameters
+from kimi_vision_prep import (
+    KIMI_K3,
+    KIMI_K25,
+    PreprocessError,
+    Preset,
+    pipeline,
+    preprocess_bytes,
+    preset_from_parameters,
+)
 from kimi_vision_prep.serving import launcher, models
-from kimi_vision_prep.serving.config import decoder_settings, model_parameters
+from kimi_vision_prep.serving.config import DecoderSettings, decoder_settings, model_parameters, numba_threads
 from kimi_vision_prep.serving.models import (
     DecodeModel,
+    FusedVisionModel,
     PatchEmbedModel,
     PreprocessModel,
     ServingModel,
@@ -44,6 +53,8 @@ from kimi_vision_prep.serving.patch_embed import make_patch_embed
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 PRESET_KEYS = {"preset"} | {f.name for f in dataclasses.fields(Preset)} - {"name"}
+DECODER_KEYS = {f.name for f in dataclasses.fields(DecoderSettings)}
+FAMILIES = [("k25", KIMI_K25), ("k3", KIMI_K3)]
 
 
 # -- the shipped configs --------------------------------------------------------------------------
@@ -72,13 +83,33 @@ def all_models() -> list[str]:
     return sorted(p.parent.name for p in REPOSITORY.glob("*/config.pbtxt"))
 
 
-@pytest.mark.parametrize(("family", "preset"), [("k25", KIMI_K25), ("k3", KIMI_K3)])
-def test_decode_and_preprocess_configs_carry_the_same_preset(family: str, preset: Preset) -> None:
+@pytest.mark.parametrize(("family", "preset"), FAMILIES)
+def test_decode_preprocess_and_fused_configs_carry_the_same_preset(family: str, preset: Preset) -> None:
     decode = model_parameters(config_dict(f"kimi_{family}_decode"))
     prep = model_parameters(config_dict(f"kimi_{family}_preprocess"))
-    assert {k: v for k, v in decode.items() if k in PRESET_KEYS} == {k: v for k, v in prep.items() if k in PRESET_KEYS}
+    fused = model_parameters(config_dict(f"kimi_{family}_vision_fused"))
+    blocks = [{k: v for k, v in params.items() if k in PRESET_KEYS} for params in (decode, prep, fused)]
+    assert blocks[0] == blocks[1] == blocks[2]
     assert PRESET_KEYS <= decode.keys(), f"missing preset fields: {PRESET_KEYS - decode.keys()}"
-    assert preset_from_parameters(decode) == preset_from_parameters(prep) == preset
+    assert preset_from_parameters(decode) == preset_from_parameters(prep) == preset_from_parameters(fused) == preset
+
+
+@pytest.mark.parametrize("family", [f for f, _ in FAMILIES])
+def test_fused_config_carries_the_decode_and_preprocess_settings(family: str) -> None:
+    """The fused model's parameters are the decode model's (preset block and decoder settings, at
+    DecoderSettings' defaults) plus the preprocess model's numba_threads, nothing else; its input
+    and queue policy are the decode model's, its outputs the preprocess model's."""
+    decode, prep, fused = (load_config(f"kimi_{family}_{kind}") for kind in ("decode", "preprocess", "vision_fused"))
+    decode_params, prep_params, fused_params = (model_parameters(config_dict(c.name)) for c in (decode, prep, fused))
+    assert fused_params == decode_params | {"numba_threads": prep_params["numba_threads"]}
+    assert DECODER_KEYS <= decode_params.keys(), f"missing decoder settings: {DECODER_KEYS - decode_params.keys()}"
+    assert decoder_settings(fused_params) == decoder_settings(decode_params) == DecoderSettings()
+    assert numba_threads(fused_params) == numba_threads(prep_params) == 0
+    assert fused.backend == decode.backend == "python" and fused.max_batch_size == decode.max_batch_size
+    assert list(fused.input) == list(decode.input)
+    assert fused.dynamic_batching == decode.dynamic_batching
+    assert list(fused.output) == list(prep.output)
+    assert [(g.count, g.kind) for g in fused.instance_group] == [(1, model_config_pb2.ModelInstanceGroup.KIND_AUTO)]
 
 
 def test_every_config_parses_and_is_consistent() -> None:
@@ -86,7 +117,7 @@ def test_every_config_parses_and_is_consistent() -> None:
     assert set(configs) == {
         "kimi_k25_decode", "kimi_k3_decode", "kimi_k25_preprocess", "kimi_k3_preprocess",
         "kimi_k25_vision", "kimi_k3_vision", "kimi_k25_vision_u8", "kimi_k3_vision_u8",
-        "kimi_patch_embed", "kimi_k25_vision_embed",
+        "kimi_k25_vision_fused", "kimi_k3_vision_fused", "kimi_patch_embed", "kimi_k25_vision_embed",
     }  # fmt: skip
     for name, config in configs.items():
         assert config.name == name and config.max_batch_size > 0
@@ -287,13 +318,25 @@ def test_execute_never_raises(pb: SimpleNamespace, images: dict[str, bytes]) -> 
     assert any(level == "log_error" and "boom" in line for level, line in FakeLogger.lines)
 
 
-def test_decode_model_counts_and_logs_fallbacks_once(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
-    model = DecodeModel(pb, model_args("kimi_k25_decode"))
+@pytest.mark.parametrize(
+    ("model_class", "name"), [(DecodeModel, "kimi_k25_decode"), (FusedVisionModel, "kimi_k25_vision_fused")]
+)
+def test_decoding_models_count_and_log_fallbacks_once(
+    pb: SimpleNamespace, images: dict[str, bytes], model_class: type[ServingModel], name: str
+) -> None:
+    model = model_class(pb, model_args(name))
     model.decoder._codec_error, model.decoder._codec = "nvImageCodec unavailable (test)", None
     model.decoder._nvimgcodec = lambda: None  # the planned fast decoder is gone
     for _ in range(2):
         (response,) = model.execute([bytes_request(images["pil__hopper.jpg"])])
-        assert outputs_of(response)["DECODE_PATH"][0, 0] == b"pillow"
+        outputs = outputs_of(response)
+        if "DECODE_PATH" in outputs:
+            assert outputs["DECODE_PATH"][0, 0] == b"pillow"
+        else:  # the fused model: Pillow's pixels are the same pixels
+            np.testing.assert_array_equal(
+                outputs["PIXEL_VALUES"][0], preprocess_bytes(images["pil__hopper.jpg"]).pixel_values
+            )
+    assert counter("kimi_prep_decodes_total", model=name, path="pillow") == 2
     assert counter("kimi_prep_decode_fallbacks_total", reason="nvImageCodec unavailable (test)") == 2
     assert sum("fallback" in line for level, line in FakeLogger.lines if level == "log_warn") == 1
 
@@ -318,13 +361,23 @@ def test_decode_then_preprocess_equals_library(
         assert outputs["NUM_TOKENS"].dtype == np.int32 and outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
 
 
+@pytest.mark.parametrize("kind", ["preprocess", "fused"])
 def test_preprocess_computes_only_the_requested_outputs(
-    pb: SimpleNamespace, images: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+    pb: SimpleNamespace, images: dict[str, bytes], monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     """Each request gets exactly the outputs it names (as Triton passes them: an ensemble step its
-    output_map, a client its list or, naming none, all), and only their kernels run."""
+    output_map, a client its list or, naming none, all), and only their kernels run; in the
+    preprocess model and in the fused model alike."""
     decode = DecodeModel(pb, model_args("kimi_k3_decode"))
     prep = PreprocessModel(pb, model_args("kimi_k3_preprocess"))
+    fused = FusedVisionModel(pb, model_args("kimi_k3_vision_fused"))
+
+    def request(data: bytes, decoded: dict[str, Any], requested: tuple[str, ...] | None) -> Any:
+        if kind == "fused":
+            return fused.execute([bytes_request(data, requested=requested)])[0]
+        inputs = {key: decoded[key] for key in ("IMAGE", "ORIGINAL_SIZE", "RESAMPLE")}
+        return prep.execute([FakeRequest(requested=requested, **inputs)])[0]
+
     calls: list[str] = []
     for module, name in [
         (pipeline, "write_patches_numpy"),
@@ -350,9 +403,7 @@ def test_preprocess_computes_only_the_requested_outputs(
         patches = preprocess_bytes(data, "kimi-k3", output="pixel_patches").pixel_patches
         for requested, kernels in selections:
             calls.clear()
-            inputs = {key: decoded[key] for key in ("IMAGE", "ORIGINAL_SIZE", "RESAMPLE")}
-            (response,) = prep.execute([FakeRequest(requested=requested, **inputs)])
-            outputs = outputs_of(response)
+            outputs = outputs_of(request(data, decoded, requested))
             assert set(outputs) == set(requested or everything), (name, requested)
             assert calls == kernels, (name, requested)
             if "PIXEL_VALUES" in outputs:
@@ -405,6 +456,84 @@ def test_preprocess_takes_gpu_input_through_dlpack(pb: SimpleNamespace, images: 
     np.testing.assert_array_equal(
         outputs_of(response)["PIXEL_VALUES"][0], preprocess_bytes(images["pil__hopper.jpg"]).pixel_values
     )
+
+
+# -- fused model ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("family", "preset"), [("k25", "kimi-k2.5"), ("k3", "kimi-k3")])
+def test_fused_model_equals_library(pb: SimpleNamespace, images: dict[str, bytes], family: str, preset: str) -> None:
+    """One batch decode per execute, then each image preprocessed: PIXEL_VALUES and PIXEL_PATCHES
+    bit-equal to in-process preprocessing (downscaled JPEG, palette PNG: chessboard under K3, CMYK)."""
+    name = f"kimi_{family}_vision_fused"
+    model = FusedVisionModel(pb, model_args(name))
+    calls: list[int] = []
+    real_decode_batch = model.decoder.decode_batch
+    model.decoder.decode_batch = lambda items, p: calls.append(len(items)) or real_decode_batch(items, p)
+    responses = model.execute([bytes_request(data) for data in images.values()])
+    assert calls == [len(images)]
+    for data, response in zip(images.values(), responses, strict=True):
+        outputs, expected = outputs_of(response), preprocess_bytes(data, preset)
+        patches = preprocess_bytes(data, preset, output="pixel_patches").pixel_patches
+        assert set(outputs) == {"PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"}  # none named: all
+        assert outputs["PIXEL_VALUES"].dtype == np.float32 and outputs["PIXEL_PATCHES"].dtype == np.uint8
+        assert np.array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
+        assert np.array_equal(outputs["PIXEL_PATCHES"], patches[None])
+        np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None])
+        assert outputs["NUM_TOKENS"].dtype == np.int32 and outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
+    assert counter("kimi_prep_decodes_total", model=name) == len(images)
+    assert counter("kimi_prep_decodes_total", model=name, path="pillow") >= 2  # palette PNG, CMYK JPEG
+    assert counter("kimi_prep_stage_seconds_total", model=name, stage="vision") > 0
+    assert not counter("kimi_prep_errors_total")
+
+
+def test_fused_model_isolates_errors_per_request(
+    pb: SimpleNamespace, images: dict[str, bytes], corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bad bytes, a malformed request, a cancelled one and a bug in one image's preprocess each
+    fail their own request only, with the library's message; the others are bit-exact."""
+    model = FusedVisionModel(pb, model_args("kimi_k3_vision_fused"))
+    truncated = (corpus / "pil__truncated_jpeg.jpg").read_bytes()
+    real_outputs = models.preprocess_outputs
+
+    def buggy(decoded: Any, preset: Any, requested: Any = None) -> Any:
+        if decoded.width == 2268:  # imagers__large_image.jpg
+            raise RuntimeError("preprocess bug (test)")
+        return real_outputs(decoded, preset, requested)
+
+    monkeypatch.setattr(models, "preprocess_outputs", buggy)
+    requests = [
+        bytes_request(images["pil__hopper.jpg"], requested=("PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS")),
+        bytes_request(truncated),
+        bytes_request(images["pilx__p_trns_single.png"], cancelled=True),
+        FakeRequest(IMAGE_BYTES=np.array([[b"x"], [b"y"]], dtype=np.object_)),  # two images in one request
+        bytes_request(images["imagers__large_image.jpg"]),
+        bytes_request(images["pilx__p_trns_single.png"], requested=("PIXEL_VALUES",)),
+        FakeRequest(),  # input missing
+    ]
+    responses = model.execute(requests)
+    codes = [r.error.code if r.error else None for r in responses]
+    assert codes == [None, "INVALID_ARG", "CANCELLED", "INVALID_ARG", "INTERNAL", None, "INVALID_ARG"]
+    with pytest.raises(PreprocessError) as raised:
+        preprocess_bytes(truncated, "kimi-k3")
+    assert responses[1].error.message == str(raised.value)
+    assert "one image per request" in responses[3].error.message and "missing input" in responses[6].error.message
+    assert "preprocess bug (test)" in responses[4].error.message
+    assert any(level == "log_error" and "preprocess bug (test)" in line for level, line in FakeLogger.lines)
+    hopper = outputs_of(responses[0])
+    assert set(hopper) == {"PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"}
+    expected = preprocess_bytes(images["pil__hopper.jpg"], "kimi-k3", output="pixel_patches")
+    assert np.array_equal(hopper["PIXEL_PATCHES"][0], expected.pixel_patches)
+    palette = outputs_of(responses[5])
+    assert set(palette) == {"PIXEL_VALUES"}
+    assert np.array_equal(
+        palette["PIXEL_VALUES"][0], preprocess_bytes(images["pilx__p_trns_single.png"], "kimi-k3").pixel_values
+    )
+    assert counter("kimi_prep_decodes_total", model="kimi_k3_vision_fused") == 3  # hopper, large, palette
+    assert counter("kimi_prep_errors_total", reason="invalid_image") == 1
+    assert counter("kimi_prep_errors_total", reason="cancelled") == 1
+    assert counter("kimi_prep_errors_total", reason="invalid_request") == 2
+    assert counter("kimi_prep_errors_total", reason="internal") == 1
 
 
 # -- tensors in and out ---------------------------------------------------------------------------
@@ -579,9 +708,11 @@ def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> Non
     assert repository != str(REPOSITORY) and not Path(repository).exists()  # rendered to a temp dir, cleaned up
 
 
-def test_warmup_leaves_nothing_to_compile(corpus: Path) -> None:
+@pytest.mark.parametrize("kind", ["decode+preprocess", "fused"])
+def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
     """After initialize(), real requests (writable or read-only buffers, any selection of outputs)
-    hit no new numba signature.
+    hit no new numba signature: the preprocess model's (the decode model's outputs, as Triton hands
+    them over) and the fused model's (its own decoder's), each warmed up on its own.
 
     Runs in a fresh interpreter so earlier tests' compilations cannot hide a missing warm-up."""
     script = textwrap.dedent(f"""\
@@ -602,6 +733,9 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path) -> None:
                 if isinstance(fn, numba.core.registry.CPUDispatcher)
             }}
 
+        def check(family, before, after):
+            assert before == after, (family, {{k: (before[k], after[k]) for k in after if before.get(k) != after[k]}})
+
         pb = SimpleNamespace(
             Tensor=t.FakeTensor, InferenceResponse=t.FakeResponse, TritonError=t.FakeTritonError,
             Logger=t.FakeLogger(), get_input_tensor_by_name=lambda request, name: request.inputs.get(name),
@@ -612,6 +746,14 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path) -> None:
         selections = [("PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"), ("PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"),
                       ("PIXEL_VALUES",), None]
         for family in ("k25", "k3"):
+            if {kind!r} == "fused":
+                fused = t.FusedVisionModel(pb, t.model_args(f"kimi_{{family}}_vision_fused"))
+                before = signatures()
+                for name, requested in itertools.product(names, selections):
+                    data = open({str(corpus)!r} + "/" + name, "rb").read()
+                    t.outputs_of(fused.execute([t.bytes_request(data, requested=requested)])[0])
+                check(family, before, signatures())
+                continue
             decode = t.DecodeModel(pb, t.model_args(f"kimi_{{family}}_decode"))
             prep = t.PreprocessModel(pb, t.model_args(f"kimi_{{family}}_preprocess"))
             before = signatures()
@@ -623,8 +765,7 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path) -> None:
                     image.setflags(write=writable)
                     inputs = dict(IMAGE=image, ORIGINAL_SIZE=out["ORIGINAL_SIZE"], RESAMPLE=out["RESAMPLE"])
                     t.outputs_of(prep.execute([t.FakeRequest(requested=requested, **inputs)])[0])
-            after = signatures()
-            assert before == after, (family, {{k: (before[k], after[k]) for k in after if before.get(k) != after[k]}})
+            check(family, before, signatures())
     """)
     result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

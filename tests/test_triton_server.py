@@ -34,13 +34,17 @@ MODELS = [
     "kimi_k3_vision",
     "kimi_k25_vision_u8",
     "kimi_k3_vision_u8",
+    "kimi_k25_vision_fused",
+    "kimi_k3_vision_fused",
     "kimi_patch_embed",
     "kimi_k25_vision_embed",
 ]
 ENSEMBLES = {"kimi_k25_vision": "kimi-k2.5", "kimi_k3_vision": "kimi-k3"}
 U8_ENSEMBLES = {"kimi_k25_vision_u8": "kimi-k2.5", "kimi_k3_vision_u8": "kimi-k3"}
+FUSED = {"kimi_k25_vision_fused": "kimi-k2.5", "kimi_k3_vision_fused": "kimi-k3"}  # decode + preprocess, one model
 VISION_OUTPUTS = ["PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"]
 U8_OUTPUTS = ["PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"]
+ALL_OUTPUTS = ["PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"]
 IMAGES = [
     "pil__hopper.jpg",  # baseline 4:2:0 RGB: the nvImageCodec route
     "imagers__large_image.jpg",  # 2268x1512: resized under K2.5
@@ -135,6 +139,32 @@ def test_u8_ensemble_expands_bit_equal_to_library(triton_server: Any, corpus: Pa
     for name in IMAGES:
         data = read(corpus, name)
         assert_u8_matches_library(infer(triton_server, protocol, model, data, U8_OUTPUTS), data, U8_ENSEMBLES[model])
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize("model", sorted(FUSED))
+def test_fused_model_bit_equal_to_library(triton_server: Any, corpus: Path, protocol: str, model: str) -> None:
+    """The fused model: PIXEL_VALUES and PIXEL_PATCHES each bit-equal to in-process preprocessing
+    (downscaled, CMYK, grey, LA / palette / GIF transparency: chessboard under K3); naming outputs
+    returns only those, naming none all four."""
+    client = client_for(triton_server, protocol)
+    module = PROTOCOLS[protocol]
+    try:
+        for name in IMAGES:
+            data = read(corpus, name)
+            result = client.infer(model, [bytes_input(protocol, data)])  # no outputs named: all
+            outputs = {n: result.as_numpy(n) for n in ALL_OUTPUTS}
+            assert_matches_library(outputs, data, FUSED[model])
+            assert_u8_matches_library(outputs, data, FUSED[model])
+        data = read(corpus, "pilx__p_trns_single.png")
+        for names in (U8_OUTPUTS, VISION_OUTPUTS, ["GRID_THW"]):
+            requested = [module.InferRequestedOutput(n) for n in names]
+            result = client.infer(model, [bytes_input(protocol, data)], outputs=requested)
+            assert [n for n in ALL_OUTPUTS if result.as_numpy(n) is not None] == [n for n in ALL_OUTPUTS if n in names]
+        expected = preprocess_bytes(data, FUSED[model])
+        np.testing.assert_array_equal(result.as_numpy("GRID_THW")[0], expected.grid_thw)
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
@@ -266,11 +296,14 @@ def test_rejected_files_fail_alone_in_shared_batches(triton_server: Any, corpus:
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
-def test_u8_bad_image_fails_alone(triton_server: Any, corpus: Path, protocol: str) -> None:
-    """In the uint8 ensembles a bad image gets INVALID_ARG (with the library's message) while the
-    good requests around it, in flight at the same time, succeed bit-exactly."""
+@pytest.mark.parametrize("family", ["u8", "fused"])
+def test_u8_bad_image_fails_alone(triton_server: Any, corpus: Path, protocol: str, family: str) -> None:
+    """In the uint8 ensembles and in the fused models (asked for PIXEL_PATCHES, as KimiVisionClient
+    does) a bad image gets INVALID_ARG (with the library's message) while the good requests around
+    it, in flight at the same time, succeed bit-exactly."""
+    presets = U8_ENSEMBLES if family == "u8" else FUSED
     bad = ["pil__truncated_jpeg.jpg", "pilx__broken.png"]
-    jobs = [(model, name) for model in sorted(U8_ENSEMBLES) for name in (IMAGES[0], bad[0], IMAGES[1], bad[1])]
+    jobs = [(model, name) for model in sorted(presets) for name in (IMAGES[0], bad[0], IMAGES[1], bad[1])]
     module = PROTOCOLS[protocol]
     if protocol == "http":  # a connection per request in flight, so the dynamic batcher can group them
         client = httpclient.InferenceServerClient(triton_server.http_url, concurrency=len(jobs))
@@ -291,7 +324,11 @@ def test_u8_bad_image_fails_alone(triton_server: Any, corpus: Path, protocol: st
                 index, result, error = done.get(timeout=120)
                 answers[index] = (result, error)
         else:
-            pending = [client.async_infer(model, [bytes_input(protocol, read(corpus, name))]) for model, name in jobs]
+            requested = [module.InferRequestedOutput(n) for n in U8_OUTPUTS]
+            pending = [
+                client.async_infer(model, [bytes_input(protocol, read(corpus, name))], outputs=requested)
+                for model, name in jobs
+            ]
             answers = {}
             for index, request in enumerate(pending):
                 try:
@@ -306,11 +343,12 @@ def test_u8_bad_image_fails_alone(triton_server: Any, corpus: Path, protocol: st
         if name in bad:
             assert result is None and error is not None and is_invalid_arg(error), f"{model} {name}: {error}"
             with pytest.raises(PreprocessError) as raised:
-                preprocess_bytes(data, U8_ENSEMBLES[model])
+                preprocess_bytes(data, presets[model])
             assert str(raised.value) in str(error)
         else:
             assert error is None, f"{model} {name}: {error}"
-            assert_u8_matches_library({n: result.as_numpy(n) for n in U8_OUTPUTS}, data, U8_ENSEMBLES[model])
+            assert_u8_matches_library({n: result.as_numpy(n) for n in U8_OUTPUTS}, data, presets[model])
+            assert result.as_numpy("PIXEL_VALUES") is None
 
 
 def test_rejected_file_over_http_is_400(triton_server: Any, corpus: Path) -> None:
@@ -382,6 +420,12 @@ def test_metrics_endpoint_shows_counters(triton_server: Any) -> None:
     assert any(line.startswith("kimi_prep_errors_total{") and 'reason="invalid_image"' in line for line in lines)
     assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="preprocess"' in line for line in lines)
     assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="patch_embed"' in line for line in lines)
+    for model in FUSED:  # the fused models count their decodes and errors like the decode models
+        fused = [line for line in lines if f'model="{model}"' in line]
+        assert any(line.startswith("kimi_prep_decodes_total{") and 'path="nvimgcodec-' in line for line in fused)
+        assert any(line.startswith("kimi_prep_decodes_total{") and 'path="pillow"' in line for line in fused)
+        assert any(line.startswith("kimi_prep_errors_total{") and 'reason="invalid_image"' in line for line in fused)
+        assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="vision"' in line for line in fused)
 
 
 def test_server_still_ready_after_everything(triton_server: Any) -> None:

@@ -1,19 +1,21 @@
-"""A Triton client for the Kimi vision preprocessing ensembles, one API over HTTP and gRPC.
+"""A Triton client for the Kimi vision preprocessing models, one API over HTTP and gRPC.
 
-The ensembles take ``IMAGE_BYTES`` (TYPE_STRING, batch shape ``[1, 1]``) and return
+The models take ``IMAGE_BYTES`` (TYPE_STRING, batch shape ``[1, 1]``) and return
 ``PIXEL_VALUES`` float32 ``[1, N, 3, p, p]`` (``kimi_*_vision``) or, on the "uint8 wire"
 (``kimi_*_vision_u8``), ``PIXEL_PATCHES`` uint8 ``[1, N, 3, p, p]``, plus ``GRID_THW`` int64
-``[1, 3]`` and ``NUM_TOKENS`` int32 ``[1, 1]``. :class:`KimiVisionClient` hides the batch
-dimension, expands uint8 patches into the float32 ``pixel_values`` with the preset's normalise
-table (bit-equal to the float32 ensemble: ``PIXEL_VALUES`` is that table read at
-``PIXEL_PATCHES``), and maps server errors onto the :mod:`kimi_vision_prep.errors` hierarchy, so a
-remote call fails exactly like ``kimi_vision_prep.preprocess_bytes`` would in-process.
+``[1, 3]`` and ``NUM_TOKENS`` int32 ``[1, 1]``; the single-model ``kimi_*_vision_fused`` offer
+both pixel outputs and compute the one requested (the client asks for ``PIXEL_PATCHES``).
+:class:`KimiVisionClient` hides the batch dimension, expands uint8 patches into the float32
+``pixel_values`` with the preset's normalise table (bit-equal to the float32 ensemble:
+``PIXEL_VALUES`` is that table read at ``PIXEL_PATCHES``), and maps server errors onto the
+:mod:`kimi_vision_prep.errors` hierarchy, so a remote call fails exactly like
+``kimi_vision_prep.preprocess_bytes`` would in-process.
 
 The wire is learnt from the server, once per client, at the first request (:func:`learn_wire`):
 a model whose config lists a ``PIXEL_PATCHES`` output is served over the uint8 wire, and the
 preset (mean/std for the table, sizes for shared memory) is read from the ``parameters`` of the
-model that produces the pixels (following ensemble steps), so a renamed or re-parameterised
-model still expands exactly.
+model that produces the pixels (the model itself, or the ensemble step that yields them), so a
+renamed or re-parameterised model still expands exactly.
 
 With ``use_shared_memory=True`` the request and the outputs travel through POSIX shared memory
 (client and server must share ``/dev/shm``, e.g. the same host or pod). The output size is known
@@ -70,6 +72,8 @@ MODEL_PRESETS: dict[str, str] = {
     "kimi_k3_vision": "kimi-k3",
     "kimi_k25_vision_u8": "kimi-k2.5",
     "kimi_k3_vision_u8": "kimi-k3",
+    "kimi_k25_vision_fused": "kimi-k2.5",
+    "kimi_k3_vision_fused": "kimi-k3",
 }
 # Server status (HTTP code or gRPC StatusCode) -> the error the in-process pipeline raises.
 STATUS_ERRORS: dict[str, type[PreprocessError]] = {
@@ -174,27 +178,30 @@ def producer_preset(
 def learn_wire(get_config: Callable[[str], Mapping[str, Any]], model: str, preset: Preset | None = None) -> Wire:
     """Ask the server how ``model`` returns its pixels (``get_config(name)`` is a model-config call).
 
-    A model whose outputs include ``PIXEL_PATCHES`` is served over the uint8 wire, else it returns
-    ``PIXEL_VALUES``. The preset is ``preset`` if given, else the one in the config parameters of
-    the model producing the pixels, else the shipped name's (:data:`MODEL_PRESETS`), else (float32
-    only: it just sizes regions) the largest registered preset. An unknown uint8 model whose
-    server names no preset raises :class:`PreprocessError`: a guessed table would give wrong values.
+    A model whose outputs include ``PIXEL_PATCHES`` is served over the uint8 wire (also when it
+    offers ``PIXEL_VALUES`` as well, like ``kimi_*_vision_fused``: the patches expand bit-equal and
+    are a quarter of the bytes), else it returns ``PIXEL_VALUES``. The preset is ``preset`` if
+    given, else the one in the config parameters of the model producing the pixels (the model
+    itself, or the ensemble step that yields them), else the shipped name's (:data:`MODEL_PRESETS`),
+    else (float32 only: it just sizes regions) the largest registered preset. A uint8 model with no
+    known preset is read over float32 if it offers ``PIXEL_VALUES`` too, and otherwise raises
+    :class:`PreprocessError`: a guessed table would give wrong values.
     """
     config = get_config(model)
     names = {output.get("name") for output in config.get("output", [])}
-    pixel_output = PIXEL_PATCHES if PIXEL_PATCHES in names else PIXEL_VALUES
-    if preset is None:
-        preset = producer_preset(get_config, config, pixel_output)
-    if preset is None and model in MODEL_PRESETS:
-        preset = get_preset(MODEL_PRESETS[model])
-    if preset is None:
-        if pixel_output == PIXEL_PATCHES:
-            raise PreprocessError(
-                f"model {model!r} returns uint8 PIXEL_PATCHES but its config names no preset to expand them "
-                "with; pass preset= to KimiVisionClient"
-            )
-        preset = largest_preset()
-    return Wire(pixel_output, preset)
+    candidates = [name for name in (PIXEL_PATCHES, PIXEL_VALUES) if name in names] or [PIXEL_VALUES]
+    for pixel_output in candidates:
+        found = preset or producer_preset(get_config, config, pixel_output)
+        if found is None and model in MODEL_PRESETS:
+            found = get_preset(MODEL_PRESETS[model])
+        if found is not None:
+            return Wire(pixel_output, found)
+        if pixel_output == PIXEL_VALUES:
+            return Wire(PIXEL_VALUES, largest_preset())
+    raise PreprocessError(
+        f"model {model!r} returns uint8 PIXEL_PATCHES but its config names no preset to expand them "
+        "with; pass preset= to KimiVisionClient"
+    )
 
 
 def to_vision_result(outputs: Mapping[str, np.ndarray], preset: Preset | None = None) -> VisionResult:
@@ -331,11 +338,12 @@ class _Pending:
 
 
 class KimiVisionClient:
-    """Preprocess images on a Triton server running the Kimi vision ensembles.
+    """Preprocess images on a Triton server running the Kimi vision models.
 
     ``url`` is ``host:port`` (a scheme is accepted and ignored); ``protocol`` picks
     tritonclient.http or tritonclient.grpc; ``model`` the ensemble (``kimi_*_vision`` float32, or
-    ``kimi_*_vision_u8``: uint8 patches on the wire, expanded here; the result is the same);
+    ``kimi_*_vision_u8``: uint8 patches on the wire, expanded here; the result is the same) or
+    the single-model ``kimi_*_vision_fused`` (uint8 patches on the wire too);
     ``use_shared_memory`` sends inputs and receives outputs through system shared memory.
     ``preset`` overrides the preset learnt from the server (see :func:`learn_wire`); it sizes the
     output regions and, on the uint8 wire, expands the patches, so it must match the server's.

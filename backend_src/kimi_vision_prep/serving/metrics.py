@@ -11,7 +11,8 @@ Exposed on the metrics endpoint (``:8002/metrics``):
 - ``kimi_prep_decodes_total{path}``: images decoded, by decode path (nvimgcodec-cpu/-cuda, pillow).
 - ``kimi_prep_decode_fallbacks_total{reason}``: planned fast decodes that fell back to Pillow.
 - ``kimi_prep_errors_total{reason}``: failed requests, by :func:`~kimi_vision_prep.errors.reason_for`.
-- ``kimi_prep_stage_seconds_total{stage}``: wall time spent per stage (decode, preprocess, patch_embed).
+- ``kimi_prep_stage_seconds_total{stage}``: wall time spent per stage (decode, preprocess, vision: the fused
+  decode + preprocess models, patch_embed).
 """
 
 from __future__ import annotations

@@ -8,22 +8,24 @@ calls, so it is unit-tested without a server (``tests/test_serving_units.py``).
 Tensor shapes as the models see them (every model has ``max_batch_size > 0`` and takes exactly one
 image per request, so the leading dimension is 1):
 
-=====================  =========================================  ======================================
-model                  inputs                                     outputs
-=====================  =========================================  ======================================
-``kimi_*_decode``      IMAGE_BYTES bytes ``[1, 1]``               IMAGE uint8 ``[1, H, W, C]`` (C = 3 RGB
-                                                                  or 4 straight-alpha RGBA), ORIGINAL_SIZE
-                                                                  int64 ``[1, 2]`` (width, height),
-                                                                  RESAMPLE uint8 ``[1, 1]`` (0 bicubic,
-                                                                  1 nearest), DECODE_PATH bytes ``[1, 1]``
-``kimi_*_preprocess``  IMAGE, ORIGINAL_SIZE, RESAMPLE             PIXEL_VALUES float32 ``[1, N, 3, p, p]``,
-                                                                  PIXEL_PATCHES uint8 ``[1, N, 3, p, p]``
-                                                                  (the same patches before the normalise
-                                                                  lookup), GRID_THW int64 ``[1, 3]``,
-                                                                  NUM_TOKENS int32 ``[1, 1]``; only the
-                                                                  requested ones are computed
-``kimi_patch_embed``   PIXEL_VALUES float32 ``[1, N, 3, p, p]``   PATCH_EMBEDS float32 ``[1, N, hidden]``
-=====================  =========================================  ======================================
+=======================  =========================================  ======================================
+model                    inputs                                     outputs
+=======================  =========================================  ======================================
+``kimi_*_decode``        IMAGE_BYTES bytes ``[1, 1]``               IMAGE uint8 ``[1, H, W, C]`` (C = 3 RGB
+                                                                    or 4 straight-alpha RGBA), ORIGINAL_SIZE
+                                                                    int64 ``[1, 2]`` (width, height),
+                                                                    RESAMPLE uint8 ``[1, 1]`` (0 bicubic,
+                                                                    1 nearest), DECODE_PATH bytes ``[1, 1]``
+``kimi_*_preprocess``    IMAGE, ORIGINAL_SIZE, RESAMPLE             PIXEL_VALUES float32 ``[1, N, 3, p, p]``,
+                                                                    PIXEL_PATCHES uint8 ``[1, N, 3, p, p]``
+                                                                    (the same patches before the normalise
+                                                                    lookup), GRID_THW int64 ``[1, 3]``,
+                                                                    NUM_TOKENS int32 ``[1, 1]``; only the
+                                                                    requested ones are computed
+``kimi_*_vision_fused``  IMAGE_BYTES bytes ``[1, 1]``               those of ``kimi_*_preprocess`` (decode and
+                                                                    preprocess in one model; no hop)
+``kimi_patch_embed``     PIXEL_VALUES float32 ``[1, N, 3, p, p]``   PATCH_EMBEDS float32 ``[1, N, hidden]``
+=======================  =========================================  ======================================
 
 Contract of ``execute``: one response per request, in order; a request that fails gets a
 ``TritonError`` whose code comes from :func:`~kimi_vision_prep.errors.triton_code_for` and never
@@ -43,7 +45,7 @@ import io
 import time
 import traceback
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -357,6 +359,19 @@ class ServingModel:
             self.io.log("error", f"{self.name}: {''.join(traceback.format_exception(exc)).rstrip()}")
         return detached(exc)
 
+    def attempt(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, or the exception it raised as a result value (:meth:`failed`): one
+        request's error never fails the others of its batch."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            return self.failed(exc)
+
+    def per_request(self, items: Iterable[Any], fn: Callable[[Any], Any]) -> list[Any]:
+        """``fn(item)`` for each item, in order, through :meth:`attempt`; an item that already is an
+        error stays that request's result."""
+        return [item if isinstance(item, BaseException) else self.attempt(fn, item) for item in items]
+
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         """One response per request, in order; never raises (the stub would fail the whole batch)."""
         try:
@@ -407,15 +422,51 @@ class ServingModel:
         self.metrics.close()
 
 
-class DecodeModel(ServingModel):
-    """``kimi_*_decode``: encoded bytes -> pixels; all requests of one execute in one batch decode."""
+# -- the pieces the image models are built from ------------------------------------------------
 
-    stage = "decode"
+# The pixel-output selections a request can make; each runs its own kernel combination (fused
+# float32, uint8 patchify, patchify + expand), so each is warmed up.
+PIXEL_SELECTIONS = (("PIXEL_VALUES",), ("PIXEL_PATCHES",), ("PIXEL_VALUES", "PIXEL_PATCHES"))
+
+
+def configure_numba(parameters: Mapping[str, str]) -> int:
+    """Apply the ``numba_threads`` parameter to this process (0 leaves numba's default); returns it."""
+    threads = numba_threads(parameters)
+    if threads:
+        set_num_threads(threads)
+    return threads
+
+
+def writable_and_read_only(decoded: DecodedImage) -> list[DecodedImage]:
+    """``decoded`` with its host pixels copied once writable and once read-only (distinct numba
+    signatures: Triton may hand a model either); device tensors are returned as they are."""
+    if not isinstance(decoded.pixels, np.ndarray):
+        return [decoded]
+    variants = []
+    for writable in (True, False):
+        pixels = decoded.pixels.copy()
+        pixels.setflags(write=writable)
+        variants.append(dataclasses.replace(decoded, pixels=pixels))
+    return variants
+
+
+class PresetModel(ServingModel):
+    """A model whose ``parameters`` carry a preset block (:func:`preset_from_parameters`)."""
 
     def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
         super().__init__(pb_utils, args)
         self.preset = preset_from_parameters(self.parameters)
-        settings = decoder_settings(self.parameters)
+
+
+class DecodesImages(PresetModel):
+    """``IMAGE_BYTES`` in: the decoder (the config's :class:`~.config.DecoderSettings`), its
+    warm-up, one batch decode per execute, decodes counted by path and fallbacks counted and logged
+    once per reason. Subclasses call :meth:`setup_decoder` from ``__init__``."""
+
+    def setup_decoder(self) -> list[DecodedImage]:
+        """Create the decoder and decode :func:`warmup_images` with it, so the first request pays
+        no decoder creation; returns those decoded images."""
+        self.decoder_settings = settings = decoder_settings(self.parameters)
         self.decoder = ImageDecoder(
             self.device,
             limits=settings.limits,
@@ -424,16 +475,15 @@ class DecodeModel(ServingModel):
             decoder_threads=settings.decoder_threads,
         )
         self._logged_fallbacks: set[str] = set()
-        self.warmup()
-        self.io.log("info", f"{self.name}: preset {self.preset.name}, device {self.device}, {settings}")
-
-    def warmup(self) -> None:
-        """Decode :func:`warmup_images` so the first request pays no decoder creation."""
-        for data, result in zip(warmup_images(), self.decoder.decode_batch(warmup_images(), self.preset), strict=True):
+        images = warmup_images()
+        decoded = []
+        for data, result in zip(images, self.decoder.decode_batch(images, self.preset), strict=True):
             if isinstance(result, BaseException):
                 raise RuntimeError(f"warm-up decode of a {len(data)}-byte image failed: {result}")
+            decoded.append(result)
+        return decoded
 
-    def _record(self, decoded: DecodedImage) -> None:
+    def record_decode(self, decoded: DecodedImage) -> None:
         self.metrics.count_decode(decoded.decode_path)
         reason = decoded.fallback_reason
         if reason is not None:
@@ -442,72 +492,113 @@ class DecodeModel(ServingModel):
                 self._logged_fallbacks.add(reason)
                 self.io.log("warn", f"{self.name}: decoder fallback to Pillow (logged once per reason): {reason}")
 
-    def handle(self, requests: Sequence[Any]) -> list[Outputs | BaseException]:
-        items: list[bytes | BaseException] = []
-        for request in requests:
-            try:
-                items.append(image_bytes_from_input(self.io.get_input(request, "IMAGE_BYTES")))
-            except Exception as exc:
-                items.append(self.failed(exc))
+    def decode_requests(self, requests: Sequence[Any]) -> list[DecodedImage | BaseException]:
+        """The requests' images, all decoded in one batch call: a :class:`DecodedImage` or the
+        error per request, in order."""
+        items = self.per_request(requests, lambda r: image_bytes_from_input(self.io.get_input(r, "IMAGE_BYTES")))
         decoded = iter(self.decoder.decode_batch([x for x in items if isinstance(x, bytes)], self.preset))
-        results: list[Outputs | BaseException] = []
+        results: list[DecodedImage | BaseException] = []
         for item in items:
             result = item if isinstance(item, BaseException) else next(decoded)
             if isinstance(result, DecodedImage):
-                self._record(result)
-                result = decode_outputs(result)
+                self.record_decode(result)
             results.append(result)
         return results
 
 
-class PreprocessModel(ServingModel):
+class PreprocessesImages(PresetModel):
+    """Decoded pixels -> the requested preprocess outputs (numba on the host, torch on a GPU), with
+    the ``numba_threads`` parameter applied. Subclasses call :meth:`setup_preprocess` from
+    ``__init__``."""
+
+    def setup_preprocess(self, warmup: Iterable[DecodedImage]) -> int:
+        """Apply ``numba_threads`` and run every ``warmup`` image through each pixel selection of
+        :data:`PIXEL_SELECTIONS` (loads or compiles the numba kernels); returns the thread count."""
+        threads = configure_numba(self.parameters)
+        for decoded in warmup:
+            for requested in PIXEL_SELECTIONS:
+                preprocess_outputs(decoded, self.preset, requested)
+        return threads
+
+    def preprocess(self, decoded: DecodedImage, request: Any) -> Outputs:
+        """The outputs ``request`` asked for (all when it cannot say)."""
+        return preprocess_outputs(decoded, self.preset, self.io.requested_outputs(request))
+
+
+# -- the models ----------------------------------------------------------------------------------
+
+
+class DecodeModel(DecodesImages):
+    """``kimi_*_decode``: encoded bytes -> pixels; all requests of one execute in one batch decode."""
+
+    stage = "decode"
+
+    def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
+        super().__init__(pb_utils, args)
+        self.setup_decoder()
+        self.io.log("info", f"{self.name}: preset {self.preset.name}, device {self.device}, {self.decoder_settings}")
+
+    def handle(self, requests: Sequence[Any]) -> list[Outputs | BaseException]:
+        return self.per_request(self.decode_requests(requests), decode_outputs)
+
+
+class PreprocessModel(PreprocessesImages):
     """``kimi_*_preprocess``: decoded pixels -> resize, pad, normalise, patchify (numba or torch)."""
 
     stage = "preprocess"
 
     def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
         super().__init__(pb_utils, args)
-        self.preset = preset_from_parameters(self.parameters)
-        threads = numba_threads(self.parameters)
-        if threads:
-            set_num_threads(threads)
-        self.warmup()
+        # Warm-up from the inputs as this model receives them (IMAGE is a [1, H, W, C] tensor).
+        warmup = (
+            self.decoded_input(decode_outputs(variant))
+            for decoded in warmup_decoded(self.preset)
+            for variant in writable_and_read_only(decoded)
+        )
+        threads = self.setup_preprocess(warmup)
         self.io.log(
             "info", f"{self.name}: preset {self.preset}, device {self.device}, numba_threads {threads or 'default'}"
         )
 
-    def warmup(self) -> None:
-        """Run every warm-up image through the pipeline (loads or compiles the numba kernels), from
-        writable and from read-only buffers (distinct numba signatures; Triton may hand either),
-        for each kernel combination a request can select: fused float32 (PIXEL_VALUES), uint8
-        patchify (PIXEL_PATCHES), and patchify + expand (both)."""
-        selections = (("PIXEL_VALUES",), ("PIXEL_PATCHES",), ("PIXEL_VALUES", "PIXEL_PATCHES"))
-        for decoded in warmup_decoded(self.preset):
-            for writable in (True, False):
-                pixels = decoded.pixels.copy()
-                pixels.setflags(write=writable)
-                outputs = decode_outputs(dataclasses.replace(decoded, pixels=pixels))
-                inputs = (outputs["IMAGE"], outputs["ORIGINAL_SIZE"], outputs["RESAMPLE"])
-                for requested in selections:
-                    preprocess_outputs(decoded_from_inputs(*inputs, self.preset), self.preset, requested)
+    def decoded_input(self, inputs: Mapping[str, Any]) -> DecodedImage:
+        return decoded_from_inputs(inputs["IMAGE"], inputs["ORIGINAL_SIZE"], inputs["RESAMPLE"], self.preset)
 
     def process(self, request: Any) -> Outputs:
-        decoded = decoded_from_inputs(
-            self.io.get_input(request, "IMAGE"),
-            self.io.get_input(request, "ORIGINAL_SIZE"),
-            self.io.get_input(request, "RESAMPLE"),
-            self.preset,
-        )
-        return preprocess_outputs(decoded, self.preset, self.io.requested_outputs(request))
+        names = ("IMAGE", "ORIGINAL_SIZE", "RESAMPLE")
+        return self.preprocess(self.decoded_input({n: self.io.get_input(request, n) for n in names}), request)
 
     def handle(self, requests: Sequence[Any]) -> list[Outputs | BaseException]:
-        results: list[Outputs | BaseException] = []
-        for request in requests:
-            try:
-                results.append(self.process(request))
-            except Exception as exc:  # per request: one bad input never fails its batch
-                results.append(self.failed(exc))
-        return results
+        return self.per_request(requests, self.process)
+
+
+class FusedVisionModel(DecodesImages, PreprocessesImages):
+    """``kimi_*_vision_fused``: encoded bytes -> the preprocess outputs in one model, for CPU hosts.
+
+    The ``kimi_*_vision`` ensembles' work without their hop: no decoded image is copied into the
+    stub's shared memory, read back by a second model and sent through a second stub round trip.
+    All requests of one execute are decoded in one batch call (as :class:`DecodeModel`), then each
+    is preprocessed on its own (as :class:`PreprocessModel`), computing only its requested outputs.
+    """
+
+    stage = "vision"
+
+    def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
+        super().__init__(pb_utils, args)
+        decoded = self.setup_decoder()
+        # Warm-up from the decoder's own outputs (the arrays this model will see), and host copies.
+        threads = self.setup_preprocess([*decoded, *(v for d in decoded for v in writable_and_read_only(d))])
+        self.io.log(
+            "info",
+            f"{self.name}: preset {self.preset}, device {self.device}, {self.decoder_settings}, "
+            f"numba_threads {threads or 'default'}",
+        )
+
+    def handle(self, requests: Sequence[Any]) -> list[Outputs | BaseException]:
+        decoded = self.decode_requests(requests)
+        return [
+            image if isinstance(image, BaseException) else self.attempt(self.preprocess, image, request)
+            for request, image in zip(requests, decoded, strict=True)
+        ]
 
 
 class PatchEmbedModel(ServingModel):
