@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,28 +43,23 @@ WIRES = {"float32": MODEL, "uint8": "kimi_k25_vision_u8", "fused uint8": "kimi_k
 class ServerSetting:
     label: str
     instances: int
-    numba_threads: int  # numba threads per preprocess / fused instance; 0: numba's default (all cores)
-    decoder_threads: int  # nvImageCodec CPU threads per decoder (decode / fused instance); 0: all cores
+    # numba_threads and decoder_threads of every instance (render_repository); None: the shipped 0,
+    # all cores. ``kimi-prep serve --instances N --threads T`` renders the same.
+    threads: int | None
 
 
 SETTINGS = (
-    ServerSetting("1 instance, numba 2 thr, decoder all cores (shipped)", 1, 0, 0),
-    ServerSetting("2 instances x 1 numba thr, decoder 1 thr", 2, 1, 1),
-    ServerSetting("2 instances, numba 2 thr, decoder all cores", 2, 0, 0),
+    ServerSetting("1 instance, numba 2 thr, decoder all cores (shipped)", 1, None),
+    ServerSetting("2 instances x 1 numba thr, decoder 1 thr", 2, 1),
+    ServerSetting("2 instances, numba 2 thr, decoder all cores", 2, None),
 )
-
-
-def set_parameter(text: str, key: str, value: int) -> str:
-    return re.sub(rf'(key: "{key}" value: {{ string_value: ")\d+(")', rf"\g<1>{value}\g<2>", text)
 
 
 def render(setting: ServerSetting, workdir: Path) -> Path:
     """The shipped repository with the setting's instance count and thread counts."""
-    repository = render_repository(default_model_repository(), workdir / "model_repository", setting.instances)
-    for config in repository.glob("*/config.pbtxt"):
-        text = set_parameter(config.read_text(), "decoder_threads", setting.decoder_threads)
-        config.write_text(set_parameter(text, "numba_threads", setting.numba_threads))
-    return repository
+    return render_repository(
+        default_model_repository(), workdir / "model_repository", setting.instances, setting.threads
+    )
 
 
 @dataclass

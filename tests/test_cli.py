@@ -121,7 +121,8 @@ def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(launcher, "serve", fake_serve)
     argv = ["serve", "--model-repository", str(tmp_path), "--http-port", "9000", "--grpc-port", "9001"]
-    assert cli.main([*argv, "--metrics-port", "9002", "--instances", "3", "--probe-port", "9003"]) == 7
+    argv += ["--metrics-port", "9002", "--instances", "3", "--probe-port", "9003", "--threads", "1"]
+    assert cli.main(argv) == 7
     assert calls == [
         {
             "model_repository": tmp_path,
@@ -130,6 +131,7 @@ def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPa
             "metrics_port": 9002,
             "instances": 3,
             "probe_port": 9003,
+            "threads": 1,
         }
     ]
 

@@ -27,6 +27,7 @@ from google.protobuf import json_format, text_format
 from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
+from kimi_vision_client.cli import build_parser
 from kimi_vision_prep import (
     KIMI_K3,
     KIMI_K25,
@@ -646,6 +647,26 @@ def test_render_repository_substitutes_instance_counts(tmp_path: Path) -> None:
     assert all(load_config(n, copied) == load_config(n) for n in all_models())
     with pytest.raises(ValueError):
         launcher.render_repository(REPOSITORY, tmp_path / "bad", instances=0)
+
+
+def test_render_repository_substitutes_thread_counts(tmp_path: Path) -> None:
+    rendered = launcher.render_repository(REPOSITORY, tmp_path / "repo", instances=2, threads=1)
+    threaded = 0
+    for name in all_models():
+        config, original = load_config(name, rendered), load_config(name)
+        for key in ("numba_threads", "decoder_threads"):
+            if key in original.parameters:
+                assert config.parameters[key].string_value == "1"
+                original.parameters[key].string_value = "1"
+                threaded += 1
+        for group in original.instance_group:
+            group.count = 2
+        assert config == original  # nothing else changed
+    assert threaded >= 6  # decode and fused: decoder_threads; preprocess and fused: numba_threads
+    args = build_parser().parse_args(["serve", "--instances", "2", "--threads", "1"])
+    assert (args.instances, args.threads) == (2, 1)
+    with pytest.raises(ValueError):
+        launcher.render_repository(REPOSITORY, tmp_path / "bad", threads=-1)
 
 
 def test_server_args_and_embedded_layout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -191,6 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         instances=args.instances,
         probe_port=args.probe_port,
+        threads=args.threads,
     )
 
 
@@ -292,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--grpc-port", type=int, default=8001)
     srv.add_argument("--metrics-port", type=int, default=8002)
     srv.add_argument("--instances", type=int, default=None, help="model instances per preprocessing model")
+    srv.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per instance (numba_threads and decoder_threads; 0: all cores). CPU-only hosts: "
+        "keep instances x threads <= cores, e.g. --instances 2 --threads 1 on 2 cores",
+    )
     srv.add_argument(
         "--probe-port", type=int, default=None, help="serve /livez, /readyz and the watchdog's /metrics on this port"
     )

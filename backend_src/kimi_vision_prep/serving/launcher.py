@@ -143,16 +143,32 @@ def find_tritonserver() -> TritonInstall:
 _COUNT = re.compile(r"(instance_group\s*\[\s*\{[^\]]*?\bcount\s*:\s*)\d+", re.S)
 
 
-def render_repository(src: Path, dst: Path, instances: int | None = None) -> Path:
-    """Copy the repository ``src`` to ``dst``; with ``instances``, every ``instance_group`` count becomes it."""
+def _set_parameter(text: str, key: str, value: int) -> str:
+    """``text`` (a config.pbtxt) with the integer parameter ``key`` set to ``value`` where present."""
+    return re.sub(rf'(key: "{key}" value: {{ string_value: ")\d+(")', rf"\g<1>{value}\g<2>", text)
+
+
+def render_repository(src: Path, dst: Path, instances: int | None = None, threads: int | None = None) -> Path:
+    """Copy the repository ``src`` to ``dst``; with ``instances``, every ``instance_group`` count
+    becomes it; with ``threads``, every ``numba_threads`` and ``decoder_threads`` parameter (the CPU
+    threads of one instance's kernels and of its nvImageCodec decoder; 0: all cores).
+
+    On a CPU-only host, instances x threads <= cores serves best: measured on 2 cores, 2 instances
+    x 1 thread beat 1 instance x 2 threads and 2 x 2 (BENCHMARKS.md).
+    """
     src, dst = Path(src), Path(dst)
     if instances is not None and instances < 1:
         raise ValueError(f"instances must be >= 1, got {instances}")
+    if threads is not None and threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
-    if instances is not None:
-        for config in dst.glob("*/config.pbtxt"):
-            text = config.read_text()
-            config.write_text(_COUNT.sub(lambda m: f"{m.group(1)}{instances}", text))
+    for config in dst.glob("*/config.pbtxt"):
+        text = config.read_text()
+        if instances is not None:
+            text = _COUNT.sub(lambda m: f"{m.group(1)}{instances}", text)
+        if threads is not None:
+            text = _set_parameter(_set_parameter(text, "numba_threads", threads), "decoder_threads", threads)
+        config.write_text(text)
     return dst
 
 
@@ -263,11 +279,13 @@ def serve(  # noqa: PLR0917  (the `kimi-prep serve` contract)
     instances: int | None = None,
     extra_args: Sequence[str] = (),
     probe_port: int | None = None,
+    threads: int | None = None,
 ) -> int:
     """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit code.
 
     A stub watchdog reloads models whose Python stub died; ``probe_port`` serves ``/livez``,
-    ``/readyz`` and the watchdog's ``/metrics``.
+    ``/readyz`` and the watchdog's ``/metrics``. ``instances`` / ``threads`` render a copy of the
+    repository (:func:`render_repository`).
     """
     install = find_tritonserver()
     repository = Path(model_repository or default_model_repository()).resolve()
@@ -277,9 +295,9 @@ def serve(  # noqa: PLR0917  (the `kimi-prep serve` contract)
     shm_prefix = shm_region_prefix()
     with contextlib.ExitStack() as stack:
         stack.callback(remove_shm_regions, shm_prefix)
-        if instances is not None:
+        if instances is not None or threads is not None:
             rendered = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_repo.")))
-            repository = render_repository(repository, rendered / "model_repository", instances)
+            repository = render_repository(repository, rendered / "model_repository", instances, threads)
         args = server_args(
             install,
             repository,
@@ -323,7 +341,7 @@ def _http_ok(url: str) -> bool:
 class EmbeddedServer:
     """A tritonserver subprocess on given or free ports, ready when ``__enter__`` returns.
 
-    ``instances`` renders the repository into a temp dir with that instance count. The server's log
+    ``instances`` / ``threads`` render the repository into a temp dir (:func:`render_repository`). The server's log
     goes to ``log_path`` (kept), else into that temp dir (removed by :meth:`stop`). Readiness means
     ``/v2/health/ready`` and every model of the repository ready. ``watchdog`` reloads models whose
     stub died; ``probe_port`` serves its probes (``probe_url``).
@@ -334,6 +352,7 @@ class EmbeddedServer:
         model_repository: Path | None = None,
         *,
         instances: int | None = None,
+        threads: int | None = None,
         http_port: int | None = None,
         grpc_port: int | None = None,
         metrics_port: int | None = None,
@@ -344,6 +363,7 @@ class EmbeddedServer:
     ) -> None:
         self.source_repository = Path(model_repository or default_model_repository()).resolve()
         self.instances = instances
+        self.threads = threads
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.metrics_port = metrics_port or free_port()
@@ -392,8 +412,10 @@ class EmbeddedServer:
         remove_stale_shm_regions()
         self._workdir = tempfile.TemporaryDirectory(prefix="kimi_prep_triton.")
         workdir = Path(self._workdir.name)
-        if self.instances is not None:
-            self.repository = render_repository(self.source_repository, workdir / "model_repository", self.instances)
+        if self.instances is not None or self.threads is not None:
+            self.repository = render_repository(
+                self.source_repository, workdir / "model_repository", self.instances, self.threads
+            )
         self.log_path = self._kept_log_path or workdir / "tritonserver.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         args = server_args(
