@@ -2,12 +2,12 @@
 
 Starts an :class:`~kimi_vision_prep.serving.launcher.EmbeddedServer` (1 instance per model), then
 keeps ``--concurrency`` gRPC requests in flight for ``--seconds`` against the four ensembles (float32
-and uint8 wire), cycling through good images (corpus files Pillow accepts plus synthetic ones) and
-bad ones (rejected corpus files, truncated / random / text payloads). Checks: no good image ever
-fails, every good response is bit-equal to in-process ``preprocess_bytes`` (computed once per image
-and preset; uint8 patches expanded first), every bad one gets INVALID_ARG. Prints requests, errors
-and the private RSS (RssAnon) of tritonserver and each model stub at start, every
-``--sample-every`` seconds and at the end.
+and uint8 wire) and the two fused models, cycling through good images (corpus files Pillow accepts
+plus synthetic ones) and bad ones (rejected corpus files, truncated / random / text payloads).
+Checks: no good image ever fails, every good response is bit-equal to in-process
+``preprocess_bytes`` (computed once per image and preset; uint8 patches expanded first), every bad
+one gets INVALID_ARG. Prints requests, errors and the private RSS (RssAnon) of tritonserver and
+each model stub at start, every ``--sample-every`` seconds and at the end.
 
 The leak bound compares peaks: a process fails when its highest sample in the second half of the
 run exceeds its highest in the first half by more than ``--rss-growth`` (fraction) *and* more than
@@ -38,12 +38,15 @@ from tritonclient.utils import InferenceServerException
 from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 
-# Ensemble -> (preset, pixel output): float32 PIXEL_VALUES, or uint8 PIXEL_PATCHES expanded here.
+# Model -> (preset, pixel output): float32 PIXEL_VALUES, or uint8 PIXEL_PATCHES expanded here.
 ENSEMBLES = {
     "kimi_k25_vision": ("kimi-k2.5", "PIXEL_VALUES"),
     "kimi_k3_vision": ("kimi-k3", "PIXEL_VALUES"),
     "kimi_k25_vision_u8": ("kimi-k2.5", "PIXEL_PATCHES"),
     "kimi_k3_vision_u8": ("kimi-k3", "PIXEL_PATCHES"),
+    # The fused models (decode + preprocess in one stub), one per pixel output.
+    "kimi_k25_vision_fused": ("kimi-k2.5", "PIXEL_PATCHES"),
+    "kimi_k3_vision_fused": ("kimi-k3", "PIXEL_VALUES"),
 }
 PRESETS = sorted({preset for preset, _ in ENSEMBLES.values()})
 INVALID_ARG = "StatusCode.INVALID_ARGUMENT"
