@@ -25,6 +25,7 @@ from kimi_vision_prep import (
     InvalidImageError,
     Preset,
     get_preset,
+    pixel_values_from_patches,
     preprocess_decoded,
 )
 from kimi_vision_prep.resize import resize, resize_pillow
@@ -116,6 +117,24 @@ def test_preprocess_on_cuda_equals_the_cpu_pipeline_on_the_same_pixels(
     assert on_gpu.pixel_values.dtype == torch.float32
     np.testing.assert_array_equal(on_gpu.grid_thw, on_host.grid_thw)
     assert torch.equal(on_gpu.pixel_values.cpu(), torch.from_numpy(on_host.pixel_values))
+
+
+@pytest.mark.parametrize("preset", by_preset())
+@pytest.mark.parametrize("item", by_name(ACCEPTED)[:8])
+def test_uint8_patches_on_cuda_expand_to_the_cpu_pixel_values(
+    item: CorpusFile, preset: Preset, gpu_corpus: Path, cuda_device: str, lenient_cuda_decoder: ImageDecoder
+) -> None:
+    """The uint8 wire on a GPU instance: patchify_torch + expand_patches_torch on the device equal
+    the host's fused float32 pass on the same pixels."""
+    decoded = lenient_cuda_decoder.decode((gpu_corpus / item.name).read_bytes(), preset)
+    patches = preprocess_decoded(decoded, preset, output="pixel_patches").pixel_patches
+    on_host = preprocess_decoded(on_cpu(decoded), preset)
+
+    assert isinstance(patches, torch.Tensor) and patches.device == torch.device(cuda_device)
+    assert patches.dtype == torch.uint8 and patches.is_contiguous()
+    expanded = pixel_values_from_patches(patches, preset)
+    assert expanded.device == torch.device(cuda_device)
+    assert torch.equal(expanded.cpu(), torch.from_numpy(on_host.pixel_values))
 
 
 @pytest.mark.parametrize("channels", [3, 4])
