@@ -28,6 +28,7 @@ import platform
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kimi_vision_client import bench_local, bench_server
 from kimi_vision_client.cli import positive_int_list
@@ -165,9 +166,40 @@ def main() -> None:
         "table_markdown": table,
     }
     (args.out_dir / "bench_serving.json").write_text(json.dumps(payload, indent=2))
-    series = {f"{r.setting} / {r.transport} / {r.wire}": r.levels for r in rows}
-    title = f"{WIRES['float32']} (float32), {WIRES['uint8']} (uint8), {WIRES['fused uint8']} over gRPC"
-    bench_server.plot(series, args.out_dir / "bench_serving.png", title)
+    plot(payload["rows"], args.out_dir / "bench_serving.png")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Served / in-process throughput against concurrency: one panel per server setting, one line per
+    transport and wire, the 0.8x target dashed. ``rows``: the ``rows`` of bench_serving.json (so a
+    saved run can be re-plotted: ``plot(json.load(f)["rows"], path)``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 4.2), sharey=True, squeeze=False)
+    for ax, setting in zip(axes[0], settings, strict=True):
+        for row in (r for r in rows if r["setting"] == setting):
+            levels = row["levels"]
+            ratios = [level["images_s"] / row["in_process_2_threads_img_s"] for level in levels]
+            style = "-" if row["transport"] == "grpc + shm" else ":"  # colour: the wire; line: the transport
+            color = f"C{list(WIRES).index(row['wire'])}" if row["wire"] in WIRES else None
+            x = [level["concurrency"] for level in levels]
+            ax.plot(x, ratios, style, color=color, marker="o", label=f"{row['transport']}, {row['wire']}")
+        ax.axhline(0.8, color="grey", linestyle="--", linewidth=1, label="target 0.8x")
+        ax.set_title(setting, fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("served / in-process img/s (higher is better)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle("Triton over gRPC vs in-process (2 threads), same host: ensembles (float32, uint8) and fused model")
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
