@@ -66,3 +66,24 @@ def test_bench_reports_unavailable_server(tmp_path: Path) -> None:
     argv = ["bench", "--url", f"127.0.0.1:{free_port()}", "--requests", "1", "--out-dir", str(tmp_path)]
     assert cli.main(argv) == cli.EXIT_UNAVAILABLE
     assert not (tmp_path / "bench_server.json").exists()
+
+
+def test_bench_serving_plots_a_saved_run(tmp_path: Path) -> None:
+    """benchmarks/bench_serving.py imports and re-plots rows in its JSON format."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serving.py"
+    spec = importlib.util.spec_from_file_location("bench_serving", script)
+    assert spec is not None and spec.loader is not None
+    bench_serving = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_serving)
+    levels = [{"concurrency": c, "images_s": 10.0 * c} for c in (1, 2, 4)]
+    rows = [
+        {"setting": setting.label, "transport": transport, "wire": wire, "in_process_2_threads_img_s": 40.0}
+        | {"levels": levels}
+        for setting in bench_serving.SETTINGS[:2]
+        for transport in ("grpc", "grpc + shm")
+        for wire in bench_serving.WIRES
+    ]
+    bench_serving.plot(rows, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
