@@ -7,6 +7,7 @@ read Triton's per-model split.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def test_bench_reports_unavailable_server(tmp_path: Path) -> None:
     assert not (tmp_path / "bench_server.json").exists()
 
 
-def test_bench_serving_plots_a_saved_run(tmp_path: Path) -> None:
+def test_bench_serving_plots_a_saved_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks/bench_serving.py imports and re-plots rows in its JSON format."""
     import importlib.util
 
@@ -76,6 +77,7 @@ def test_bench_serving_plots_a_saved_run(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("bench_serving", script)
     assert spec is not None and spec.loader is not None
     bench_serving = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_serving", bench_serving)  # its dataclasses look themselves up
     spec.loader.exec_module(bench_serving)
     levels = [{"concurrency": c, "images_s": 10.0 * c} for c in (1, 2, 4)]
     rows = [
