@@ -638,3 +638,23 @@ class PatchEmbedModel(ServingModel):
             for result, embed in zip(ok, embeds, strict=True):
                 result["PATCH_EMBEDS"] = embed[None]
         return results
+
+
+def triton_python_model(model_class: type[ServingModel]) -> type:
+    """The ``TritonPythonModel`` class a ``model.py`` exports for ``model_class`` (the Python
+    backend looks the name up in the module and calls ``initialize``/``execute``/``finalize``)."""
+
+    class TritonPythonModel:
+        def initialize(self, args: dict[str, Any]) -> None:
+            import triton_python_backend_utils as pb_utils  # only importable inside the stub
+
+            self.model = model_class(pb_utils, args)
+
+        def execute(self, requests: list[Any]) -> list[Any]:
+            return self.model.execute(requests)
+
+        def finalize(self) -> None:
+            self.model.finalize()
+
+    TritonPythonModel.__qualname__ = f"TritonPythonModel[{model_class.__name__}]"
+    return TritonPythonModel

@@ -1,19 +1,8 @@
-"""Triton Python model kimi_k25_preprocess: thin wrapper; the logic is kimi_vision_prep.serving.models.PreprocessModel.
+"""Triton Python model kimi_k25_preprocess: the logic is kimi_vision_prep.serving.models.PreprocessModel.
 
 config.pbtxt parameters select the preset and the runtime knobs (see that class's docstring).
 """
 
-import triton_python_backend_utils as pb_utils
+from kimi_vision_prep.serving.models import PreprocessModel, triton_python_model
 
-from kimi_vision_prep.serving.models import PreprocessModel
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.model = PreprocessModel(pb_utils, args)
-
-    def execute(self, requests):
-        return self.model.execute(requests)
-
-    def finalize(self):
-        self.model.finalize()
+TritonPythonModel = triton_python_model(PreprocessModel)

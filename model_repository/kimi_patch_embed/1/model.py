@@ -1,19 +1,8 @@
-"""Triton Python model kimi_patch_embed: thin wrapper; the logic is kimi_vision_prep.serving.models.PatchEmbedModel.
+"""Triton Python model kimi_patch_embed: the logic is kimi_vision_prep.serving.models.PatchEmbedModel.
 
 config.pbtxt parameters select the preset and the runtime knobs (see that class's docstring).
 """
 
-import triton_python_backend_utils as pb_utils
+from kimi_vision_prep.serving.models import PatchEmbedModel, triton_python_model
 
-from kimi_vision_prep.serving.models import PatchEmbedModel
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.model = PatchEmbedModel(pb_utils, args)
-
-    def execute(self, requests):
-        return self.model.execute(requests)
-
-    def finalize(self):
-        self.model.finalize()
+TritonPythonModel = triton_python_model(PatchEmbedModel)
