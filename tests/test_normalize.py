@@ -170,3 +170,9 @@ def test_pipeline_rejects_unknown_output_and_concat_of_patches(corpus: Path) -> 
         kvp.preprocess_bytes(data, output="float16")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pixel_values"):
         kvp.concat_results([kvp.preprocess_bytes(data, output="pixel_patches")])
+
+
+def test_concat_results_of_nothing_is_empty_with_the_right_shapes() -> None:
+    pixel_values, grid_thws = kvp.concat_results([], patch_size=14)
+    assert pixel_values.shape == (0, 3, 14, 14) and pixel_values.dtype == np.float32
+    assert grid_thws.shape == (0, 3) and grid_thws.dtype == np.int64

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
@@ -149,11 +149,22 @@ def preprocess_batch(
     return results
 
 
-def concat_results(results: Sequence[PreprocessResult]) -> tuple[np.ndarray, np.ndarray]:
-    """Several images as the processor returns them: ``pixel_values (ΣN, 3, p, p)``, ``grid_thws (n, 3)``.
-    Needs float32 results (``output="pixel_values"``)."""
+class HasPixelValues(Protocol):
+    """A result with float32 ``pixel_values (N, 3, p, p)`` and int64 ``grid_thw (3,)``:
+    :class:`PreprocessResult` here, or the client's ``VisionResult``."""
+
+    pixel_values: Any
+    grid_thw: np.ndarray
+
+
+def concat_results(results: Sequence[HasPixelValues], patch_size: int = 14) -> tuple[np.ndarray, np.ndarray]:
+    """Several images as the processor returns them: float32 ``pixel_values (ΣN, 3, p, p)`` and
+    int64 ``grid_thws (n, 3)`` (empty arrays of those shapes for no results). Needs float32 results
+    (``output="pixel_values"``); ``patch_size`` only shapes the empty case."""
     if any(r.pixel_values is None for r in results):
         raise ValueError("concat_results needs pixel_values; expand pixel_patches with pixel_values_from_patches")
-    pixel_values = np.concatenate([np.asarray(r.pixel_values) for r in results], axis=0)
-    grid_thws = np.stack([r.grid_thw for r in results]).astype(np.int64)
+    if not results:
+        return np.zeros((0, 3, patch_size, patch_size), np.float32), np.zeros((0, 3), np.int64)
+    pixel_values = np.concatenate([np.asarray(r.pixel_values, dtype=np.float32) for r in results], axis=0)
+    grid_thws = np.stack([np.asarray(r.grid_thw) for r in results]).astype(np.int64)
     return pixel_values, grid_thws

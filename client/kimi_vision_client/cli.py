@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-from kimi_vision_prep import PRESETS, PreprocessError, PreprocessResult, preprocess_bytes
+from kimi_vision_prep import PRESETS, PreprocessError, PreprocessResult, concat_results, preprocess_bytes
 
 from .client import MODEL_PRESETS, KimiVisionClient, VisionResult
 
@@ -90,15 +90,11 @@ def write_npz(path: Path, outcomes: Sequence[Outcome], patch_size: int = 14) -> 
     """
     good = [o for o in outcomes if o.result is not None]
     results = [o.result for o in good if o.result is not None]
-    pixel_values = (
-        np.concatenate([np.asarray(r.pixel_values, dtype=np.float32) for r in results])
-        if results
-        else np.zeros((0, 3, patch_size, patch_size), np.float32)
-    )
+    pixel_values, grid_thws = concat_results(results, patch_size)
     np.savez(
         path,
         pixel_values=pixel_values,
-        grid_thws=np.array([r.grid_thw for r in results], dtype=np.int64).reshape(-1, 3),
+        grid_thws=grid_thws,
         num_tokens=np.array([r.num_tokens for r in results], dtype=np.int64),
         names=np.array([o.name for o in good], dtype=np.str_),
     )
