@@ -114,14 +114,18 @@ def is_invalid_arg(exc: InferenceServerException) -> bool:
     return exc.status() in ("400", "StatusCode.INVALID_ARGUMENT")
 
 
-def test_all_models_ready(triton_server: Any) -> None:
-    client = httpclient.InferenceServerClient(triton_server.http_url)
+def assert_all_ready(client: Any) -> None:
+    """The server and every model ready, through ``client`` (HTTP or gRPC; closed here)."""
     try:
         assert client.is_server_ready()
         for model in MODELS:
             assert client.is_model_ready(model), model
     finally:
         client.close()
+
+
+def test_all_models_ready(triton_server: Any) -> None:
+    assert_all_ready(httpclient.InferenceServerClient(triton_server.http_url))
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
@@ -429,10 +433,4 @@ def test_metrics_endpoint_shows_counters(triton_server: Any) -> None:
 
 
 def test_server_still_ready_after_everything(triton_server: Any) -> None:
-    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
-    try:
-        assert client.is_server_ready()
-        for model in MODELS:
-            assert client.is_model_ready(model), model
-    finally:
-        client.close()
+    assert_all_ready(grpcclient.InferenceServerClient(triton_server.grpc_url))
