@@ -67,8 +67,15 @@ def _write_patches(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w
                             out[n, c, y, x] = pad_value
 
 
-def _patches_numpy(image: np.ndarray, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int) -> np.ndarray:
-    """``_write_patches`` into a fresh ``(grid_h*grid_w, 3, p, p)`` array of ``table``'s dtype."""
+def write_patches_numpy(
+    image: np.ndarray, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int
+) -> np.ndarray:
+    """Pad (zeros, bottom/right), normalise and patchify on the CPU, in one pass.
+
+    ``image``: uint8 ``(H, W, 3)`` with ``H <= grid_h*p`` and ``W <= grid_w*p``; ``table``: ``(256, 3)``,
+    float32 from :func:`normalize_table` or uint8 :data:`IDENTITY_TABLE`. Returns
+    ``(grid_h*grid_w, 3, p, p)`` of the table's dtype (float32: the ``pixel_values``).
+    """
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected uint8 (H, W, 3), got {image.dtype} {image.shape}")
     if image.shape[0] > grid_h * patch_size or image.shape[1] > grid_w * patch_size:
@@ -79,17 +86,6 @@ def _patches_numpy(image: np.ndarray, table: np.ndarray, grid_h: int, grid_w: in
     return out
 
 
-def write_patches_numpy(
-    image: np.ndarray, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int
-) -> np.ndarray:
-    """Pad (zeros, bottom/right), normalise and patchify on the CPU, in one pass.
-
-    ``image``: uint8 ``(H, W, 3)`` with ``H <= grid_h*p`` and ``W <= grid_w*p``; ``table``: float32
-    ``(256, 3)`` from :func:`normalize_table`. Returns float32 ``(grid_h*grid_w, 3, p, p)``.
-    """
-    return _patches_numpy(image, table, grid_h, grid_w, patch_size)
-
-
 def patchify_numpy(image: np.ndarray, grid_h: int, grid_w: int, patch_size: int) -> np.ndarray:
     """Pad (zeros, bottom/right) and patchify on the CPU without normalising.
 
@@ -97,7 +93,7 @@ def patchify_numpy(image: np.ndarray, grid_h: int, grid_w: int, patch_size: int)
     ``(grid_h*grid_w, 3, p, p)`` in the same layout; :func:`expand_patches` turns it into the
     float32 ``pixel_values``.
     """
-    return _patches_numpy(image, IDENTITY_TABLE, grid_h, grid_w, patch_size)
+    return write_patches_numpy(image, IDENTITY_TABLE, grid_h, grid_w, patch_size)
 
 
 @njit(parallel=True, cache=True, nogil=True)
