@@ -49,8 +49,8 @@ FINDINGS_EXIT = 3  # the fuzzing process's status when it recorded rule violatio
 # Instrumented for coverage: Pillow and the library, except the modules holding numba kernels
 # (atheris' bytecode instrumentation breaks their compilation).
 INSTRUMENTED = ["PIL", "kimi_vision_prep"]
-NOT_INSTRUMENTED = [f"kimi_vision_prep.{m}" for m in ("jpeg_scan", "normalize", "numba_runtime", "resize", "composite")]
-CHILD_ENV = {"KIMI_PREP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+NOT_INSTRUMENTED = [f"kimi_vision_prep.{m}" for m in ("jpeg_scan", "normalize", "numba_runtime", "resize_numba")]
+CHILD_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -24,6 +24,14 @@ CJPEG = shutil.which("cjpeg")
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 
 
+def pillow_resize(pixels: np.ndarray, new_width: int, new_height: int, resample: str) -> np.ndarray:
+    """uint8 ``(H, W, 3|4)`` resized by Pillow itself (the reference): ``Image.resize`` in RGB/RGBA."""
+    mode = {3: "RGB", 4: "RGBA"}[pixels.shape[2]]
+    filters = {"bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST}
+    image = Image.fromarray(np.ascontiguousarray(pixels), mode)
+    return np.asarray(image.resize((new_width, new_height), filters[resample]))
+
+
 def corpus_manifest() -> dict[str, dict[str, str]]:
     """Rows of ``shared/corpus/MANIFEST.tsv`` by file name (empty when the corpus is missing)."""
     path = CORPUS / "MANIFEST.tsv"

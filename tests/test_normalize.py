@@ -176,3 +176,17 @@ def test_concat_results_of_nothing_is_empty_with_the_right_shapes() -> None:
     pixel_values, grid_thws = kvp.concat_results([], patch_size=14)
     assert pixel_values.shape == (0, 3, 14, 14) and pixel_values.dtype == np.float32
     assert grid_thws.shape == (0, 3) and grid_thws.dtype == np.int64
+
+
+def test_public_ops_dispatch_on_the_array_type() -> None:
+    """One op, one kernel per type (kimi_vision_prep.kernels): numpy in, numpy out; torch in, torch out."""
+    from kimi_vision_prep.normalize import expand_patches as expand
+    from kimi_vision_prep.normalize import patchify, write_patches
+
+    table = normalize_table(*TABLES["kimi"])
+    image = np.random.default_rng(8).integers(0, 256, size=(20, 30, 3), dtype=np.uint8)
+    for array, kind in ((image, np.ndarray), (torch.from_numpy(image), torch.Tensor)):
+        values, patches = write_patches(array, table, 2, 3, P), patchify(array, 2, 3, P)
+        assert isinstance(values, kind) and isinstance(patches, kind) and isinstance(expand(patches, table), kind)
+    with pytest.raises(TypeError, match=r"numpy\.ndarray or torch\.Tensor"):
+        patchify(image.tolist(), 2, 3, P)

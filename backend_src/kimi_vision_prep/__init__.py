@@ -1,15 +1,10 @@
-"""Bit-exact Kimi vision preprocessing: decode, NaViT resize, normalize and patchify."""
+"""Bit-exact Kimi vision preprocessing: decode, NaViT resize, normalize and patchify.
+
+Importing the package reads and writes no process settings (environment, malloc, threads): every
+knob is a function argument or a settings object with a documented default.
+"""
+
 from __future__ import annotations
-
-import os
-import tempfile
-
-# numba's on-disk cache must be writable (site-packages often is not, and Triton stubs run as
-# another user); set before numba is first imported.
-os.environ.setdefault(
-    "NUMBA_CACHE_DIR",
-    os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(tempfile.gettempdir()), "kimi_vision_prep_numba"),
-)
 
 from .decode import DecodedImage, DecodeLimits, ImageDecoder, default_decoder
 from .errors import (
@@ -21,8 +16,10 @@ from .errors import (
     InvalidPresetError,
     InvalidRequestError,
     PreprocessError,
+    ServerUnavailableError,
     UnsupportedImageError,
 )
+from .numba_runtime import set_num_threads
 from .pipeline import (
     PixelOutput,
     PreprocessResult,
@@ -53,6 +50,7 @@ __all__ = [
     "PreprocessError",
     "PreprocessResult",
     "Preset",
+    "ServerUnavailableError",
     "TargetSize",
     "UnsupportedImageError",
     "concat_results",
@@ -64,4 +62,5 @@ __all__ = [
     "preprocess_bytes",
     "preprocess_decoded",
     "preset_from_parameters",
+    "set_num_threads",
 ]

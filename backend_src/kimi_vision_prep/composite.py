@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .kernels import NUMPY, TORCH, get_kernel, register_kernel
 from .presets import Preset
 
 if TYPE_CHECKING:
@@ -29,16 +30,25 @@ def chessboard(height: int, width: int, preset: Preset) -> np.ndarray:
     return np.where(rows[:, None], even[None, :], odd[None, :])
 
 
-def composite_on_chessboard(rgba: np.ndarray, preset: Preset) -> np.ndarray:
-    """uint8 ``(H, W, 4)`` -> uint8 ``(H, W, 3)``; float32 arithmetic, truncating cast (reference)."""
+def composite_on_chessboard(rgba: Any, preset: Preset) -> Any:
+    """Straight-alpha uint8 ``(H, W, 4)`` -> uint8 ``(H, W, 3)`` blended onto the preset's
+    chessboard: ``a * rgb + (1 - a) * board`` in float32 with ``a = A / 255``, truncated (spec 5).
+    numpy or torch (any device); returns the same type."""
+    return get_kernel("composite", rgba)(rgba, preset)
+
+
+@register_kernel("composite", NUMPY)
+def composite_numpy(rgba: np.ndarray, preset: Preset) -> np.ndarray:
+    """:func:`composite_on_chessboard` for numpy."""
     board = chessboard(rgba.shape[0], rgba.shape[1], preset)[:, :, None]
     a = rgba[:, :, 3:4].astype(np.float32) / np.float32(255.0)
     out = a * rgba[:, :, :3] + (np.float32(1.0) - a) * board
     return out.astype(np.uint8)
 
 
-def composite_on_chessboard_torch(rgba: torch.Tensor, preset: Preset) -> torch.Tensor:
-    """Torch version of :func:`composite_on_chessboard` (same float32 operations)."""
+@register_kernel("composite", TORCH)
+def composite_torch(rgba: torch.Tensor, preset: Preset) -> torch.Tensor:
+    """:func:`composite_on_chessboard` for torch (the same float32 operations), on its device."""
     import torch
 
     board = torch.from_numpy(chessboard(rgba.shape[0], rgba.shape[1], preset)).to(rgba.device)[:, :, None]

@@ -15,46 +15,32 @@ Routing (spec section 2; "Pillow's verdict, Pillow's pixels"):
    and the result says so (``fallback_reason``); each reason is counted and logged once, and
    ``strict=True`` raises :class:`FallbackError` instead.
 
-Colour semantics per preset (``Preset.transparency``):
-
-- ``convert_rgb`` (K2.5): ``convert("RGB")`` before resizing; output (H, W, 3).
-- ``chessboard`` (K3): resize in the source mode. Where that commutes with a per-pixel conversion
-  the conversion happens here and the resize later: RGB and L -> RGB (bicubic); RGBA and LA ->
-  RGBA (premultiplied bicubic); P and 1 -> RGB or RGBA (nearest). Any other mode (CMYK, I;16,
-  L/1 with a transparency key, ...) is resized by Pillow in its own mode here, so ``pixels`` then
-  already has the target size.
+Colour semantics per preset (``Preset.transparency``, :func:`~.pillow_io.pillow_pixels`): the
+pixels come back at the stored size, as RGB/RGBA arrays where converting before the resize gives
+the reference's result, else as a Pillow image in its source mode (K3's CMYK, I;16, L with a
+transparency key, ...), which the resize step resizes with Pillow in that mode.
 """
 
 from __future__ import annotations
 
-import io
 import logging
-import os
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from .decode_pool import DecodePool
-from .errors import (
-    FallbackError,
-    ImageTooLargeError,
-    InvalidImageError,
-    PreprocessError,
-    UnsupportedImageError,
-    detached,
-)
+from .errors import FallbackError, ImageTooLargeError, InvalidImageError, PreprocessError, detached
 from .jpeg_scan import JpegScan, scan_jpeg
+from .pillow_io import PILLOW_MAX_PIXELS, open_with_pillow, pillow_pixels
 from .presets import Preset
-from .sizing import navit_target_size
 
 log = logging.getLogger("kimi_vision_prep.decode")
 
-PILLOW_MAX_PIXELS = 2 * Image.MAX_IMAGE_PIXELS  # 178,956,970: Pillow's DecompressionBombError threshold
 DEFAULT_MAX_ENCODED_BYTES = 64 << 20
 FANCY_UPSAMPLING_OPTIONS = ":fancy_upsampling=1"
 
@@ -72,40 +58,48 @@ class DecodeLimits:
 
 @dataclass
 class DecodedImage:
-    """Decoded pixels in stored order (EXIF orientation not applied).
+    """Decoded pixels in stored order and at the stored size (EXIF orientation not applied).
 
     ``pixels``: uint8 ``(H, W, C)``, C = 3 (RGB) or 4 (RGBA, straight alpha; K3 only), a numpy
-    array or a torch CUDA tensor. ``H, W`` is the original size, or already the preset's target
-    size when the source mode had to be resized by Pillow (see module docstring).
-    ``width``/``height``: the original stored size (the NaViT rule and prompts use it).
+    array or a torch CUDA tensor; or (K3, modes resized in their own mode) a loaded
+    ``PIL.Image.Image`` in its source mode. ``width``/``height``: the stored size (the NaViT rule
+    and prompts use it). ``resample``: the filter the reference resizes this source with.
     """
 
     pixels: Any
     width: int
     height: int
-    source_mode: str
     resample: Resample
     decode_path: DecodePath
     fallback_reason: str | None = None
 
 
 class DecodeStats:
-    """Counters of decode paths and fallback reasons; bounded (reasons are fixed strings)."""
+    """Counters of decode paths and fallback reasons (bounded: reasons are fixed strings), the one
+    place that records a decode: each fallback reason is logged once, through ``warn``, and every
+    decode is passed to ``on_decode(path, fallback_reason)`` (a serving model's metrics)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        warn: Callable[[str], None] = log.warning,
+        on_decode: Callable[[str, str | None], None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
+        self._warn = warn
+        self._on_decode = on_decode
         self.paths: Counter[str] = Counter()
         self.fallbacks: Counter[str] = Counter()
 
     def record(self, path: str, fallback_reason: str | None) -> None:
         with self._lock:
             self.paths[path] += 1
-            if fallback_reason is None:
-                return
-            first = fallback_reason not in self.fallbacks
-            self.fallbacks[fallback_reason] += 1
+            first = fallback_reason is not None and fallback_reason not in self.fallbacks
+            if fallback_reason is not None:
+                self.fallbacks[fallback_reason] += 1
+        if self._on_decode is not None:
+            self._on_decode(path, fallback_reason)
         if first:
-            log.warning("decoder fallback to Pillow (logged once per reason): %s", fallback_reason)
+            self._warn(f"decoder fallback to Pillow (logged once per reason): {fallback_reason}")
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         with self._lock:
@@ -128,68 +122,6 @@ def _parse_device(device: str) -> tuple[str, int]:
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
-def open_with_pillow(data: bytes, limits: DecodeLimits) -> Image.Image:
-    """Parse the header with Pillow (the reference verdict) and apply the pixel limit."""
-    try:
-        image = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(f"image too large: {exc}") from None
-    except UnidentifiedImageError:
-        raise InvalidImageError(
-            f"not a decodable image ({len(data)} bytes, starts with {data[:8]!r}): Pillow cannot identify it"
-        ) from None
-    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, struct.error...
-        raise InvalidImageError(f"cannot parse image header: {type(exc).__name__}: {exc}") from None
-    width, height = image.size
-    if width < 1 or height < 1:
-        raise InvalidImageError(f"image has zero size {width}x{height}")
-    if width * height > limits.max_pixels:
-        raise ImageTooLargeError(
-            f"image of {width}x{height} = {width * height} pixels exceeds max_pixels={limits.max_pixels}"
-        )
-    return image
-
-
-def _pillow_call(what: str, fn: Any, *args: Any) -> Any:
-    """Run a Pillow call that loads pixels; map its failures onto the typed errors."""
-    try:
-        return fn(*args)
-    except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(f"image too large: {exc}") from None
-    except MemoryError:
-        raise ImageTooLargeError(f"out of memory while {what}") from None
-    except (ValueError, NotImplementedError) as exc:
-        raise UnsupportedImageError(f"cannot {what}: {exc}") from None
-    except Exception as exc:
-        raise InvalidImageError(f"cannot {what}: {type(exc).__name__}: {exc}") from None
-
-
-def _has_alpha(image: Image.Image) -> bool:
-    return "A" in image.getbands() or "transparency" in image.info
-
-
-def pillow_pixels(image: Image.Image, preset: Preset) -> tuple[np.ndarray, Resample]:
-    """Pixels of an opened Pillow image, in the form the preset's resize step expects."""
-    if preset.transparency == "convert_rgb":
-        return np.asarray(_pillow_call("convert to RGB", image.convert, "RGB")), "bicubic"
-    mode = image.mode
-    if mode == "RGB" or (mode == "L" and "transparency" not in image.info):
-        return np.asarray(_pillow_call("convert to RGB", image.convert, "RGB")), "bicubic"
-    if mode in ("RGBA", "LA"):
-        return np.asarray(_pillow_call("convert to RGBA", image.convert, "RGBA")), "bicubic"
-    if mode in ("P", "1"):
-        target_mode = "RGBA" if _has_alpha(image) else "RGB"
-        return np.asarray(_pillow_call(f"convert to {target_mode}", image.convert, target_mode)), "nearest"
-    # Source-mode resize does not commute with the conversion: Pillow resizes here.
-    target = navit_target_size(image.width, image.height, preset)
-    resized = image
-    if target.needs_resize:
-        size = (target.new_width, target.new_height)
-        resized = _pillow_call(f"resize a {mode} image", image.resize, size, Image.Resampling.BICUBIC)
-    target_mode = "RGBA" if _has_alpha(resized) else "RGB"
-    return np.asarray(_pillow_call(f"convert {mode} to {target_mode}", resized.convert, target_mode)), "bicubic"
-
-
 @dataclass
 class _Plan:
     """Per-item routing decision made before any pixel is decoded."""
@@ -199,7 +131,6 @@ class _Plan:
     scan: JpegScan | None
     fast: bool
     fallback_reason: str | None = None
-    error: PreprocessError | None = None
     result: DecodedImage | None = None
 
 
@@ -209,6 +140,8 @@ class ImageDecoder:
     ``pool_size`` caps the nvImageCodec decoders alive in this process for this device (each holds
     scratch memory; on a GPU, device memory), ``pool_timeout_s`` bounds the wait for one.
     ``decoder_threads`` is nvImageCodec's CPU thread count per decoder (0: all cores).
+    ``stats`` records every decode (default: a fresh :class:`DecodeStats` logging to this module's
+    logger).
     """
 
     def __init__(
@@ -220,13 +153,14 @@ class ImageDecoder:
         pool_size: int = 2,
         pool_timeout_s: float = 30.0,
         decoder_threads: int = 0,
+        stats: DecodeStats | None = None,
     ) -> None:
         self.device = device
         self.device_kind, self.device_index = _parse_device(device)
         self.limits = limits or DecodeLimits()
         self.strict = strict
         self.decoder_threads = decoder_threads
-        self.stats = DecodeStats()
+        self.stats = stats or DecodeStats()
         self.pool: DecodePool[Any] = DecodePool(
             self._make_decoder, cap=pool_size, timeout_s=pool_timeout_s, name=f"nvImageCodec decoder ({device})"
         )
@@ -282,7 +216,7 @@ class ImageDecoder:
             raise ImageTooLargeError(
                 f"encoded image of {len(data)} bytes exceeds max_encoded_bytes={self.limits.max_encoded_bytes}"
             )
-        image = open_with_pillow(data, self.limits)
+        image = open_with_pillow(data, self.limits.max_pixels)
         scan = scan_jpeg(data) if image.format in ("JPEG", "MPO") else None
         fast = (
             scan is not None
@@ -327,23 +261,20 @@ class ImageDecoder:
             if pixels is None or tuple(pixels.shape) != (plan.image.height, plan.image.width, 3):
                 plan.fallback_reason = "nvImageCodec returned no image"
                 continue
-            plan.result = DecodedImage(
-                pixels, plan.image.width, plan.image.height, plan.image.mode, "bicubic", self.fast_path
-            )
+            plan.result = DecodedImage(pixels, plan.image.width, plan.image.height, "bicubic", self.fast_path)
 
     def _decode_pillow(self, plan: _Plan, preset: Preset) -> DecodedImage:
         # Pillow first: an image it rejects is bad input (its verdict), not a decoder fallback.
         pixels, resample = pillow_pixels(plan.image, preset)
         if plan.fallback_reason is not None and self.strict:
             raise FallbackError(f"planned {self.fast_path} decode failed ({plan.fallback_reason}) and strict=True")
-        if self.device_kind == "cuda":
+        if self.device_kind == "cuda" and isinstance(pixels, np.ndarray):
             import torch
 
             # Pillow's arrays are read-only views; torch wants a writable host buffer to upload.
+            # (A source-mode Pillow image stays on the host: only Pillow can resize it.)
             pixels = torch.from_numpy(np.require(pixels, requirements=["C", "W"])).to(f"cuda:{self.device_index}")
-        return DecodedImage(
-            pixels, plan.image.width, plan.image.height, plan.image.mode, resample, "pillow", plan.fallback_reason
-        )
+        return DecodedImage(pixels, plan.image.width, plan.image.height, resample, "pillow", plan.fallback_reason)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -394,13 +325,12 @@ _default_lock = threading.Lock()
 
 
 def default_decoder(device: str = "cpu") -> ImageDecoder:
-    """Process-wide decoder per device (one bounded pool each), created on first use.
-
-    ``KIMI_PREP_DECODER_POOL`` sets its pool cap (default 2).
-    """
+    """Process-wide decoder per device with :class:`ImageDecoder`'s defaults (a pool of at most 2
+    decoders), created on first use; the functions that take ``decoder=`` use it when given none.
+    Other settings: make an :class:`ImageDecoder` and pass it."""
     with _default_lock:
         decoder = _default_decoders.get(device)
         if decoder is None:
-            decoder = ImageDecoder(device, pool_size=int(os.environ.get("KIMI_PREP_DECODER_POOL", "2")))
+            decoder = ImageDecoder(device)
             _default_decoders[device] = decoder
         return decoder

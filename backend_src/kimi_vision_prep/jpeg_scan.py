@@ -18,8 +18,21 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-# Outcome codes of _scan (index into SCAN_REASONS).
-CLEAN = 0
+# Outcome codes of _scan: module-level ints (numba reads them as compile-time constants), each an
+# index into SCAN_REASONS.
+(
+    CLEAN,
+    NO_SOI,
+    BYTES_BETWEEN_SEGMENTS,
+    SEGMENT_PAST_END,
+    UNEXPECTED_MARKER,
+    BAD_RESTART,
+    TRUNCATED,
+    SECOND_SOF,
+    SOS_BEFORE_SOF,
+    NO_SCAN,
+    SECOND_SCAN,
+) = range(11)
 SCAN_REASONS = (
     "clean",
     "no SOI marker",
@@ -52,7 +65,7 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
     width = 0
     comps = 0
     if n < 4 or buf[0] != 0xFF or buf[1] != 0xD8:
-        return 1, sof, precision, height, width, comps
+        return NO_SOI, sof, precision, height, width, comps
     pos = 2
     restart_interval = 0
     scans = 0
@@ -60,60 +73,60 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
     while True:
         # Expect a marker: 0xFF, optional 0xFF fill bytes, then the marker code.
         if pos >= n:
-            return 6, sof, precision, height, width, comps
+            return TRUNCATED, sof, precision, height, width, comps
         if buf[pos] != 0xFF:
-            return 2, sof, precision, height, width, comps
+            return BYTES_BETWEEN_SEGMENTS, sof, precision, height, width, comps
         while pos < n and buf[pos] == 0xFF:
             pos += 1
         if pos >= n:
-            return 6, sof, precision, height, width, comps
+            return TRUNCATED, sof, precision, height, width, comps
         marker = buf[pos]
         pos += 1
         if marker == 0xD9:  # EOI: done; trailing data (MPO frames, padding) is not read by Pillow
             if sof < 0:
-                return 4, sof, precision, height, width, comps
+                return UNEXPECTED_MARKER, sof, precision, height, width, comps
             if scans == 0:
-                return 9, sof, precision, height, width, comps
-            return 0, sof, precision, height, width, comps
+                return NO_SCAN, sof, precision, height, width, comps
+            return CLEAN, sof, precision, height, width, comps
         if marker in {0, 1} or 208 <= marker <= 216:
-            return 4, sof, precision, height, width, comps
+            return UNEXPECTED_MARKER, sof, precision, height, width, comps
         if pos + 2 > n:
-            return 3, sof, precision, height, width, comps
+            return SEGMENT_PAST_END, sof, precision, height, width, comps
         length = (np.int64(buf[pos]) << 8) | np.int64(buf[pos + 1])
         if length < 2 or pos + length > n:
-            return 3, sof, precision, height, width, comps
+            return SEGMENT_PAST_END, sof, precision, height, width, comps
         body = pos + 2
         if 192 <= marker <= 207 and marker not in {196, 200, 204}:
             if sof >= 0:
-                return 7, sof, precision, height, width, comps
+                return SECOND_SOF, sof, precision, height, width, comps
             sof = marker
             if length < 8:
-                return 3, sof, precision, height, width, comps
+                return SEGMENT_PAST_END, sof, precision, height, width, comps
             precision = buf[body]
             height = (np.int64(buf[body + 1]) << 8) | np.int64(buf[body + 2])
             width = (np.int64(buf[body + 3]) << 8) | np.int64(buf[body + 4])
             comps = buf[body + 5]
         elif marker == 0xDD:  # DRI
             if length < 4:
-                return 3, sof, precision, height, width, comps
+                return SEGMENT_PAST_END, sof, precision, height, width, comps
             restart_interval = (np.int64(buf[body]) << 8) | np.int64(buf[body + 1])
         elif marker == 0xDA:  # SOS: entropy-coded data follows the header
             if sof < 0:
-                return 8, sof, precision, height, width, comps
+                return SOS_BEFORE_SOF, sof, precision, height, width, comps
             if length < 3:
-                return 3, sof, precision, height, width, comps
+                return SEGMENT_PAST_END, sof, precision, height, width, comps
             # libjpeg: a sequential frame whose first scan holds every component has one scan; another
             # SOS is a fatal error (JERR_EOI_EXPECTED) that Pillow reports and nvImageCodec ignores.
             if scans == 0:
                 first_scan_components = buf[body]
             elif sof not in (0xC2, 0xCA) and first_scan_components == comps:
-                return 10, sof, precision, height, width, comps
+                return SECOND_SCAN, sof, precision, height, width, comps
             pos += length
             scans += 1
             next_rst = 0
             while True:
                 if pos >= n:
-                    return 6, sof, precision, height, width, comps
+                    return TRUNCATED, sof, precision, height, width, comps
                 if buf[pos] != 0xFF:
                     pos += 1
                     continue
@@ -122,14 +135,14 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
                 while q < n and buf[q] == 0xFF:
                     q += 1
                 if q >= n:
-                    return 6, sof, precision, height, width, comps
+                    return TRUNCATED, sof, precision, height, width, comps
                 code = buf[q]
                 if code == 0x00:
                     pos = q + 1
                     continue
                 if 0xD0 <= code <= 0xD7:
                     if restart_interval == 0 or code != 0xD0 + next_rst:
-                        return 5, sof, precision, height, width, comps
+                        return BAD_RESTART, sof, precision, height, width, comps
                     next_rst = (next_rst + 1) & 7
                     pos = q + 1
                     continue
@@ -137,13 +150,13 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
                 if not (
                     code in {217, 218, 196, 219, 221, 204, 254} or 224 <= code <= 239
                 ):
-                    return 4, sof, precision, height, width, comps
+                    return UNEXPECTED_MARKER, sof, precision, height, width, comps
                 break
             continue
         elif not (
             marker in {196, 219, 204, 254} or 224 <= marker <= 239
         ):
-            return 4, sof, precision, height, width, comps
+            return UNEXPECTED_MARKER, sof, precision, height, width, comps
         pos += length
 
 
@@ -173,19 +186,6 @@ class JpegScan:
             and self.width > 0
             and self.height > 0
         )
-
-    @property
-    def route_reason(self) -> str:
-        """Why the stream is not fast-decodable (``"clean"`` when it is)."""
-        if not self.clean:
-            return self.reason
-        if self.sof_marker not in _FAST_SOF:
-            return f"SOF 0x{self.sof_marker:02X} (lossless/hierarchical)"
-        if self.precision != 8:
-            return f"{self.precision}-bit samples"
-        if self.components not in (1, 3):
-            return f"{self.components} components (CMYK/YCCK)"
-        return "clean"
 
 
 def scan_jpeg(data: bytes) -> JpegScan:

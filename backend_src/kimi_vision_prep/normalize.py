@@ -4,22 +4,25 @@ The normalised value of a pixel depends only on (value, channel), so the referen
 arithmetic is evaluated once per table entry and every output element is a single table read:
 the table is exact for any mean/std. Padded pixels are uint8 0, i.e. ``table[0, c]``.
 
-The same holds split in two: :func:`patchify_numpy` / :func:`patchify_torch` pad and patchify
-the uint8 pixels (the "uint8 wire", 4x smaller than float32), and :func:`expand_patches` /
-:func:`expand_patches_torch` apply the table later, possibly in another process:
-``expand_patches(patchify_numpy(img, ...), table)`` equals ``write_patches_numpy(img, table, ...)``
-bit for bit, because both are the same table read of the same uint8 value.
+The same holds split in two: :func:`patchify` pads and patchifies the uint8 pixels (the "uint8
+wire", 4x smaller than float32), and :func:`expand_patches` applies the table later, possibly in
+another process: ``expand_patches(patchify(img, ...), table)`` equals ``write_patches(img, table,
+...)`` bit for bit, because both are the same table read of the same uint8 value.
+
+Each op dispatches on its first argument (:mod:`.kernels`): numpy arrays to numba kernels, torch
+tensors (any device) to one gather plus a view/permute; twins take and return the same dtypes.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import njit, prange
 
-from .numba_runtime import parallel_kernel
+from .kernels import NUMPY, TORCH, get_kernel, register_kernel
+from .numba_runtime import kernel_input, parallel_kernel
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +49,33 @@ IDENTITY_TABLE = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)
 IDENTITY_TABLE.setflags(write=False)
 
 
+def write_patches(image: Any, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int) -> Any:
+    """Pad (zeros, bottom/right), look up ``table`` and patchify in one pass.
+
+    ``image``: uint8 ``(H, W, 3)`` with ``H <= grid_h*p`` and ``W <= grid_w*p`` (numpy, or torch on
+    any device); ``table``: ``(256, 3)``, float32 from :func:`normalize_table` or uint8
+    :data:`IDENTITY_TABLE`. Returns ``(grid_h*grid_w, 3, p, p)`` of the table's dtype, of the
+    image's type (float32: the ``pixel_values``).
+    """
+    return get_kernel("write_patches", image)(image, table, grid_h, grid_w, patch_size)
+
+
+def patchify(image: Any, grid_h: int, grid_w: int, patch_size: int) -> Any:
+    """Pad and patchify without normalising: uint8 ``(H, W, 3)`` -> uint8 ``(grid_h*grid_w, 3, p, p)``
+    in the :func:`write_patches` layout; :func:`expand_patches` turns it into ``pixel_values``."""
+    return get_kernel("patchify", image)(image, grid_h, grid_w, patch_size)
+
+
+def expand_patches(patches: Any, table: np.ndarray) -> Any:
+    """uint8 ``(N, 3, p, p)`` patches (numpy, or torch on any device) -> float32 ``(N, 3, p, p)``
+    normalised through ``table`` (float32 ``(256, 3)``), bit-equal to :func:`write_patches` on the
+    same image."""
+    return get_kernel("expand_patches", patches)(patches, table)
+
+
+# --------------------------------------------------------------------------- numba kernels
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def _write_patches(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w: int) -> None:
     """``out[gy*grid_w + gx, c, y, x] = table[image[gy*p + y, gx*p + x, c], c]`` (0 past the edge)."""
@@ -67,32 +97,24 @@ def _write_patches(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w
                             out[n, c, y, x] = pad_value
 
 
+@register_kernel("write_patches", NUMPY)
 def write_patches_numpy(
     image: np.ndarray, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int
 ) -> np.ndarray:
-    """Pad (zeros, bottom/right), normalise and patchify on the CPU, in one pass.
-
-    ``image``: uint8 ``(H, W, 3)`` with ``H <= grid_h*p`` and ``W <= grid_w*p``; ``table``: ``(256, 3)``,
-    float32 from :func:`normalize_table` or uint8 :data:`IDENTITY_TABLE`. Returns
-    ``(grid_h*grid_w, 3, p, p)`` of the table's dtype (float32: the ``pixel_values``).
-    """
+    """:func:`write_patches` for numpy (numba, parallel)."""
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected uint8 (H, W, 3), got {image.dtype} {image.shape}")
     if image.shape[0] > grid_h * patch_size or image.shape[1] > grid_w * patch_size:
         raise ValueError(f"image {image.shape[:2]} larger than the {grid_h}x{grid_w} patch grid")
     out = np.empty((grid_h * grid_w, 3, patch_size, patch_size), dtype=table.dtype)
     with parallel_kernel(out.size):
-        _write_patches(image, table, out, grid_w)
+        _write_patches(kernel_input(image), kernel_input(table), out, grid_w)
     return out
 
 
+@register_kernel("patchify", NUMPY)
 def patchify_numpy(image: np.ndarray, grid_h: int, grid_w: int, patch_size: int) -> np.ndarray:
-    """Pad (zeros, bottom/right) and patchify on the CPU without normalising.
-
-    ``image``: uint8 ``(H, W, 3)`` as for :func:`write_patches_numpy`. Returns uint8
-    ``(grid_h*grid_w, 3, p, p)`` in the same layout; :func:`expand_patches` turns it into the
-    float32 ``pixel_values``.
-    """
+    """:func:`patchify` for numpy: the numba pass with :data:`IDENTITY_TABLE`."""
     return write_patches_numpy(image, IDENTITY_TABLE, grid_h, grid_w, patch_size)
 
 
@@ -105,28 +127,22 @@ def _expand(patches: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
                 out[n, c, i] = table[patches[n, c, i], c]
 
 
-def expand_patches(patches: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """uint8 patches -> normalised float32 ``pixel_values`` (numba, parallel).
-
-    ``patches``: uint8 ``(N, 3, p, p)`` from :func:`patchify_numpy` (or received over the uint8
-    wire); ``table``: float32 ``(256, 3)`` from :func:`normalize_table`. Returns a new float32
-    ``(N, 3, p, p)`` array, bit-equal to :func:`write_patches_numpy` on the same image.
-    """
+@register_kernel("expand_patches", NUMPY)
+def expand_patches_numpy(patches: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """:func:`expand_patches` for numpy (numba, parallel); a new array."""
     if patches.dtype != np.uint8 or patches.ndim != 4 or patches.shape[1] != 3:
         raise ValueError(f"expected uint8 (N, 3, p, p), got {patches.dtype} {patches.shape}")
     if table.shape != (256, 3):
         raise ValueError(f"expected a (256, 3) table, got {table.shape}")
-    # One numba signature whatever the source: a C-contiguous, read-only (N, 3, p*p) view.
-    flat = np.ascontiguousarray(patches).reshape(patches.shape[0], 3, -1)
-    flat = flat.view()
-    flat.setflags(write=False)
-    if table.flags.writeable or not table.flags.c_contiguous:
-        table = np.array(table, dtype=np.float32, order="C")
-        table.setflags(write=False)
+    flat = kernel_input(patches).reshape(patches.shape[0], 3, -1)
+    table = kernel_input(np.asarray(table, dtype=np.float32))
     out = np.empty(flat.shape, dtype=table.dtype)
     with parallel_kernel(out.size):
         _expand(flat, table, out)
     return out.reshape(patches.shape)
+
+
+# --------------------------------------------------------------------------- torch kernels
 
 
 def _pad_torch(image: torch.Tensor, grid_h: int, grid_w: int, patch_size: int) -> torch.Tensor:
@@ -156,27 +172,27 @@ def _torch_table(table: np.ndarray, device: torch.device) -> tuple[torch.Tensor,
     return torch.tensor(table, device=device), torch.arange(3, device=device)
 
 
+@register_kernel("write_patches", TORCH)
 def write_patches_torch(
     image: torch.Tensor, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int
 ) -> torch.Tensor:
-    """Same as :func:`write_patches_numpy` for a torch uint8 ``(H, W, 3)`` tensor on any device:
-    one gather from the table, then a view/permute into patches. Returns float32
-    ``(grid_h*grid_w, 3, p, p)`` on the image's device."""
+    """:func:`write_patches` for torch: one gather from the table, then a view/permute into
+    patches, on the image's device."""
     padded = _pad_torch(image, grid_h, grid_w, patch_size)
     lut, channel = _torch_table(table, image.device)
-    values = lut[padded.long(), channel]  # (Hp, Wp, 3) float32
+    values = lut[padded.long(), channel]  # (Hp, Wp, 3) of the table's dtype
     return _to_patches_torch(values, grid_h, grid_w, patch_size)
 
 
+@register_kernel("patchify", TORCH)
 def patchify_torch(image: torch.Tensor, grid_h: int, grid_w: int, patch_size: int) -> torch.Tensor:
-    """Same as :func:`patchify_numpy` for a torch uint8 ``(H, W, 3)`` tensor on any device.
-    Returns uint8 ``(grid_h*grid_w, 3, p, p)`` on the image's device."""
+    """:func:`patchify` for torch, on the image's device."""
     return _to_patches_torch(_pad_torch(image, grid_h, grid_w, patch_size), grid_h, grid_w, patch_size)
 
 
+@register_kernel("expand_patches", TORCH)
 def expand_patches_torch(patches: torch.Tensor, table: np.ndarray) -> torch.Tensor:
-    """Same as :func:`expand_patches` for a torch uint8 ``(N, 3, p, p)`` tensor on any device (one
-    gather). Returns float32 ``(N, 3, p, p)`` on the patches' device."""
+    """:func:`expand_patches` for torch: one gather, on the patches' device."""
     import torch
 
     if patches.dtype != torch.uint8 or patches.ndim != 4 or patches.shape[1] != 3:

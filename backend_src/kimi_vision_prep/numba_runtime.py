@@ -4,16 +4,20 @@ numba's workqueue threading layer (the portable default) must not be entered by 
 once; :data:`numba_lock` keeps concurrent callers (Triton instances run in separate processes, but
 library users may use threads) safe without requiring TBB. Every call of a ``parallel=True``
 kernel holds it, directly or through :func:`parallel_kernel`.
+
+numba compiles one specialisation per argument layout and writability, so every kernel input
+passes through :func:`kernel_input`: whatever a caller hands in (a writable array, Pillow's
+read-only view, a Triton input tensor), the kernels see one signature, warmed up once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 
 import numba
+import numpy as np
 
 numba_lock = threading.Lock()
 
@@ -24,8 +28,15 @@ SERIAL_WORK_LIMIT = 1 << 18
 
 
 def set_num_threads(n: int) -> None:
-    """numba threads used by the CPU kernels of this process (``KIMI_PREP_NUM_THREADS``)."""
+    """numba threads used by the CPU kernels of this process (clamped to ``1..NUMBA_NUM_THREADS``)."""
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+def kernel_input(array: np.ndarray) -> np.ndarray:
+    """``array`` as a C-contiguous, read-only view (a copy only when it is not contiguous)."""
+    view = np.ascontiguousarray(array).view()
+    view.setflags(write=False)
+    return view
 
 
 @contextlib.contextmanager
@@ -42,7 +53,3 @@ def parallel_kernel(work: int) -> Iterator[None]:
             yield
         finally:
             numba.set_num_threads(threads)
-
-
-if "KIMI_PREP_NUM_THREADS" in os.environ:
-    set_num_threads(int(os.environ["KIMI_PREP_NUM_THREADS"]))

@@ -8,18 +8,11 @@ from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
-from .composite import composite_on_chessboard, composite_on_chessboard_torch
+from .composite import composite_on_chessboard
 from .decode import DecodedImage, ImageDecoder, default_decoder
 from .errors import PreprocessError, detached
-from .normalize import (
-    expand_patches,
-    expand_patches_torch,
-    normalize_table,
-    patchify_numpy,
-    patchify_torch,
-    write_patches_numpy,
-    write_patches_torch,
-)
+from .normalize import expand_patches, normalize_table, patchify, write_patches
+from .pillow_io import as_rgb_array
 from .presets import Preset, get_preset
 from .resize import resize
 from .sizing import TargetSize, navit_target_size
@@ -59,21 +52,19 @@ class PreprocessResult:
 
 
 def resize_to_target(decoded: DecodedImage, target: TargetSize, preset: Preset) -> Any:
-    """Resized RGB uint8 ``(new_h, new_w, 3)``, alpha composited for chessboard presets."""
-    pixels = resize(decoded.pixels, target.new_width, target.new_height, decoded.resample)
+    """Resized RGB uint8 ``(new_h, new_w, 3)`` (numpy or torch), alpha composited onto the
+    chessboard (RGBA appears only under chessboard presets)."""
+    pixels = as_rgb_array(resize(decoded.pixels, target.new_width, target.new_height, decoded.resample))
     if tuple(pixels.shape[:2]) != (target.new_height, target.new_width):
         raise AssertionError(f"resize produced {tuple(pixels.shape)}, expected {target.new_height}x{target.new_width}")
-    if pixels.shape[2] == 4:
-        if isinstance(pixels, np.ndarray):
-            return composite_on_chessboard(pixels, preset)
-        return composite_on_chessboard_torch(pixels, preset)
-    return pixels
+    return composite_on_chessboard(pixels, preset) if pixels.shape[2] == 4 else pixels
 
 
 def preprocess_decoded(
     decoded: DecodedImage, preset: str | Preset = "kimi-k2.5", *, output: PixelOutput = "pixel_values"
 ) -> PreprocessResult:
-    """Resize, pad, normalise and patchify one decoded image (numpy -> numba, torch -> torch).
+    """Resize, pad, normalise and patchify one decoded image (each op by the kernel for the pixels'
+    type: numba for numpy, tensor ops for torch on its device, Pillow for a source-mode image).
 
     ``output="pixel_values"`` (default): float32 ``pixel_values`` in one fused pass.
     ``output="pixel_patches"``: uint8 ``pixel_patches`` only (pad + patchify, no normalisation; 4x
@@ -84,14 +75,11 @@ def preprocess_decoded(
     preset = get_preset(preset)
     target = navit_target_size(decoded.width, decoded.height, preset)
     rgb = resize_to_target(decoded, target, preset)
-    on_cpu = isinstance(rgb, np.ndarray)
     pixel_values = pixel_patches = None
     if output == "pixel_values":
         table = normalize_table(preset.image_mean, preset.image_std)
-        write = write_patches_numpy if on_cpu else write_patches_torch
-        pixel_values = write(rgb, table, target.grid_h, target.grid_w, preset.patch_size)
+        pixel_values = write_patches(rgb, table, target.grid_h, target.grid_w, preset.patch_size)
     else:
-        patchify = patchify_numpy if on_cpu else patchify_torch
         pixel_patches = patchify(rgb, target.grid_h, target.grid_w, preset.patch_size)
     return PreprocessResult(
         pixel_values=pixel_values,
@@ -108,9 +96,7 @@ def pixel_values_from_patches(pixel_patches: Any, preset: str | Preset = "kimi-k
     """uint8 ``(N, 3, p, p)`` patches (numpy or torch, any device) -> float32 ``(N, 3, p, p)``
     ``pixel_values`` under ``preset``'s mean/std, bit-equal to the fused ``output="pixel_values"``."""
     preset = get_preset(preset)
-    table = normalize_table(preset.image_mean, preset.image_std)
-    expand = expand_patches if isinstance(pixel_patches, np.ndarray) else expand_patches_torch
-    return expand(pixel_patches, table)
+    return expand_patches(pixel_patches, normalize_table(preset.image_mean, preset.image_std))
 
 
 def preprocess_bytes(

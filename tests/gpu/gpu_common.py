@@ -9,13 +9,20 @@ from __future__ import annotations
 import csv
 import io
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 GPU_TESTS_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(GPU_TESTS_DIR.parent))  # tests/: make_inputs
+
+from make_inputs import pillow_resize  # noqa: E402
+
+__all__ = ["pillow_resize"]
 STAGED_CORPUS = GPU_TESTS_DIR / "wheels" / "corpus"
 SHARED_CORPUS = GPU_TESTS_DIR.parents[2] / "shared" / "corpus"
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".mpo")
@@ -73,3 +80,13 @@ def pixel_diff(actual: np.ndarray, expected: np.ndarray) -> PixelDiff:
         raise ValueError(f"shapes differ: {actual.shape} vs {expected.shape}")
     diff = np.abs(actual.astype(np.int16) - expected.astype(np.int16))
     return PixelDiff(float(diff.mean()), int(diff.max()))
+
+
+def torch_antialias(tensor: Any, width: int, height: int) -> Any:
+    """``interpolate(bicubic, antialias=True)`` rounded to uint8: the common torch route, close to
+    Pillow but not equal (spec section 6); measured for comparison only."""
+    import torch
+
+    planar = tensor.permute(2, 0, 1)[None].to(torch.float32)
+    resized = torch.nn.functional.interpolate(planar, size=(height, width), mode="bicubic", antialias=True)
+    return torch.clamp(torch.round(resized[0]), 0, 255).permute(1, 2, 0).to(torch.uint8)

@@ -15,7 +15,7 @@ timeout keeps what was measured before it):
 - ``patchify``: ``preprocess_decoded`` on the device equals the numpy/numba path on the same pixels,
   per accepted corpus file and preset.
 - ``resize``: the exact torch resize on the device against Pillow and the numba path, with timings,
-  and torch's antialiased bicubic (``method="antialias"``) for comparison, on a 12 MP photo.
+  and torch's antialiased bicubic (``gpu_common.torch_antialias``) for comparison, on a 12 MP photo.
 - ``throughput``: images/s of Pillow, the library on CPU and on CUDA, and a raw CUDA decoder, on the
   corpus and on synthetic 1080p and 12 MP photos (min and median of repeats, same run).
 - ``memory``: device memory of the process (CUDA context) and per decoder (``mem_get_info`` around
@@ -45,12 +45,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from gpu_common import LARGE_CLEAN_JPEG, CorpusFile, accepted_files, corpus_dir, pillow_rgb, pixel_diff
+from gpu_common import (
+    LARGE_CLEAN_JPEG,
+    CorpusFile,
+    accepted_files,
+    corpus_dir,
+    pillow_resize,
+    pillow_rgb,
+    pixel_diff,
+    torch_antialias,
+)
 from PIL import Image
 
 from kimi_vision_prep import ImageDecoder, get_preset, preprocess_batch, preprocess_decoded
 from kimi_vision_prep.decode import FANCY_UPSAMPLING_OPTIONS
-from kimi_vision_prep.resize import resize, resize_pillow
+from kimi_vision_prep.resize import resize
 from kimi_vision_prep.sizing import navit_target_size
 
 PRESETS = ("kimi-k2.5", "kimi-k3")
@@ -297,10 +306,10 @@ def resize_check(ctx: Context) -> dict[str, Any]:
     on_device = torch.from_numpy(host.copy()).to(ctx.device)
     target = navit_target_size(width, height, get_preset("kimi-k2.5"))
     size = (target.new_width, target.new_height)
-    reference = resize_pillow(host, *size, "bicubic")
+    reference = pillow_resize(host, *size, "bicubic")
 
     def on_torch(method: str) -> Any:
-        out = resize(on_device, *size, "bicubic", method)
+        out = resize(on_device, *size, "bicubic") if method == "exact" else torch_antialias(on_device, *size)
         synchronize(ctx)
         return out
 
@@ -311,7 +320,7 @@ def resize_check(ctx: Context) -> dict[str, Any]:
         "numba_equals_pillow": bool(np.array_equal(resize(host, *size, "bicubic"), reference)),
         "antialias_torch_vs_pillow": diff_dict(on_torch("antialias"), reference),
         "timings": {
-            "pillow": time_call(lambda: resize_pillow(host, *size, "bicubic"), ctx.repeats),
+            "pillow": time_call(lambda: pillow_resize(host, *size, "bicubic"), ctx.repeats),
             "numba": time_call(lambda: resize(host, *size, "bicubic"), ctx.repeats),
             f"torch_exact_{ctx.device}": time_call(lambda: on_torch("exact"), ctx.repeats),
             f"torch_antialias_{ctx.device}": time_call(lambda: on_torch("antialias"), ctx.repeats),

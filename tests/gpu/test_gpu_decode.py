@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gpu_common import LARGE_CLEAN_JPEG, CorpusFile, accepted_files, corpus_dir, pillow_rgb, pixel_diff
+from gpu_common import LARGE_CLEAN_JPEG, CorpusFile, accepted_files, corpus_dir, pillow_resize, pillow_rgb, pixel_diff
 
 from kimi_vision_prep import (
     DecodedImage,
@@ -28,7 +28,7 @@ from kimi_vision_prep import (
     pixel_values_from_patches,
     preprocess_decoded,
 )
-from kimi_vision_prep.resize import resize, resize_pillow
+from kimi_vision_prep.resize import resize
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device (run tests/gpu/run_device_checks.sh on a GPU machine)", allow_module_level=True)
@@ -145,7 +145,7 @@ def test_exact_resize_on_cuda_equals_pillow(channels: int, resample: str, cuda_d
     on_gpu = resize(torch.from_numpy(pixels).to(cuda_device), 512, 301, resample)
 
     assert on_gpu.device == torch.device(cuda_device)
-    np.testing.assert_array_equal(on_gpu.cpu().numpy(), resize_pillow(pixels, 512, 301, resample))
+    np.testing.assert_array_equal(on_gpu.cpu().numpy(), pillow_resize(pixels, 512, 301, resample))
 
 
 def test_pixels_are_handed_over_through_dlpack_without_a_copy(

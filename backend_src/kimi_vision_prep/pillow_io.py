@@ -1,0 +1,107 @@
+"""Pillow as the reference: header verdict, typed errors, and source-mode pixels.
+
+Pillow 13 (the reference build) decides what is accepted: :func:`open_with_pillow` parses the
+header only, :func:`pillow_call` maps the failures of a pixel-loading call onto the typed errors.
+:func:`pillow_pixels` returns the pixels of an opened image in the form the preset's resize step
+takes, and :func:`as_rgb_array` (an op with a kernel per type) turns what the resize step returns
+into the RGB/RGBA array the composite and patchify steps take.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from .errors import ImageTooLargeError, InvalidImageError, UnsupportedImageError
+from .kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
+from .presets import Preset
+
+if TYPE_CHECKING:
+    from .decode import Resample
+
+ResultT = TypeVar("ResultT")
+
+PILLOW_MAX_PIXELS = 2 * Image.MAX_IMAGE_PIXELS  # 178,956,970: Pillow's DecompressionBombError threshold
+
+
+def open_with_pillow(data: bytes, max_pixels: int = PILLOW_MAX_PIXELS) -> Image.Image:
+    """Parse the header with Pillow (the reference verdict, no pixels loaded) and apply the pixel limit."""
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"image too large: {exc}") from None
+    except UnidentifiedImageError:
+        raise InvalidImageError(
+            f"not a decodable image ({len(data)} bytes, starts with {data[:8]!r}): Pillow cannot identify it"
+        ) from None
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, struct.error...
+        raise InvalidImageError(f"cannot parse image header: {type(exc).__name__}: {exc}") from None
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise InvalidImageError(f"image has zero size {width}x{height}")
+    if width * height > max_pixels:
+        raise ImageTooLargeError(f"image of {width}x{height} = {width * height} pixels exceeds max_pixels={max_pixels}")
+    return image
+
+
+def pillow_call(what: str, fn: Callable[..., ResultT], *args: Any) -> ResultT:
+    """``fn(*args)``, a Pillow call that loads pixels, with its failures mapped onto the typed errors."""
+    try:
+        return fn(*args)
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"image too large: {exc}") from None
+    except MemoryError:
+        raise ImageTooLargeError(f"out of memory while {what}") from None
+    except (ValueError, NotImplementedError) as exc:
+        raise UnsupportedImageError(f"cannot {what}: {exc}") from None
+    except Exception as exc:
+        raise InvalidImageError(f"cannot {what}: {type(exc).__name__}: {exc}") from None
+
+
+def has_alpha(image: Image.Image) -> bool:
+    """An alpha band or a transparency key (the K3 rule for "has transparency")."""
+    return "A" in image.getbands() or "transparency" in image.info
+
+
+def _converted(image: Image.Image, mode: str) -> np.ndarray:
+    return np.asarray(pillow_call(f"convert {image.mode} to {mode}", image.convert, mode))
+
+
+def pillow_pixels(image: Image.Image, preset: Preset) -> tuple[np.ndarray | Image.Image, Resample]:
+    """The pixels of an opened image as the preset's resize step takes them, and its filter.
+
+    ``convert_rgb`` (K2.5): ``convert("RGB")``, uint8 ``(H, W, 3)``. ``chessboard`` (K3), resizing
+    in the source mode: where that commutes with a per-pixel conversion, the converted array (RGB
+    and L -> RGB, RGBA and LA -> RGBA, bicubic; P and 1 -> RGB or RGBA, nearest); any other mode
+    (CMYK, I;16, L with a transparency key, ...) stays a Pillow image in that mode, loaded, for
+    resize's PIL kernel. Always the stored size.
+    """
+    mode = image.mode
+    if preset.transparency == "convert_rgb" or mode == "RGB" or (mode == "L" and "transparency" not in image.info):
+        return _converted(image, "RGB"), "bicubic"
+    if mode in ("RGBA", "LA"):
+        return _converted(image, "RGBA"), "bicubic"
+    if mode in ("P", "1"):
+        return _converted(image, "RGBA" if has_alpha(image) else "RGB"), "nearest"
+    return pillow_call(f"decode a {mode} image", image.copy), "bicubic"
+
+
+def as_rgb_array(pixels: Any) -> Any:
+    """uint8 ``(H, W, 3)`` RGB or ``(H, W, 4)`` straight-alpha RGBA: arrays and tensors as they
+    are, a Pillow image converted (RGBA when it has transparency, else RGB)."""
+    return get_kernel("as_rgb_array", pixels)(pixels)
+
+
+@register_kernel("as_rgb_array", NUMPY)
+@register_kernel("as_rgb_array", TORCH)
+def _rgb_array_as_is(pixels: Any) -> Any:
+    return pixels
+
+
+@register_kernel("as_rgb_array", PIL_IMAGE)
+def _rgb_array_from_pil(image: Image.Image) -> np.ndarray:
+    return _converted(image, "RGBA" if has_alpha(image) else "RGB")
