@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 CUDA_EXTRA ?= cu12
 STAMP := $(VENV)/.installed-$(CUDA_EXTRA)
 
-.PHONY: setup test serve demo lint bench soak fuzz clean
+.PHONY: setup test serve repository demo lint bench soak fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,6 +26,20 @@ test: setup
 
 serve: setup
 	$(VENV)/bin/kimi-prep serve
+
+# model_repository/ is rendered from presets.py (a test fails when the checked-in copy differs).
+repository: setup
+	$(VENV)/bin/kimi-prep render-repository --out model_repository
+
+# Start a server, send generated samples over HTTP and gRPC, compare with in-process, stop.
+demo: setup
+	$(VENV)/bin/kimi-prep demo
+
+# Developer benchmarks on the corpus photos (JSON + PNG under bench_results/).
+bench: setup
+	$(PY) benchmarks/bench_local_corpus.py --out-dir bench_results
+	$(PY) benchmarks/bench_resize.py --out bench_results/resize.json
+	$(PY) benchmarks/bench_serving.py --out-dir bench_results
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -25,14 +25,19 @@ import argparse
 import json
 import os
 import platform
-import tempfile
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus_photos import corpus_photos
+
 from kimi_vision_client import bench_local, bench_server
 from kimi_vision_client.cli import positive_int_list
-from kimi_vision_prep.serving.launcher import EmbeddedServer, default_model_repository, render_repository
+from kimi_vision_prep.serving.launcher import EmbeddedServer
+from kimi_vision_prep.serving.repository import RenderOptions
 
 MODEL, PRESET = "kimi_k25_vision", "kimi-k2.5"
 # The pixels' wire (and, for the fused model, the model kind) -> the model serving it (same preset,
@@ -44,23 +49,16 @@ WIRES = {"float32": MODEL, "uint8": "kimi_k25_vision_u8", "fused uint8": "kimi_k
 class ServerSetting:
     label: str
     instances: int
-    # numba_threads and decoder_threads of every instance (render_repository); None: the shipped 0,
-    # all cores. ``kimi-prep serve --instances N --threads T`` renders the same.
-    threads: int | None
+    # numba_threads and decoder_threads of every instance; 0: all cores (the checked-in value).
+    # ``kimi-prep serve --instances N --threads T`` renders the same.
+    threads: int
 
 
 SETTINGS = (
-    ServerSetting("1 instance, numba 2 thr, decoder all cores (shipped)", 1, None),
+    ServerSetting("1 instance, numba 2 thr, decoder all cores (shipped)", 1, 0),
     ServerSetting("2 instances x 1 numba thr, decoder 1 thr", 2, 1),
-    ServerSetting("2 instances, numba 2 thr, decoder all cores", 2, None),
+    ServerSetting("2 instances, numba 2 thr, decoder all cores", 2, 0),
 )
-
-
-def render(setting: ServerSetting, workdir: Path) -> Path:
-    """The shipped repository with the setting's instance count and thread counts."""
-    return render_repository(
-        default_model_repository(), workdir / "model_repository", setting.instances, setting.threads
-    )
 
 
 @dataclass
@@ -89,10 +87,7 @@ def measure(
     each with the float32 and the uint8 ensemble and the fused model (adjacent rows)."""
     rows = []
     pairs = [(im.name, im.data) for im in images]
-    with (
-        tempfile.TemporaryDirectory(prefix="bench_serving.") as tmp,
-        EmbeddedServer(render(setting, Path(tmp))) as server,
-    ):
+    with EmbeddedServer(render=RenderOptions(setting.instances, setting.threads)) as server:
         for shm in (False, True):
             transport = "grpc + shm" if shm else "grpc"
             for wire, model in WIRES.items():
@@ -145,7 +140,7 @@ def main() -> None:
     if any(i > len(SETTINGS) for i in args.settings):
         parser.error(f"--settings: there are {len(SETTINGS)} settings")
 
-    images = bench_local.bench_images(PRESET)
+    images = bench_local.bench_images(PRESET, corpus_photos())
     settings = [SETTINGS[i - 1] for i in args.settings]
     concurrency = tuple(args.concurrency)
     rows = [row for s in settings for row in measure(s, images, args.duration, args.rounds, concurrency)]

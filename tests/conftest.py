@@ -29,13 +29,14 @@ def triton_server():
     Yields a :class:`kimi_vision_prep.serving.launcher.EmbeddedServer` (``.http_url``, ``.grpc_url``,
     ``.metrics_url``, ``.log_tail()``); stopped at the end of the session.
     """
-    from kimi_vision_prep.serving.launcher import EmbeddedServer, find_tritonserver
+    from kimi_vision_prep.serving.launcher import EmbeddedServer
+    from kimi_vision_prep.serving.triton_install import find_tritonserver
 
     try:
         find_tritonserver()
     except RuntimeError as exc:
         pytest.skip(str(exc))
-    server = EmbeddedServer(instances=1)
+    server = EmbeddedServer()
     server.start()
     try:
         yield server

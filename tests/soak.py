@@ -1,6 +1,6 @@
 """Soak test for ``make soak``: a real tritonserver under mixed good and bad images for a while.
 
-Starts an :class:`~kimi_vision_prep.serving.launcher.EmbeddedServer` (1 instance per model), then
+Starts an :class:`~kimi_vision_prep.serving.launcher.EmbeddedServer` (the checked-in repository), then
 keeps ``--concurrency`` gRPC requests in flight for ``--seconds`` against the four ensembles (float32
 and uint8 wire) and the two fused models, cycling through good images (corpus files Pillow accepts
 plus synthetic ones) and bad ones (rejected corpus files, truncated / random / text payloads).
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         f"pairs, sent round robin to {', '.join(ENSEMBLES)}"
     )
     tally = Tally()
-    with EmbeddedServer(instances=1) as server:
+    with EmbeddedServer() as server:
         assert server.process is not None
         run_load(server.grpc_url, items, min(10.0, args.seconds), args.concurrency, Tally())  # warm-up, not counted
         start_rss = server_rss(server.process.pid)

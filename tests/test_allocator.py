@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kimi_vision_prep.allocator import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES, allocator_env
-from kimi_vision_prep.serving import launcher
+from kimi_vision_prep.serving import triton_install
 
 # Allocates and fills a 40 MiB buffer three times; prints the minor page faults of the last two.
 CHILD = """
@@ -47,7 +47,7 @@ def test_launcher_passes_the_settings_and_operator_values_win(monkeypatch: pytes
         "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES),
         "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES),
     }
-    env = launcher.find_tritonserver().env
+    env = triton_install.find_tritonserver().env
     assert {name: env[name] for name in allocator_env()} == allocator_env()
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1234")
-    assert launcher.find_tritonserver().env["MALLOC_TRIM_THRESHOLD_"] == "1234"
+    assert triton_install.find_tritonserver().env["MALLOC_TRIM_THRESHOLD_"] == "1234"

@@ -112,28 +112,35 @@ def test_directories_expand_to_their_image_files(corpus: Path, tmp_path: Path) -
 
 def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from kimi_vision_prep.serving import launcher
+    from kimi_vision_prep.serving.repository import RenderOptions
 
-    calls: list[dict[str, object]] = []
+    calls: list[object] = []
 
-    def fake_serve(**kwargs: object) -> int:
-        calls.append(kwargs)
+    def fake_serve(spec: object) -> int:
+        calls.append(spec)
         return 7
 
     monkeypatch.setattr(launcher, "serve", fake_serve)
-    argv = ["serve", "--model-repository", str(tmp_path), "--http-port", "9000", "--grpc-port", "9001"]
-    argv += ["--metrics-port", "9002", "--instances", "3", "--probe-port", "9003", "--threads", "1"]
-    assert cli.main(argv) == 7
-    assert calls == [
-        {
-            "model_repository": tmp_path,
-            "http_port": 9000,
-            "grpc_port": 9001,
-            "metrics_port": 9002,
-            "instances": 3,
-            "probe_port": 9003,
-            "threads": 1,
-        }
-    ]
+    ports = ["--http-port", "9000", "--grpc-port", "9001", "--metrics-port", "9002", "--probe-port", "9003"]
+    assert cli.main(["serve", "--model-repository", str(tmp_path), *ports]) == 7
+    assert cli.main(["serve", *ports, "--instances", "3", "--threads", "1", "--kind", "cpu"]) == 7
+    given, rendered = calls
+    assert given.ports == rendered.ports == launcher.Ports(9000, 9001, 9002, 9003)
+    assert (given.model_repository, given.render) == (tmp_path, None)  # served as it is
+    assert (rendered.model_repository, rendered.render) == (None, RenderOptions(3, 1, "cpu"))  # rendered afresh
+    # A given repository is served as it is: render options with it are a usage error.
+    assert cli.main(["serve", "--model-repository", str(tmp_path), "--instances", "2"]) == cli.EXIT_USAGE
+
+
+def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kimi_vision_prep.serving.repository import RenderOptions, repository_models
+
+    assert cli.main(["render-repository", "--out", str(tmp_path / "r"), "--instances", "2"]) == cli.EXIT_OK
+    models = repository_models(RenderOptions(instances=2))
+    assert sorted(p.parent.name for p in (tmp_path / "r").glob("*/config.pbtxt")) == sorted(m.name for m in models)
+    for model in models:
+        assert (tmp_path / "r" / model.name / "config.pbtxt").read_text() == model.config
+    assert f"rendered {len(models)} models" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

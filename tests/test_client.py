@@ -18,7 +18,6 @@ import tritonclient.utils.shared_memory as shm
 
 from kimi_vision_client.client import (
     GRID_THW,
-    MODEL_PRESETS,
     NUM_TOKENS,
     PIXEL_PATCHES,
     PIXEL_VALUES,
@@ -38,12 +37,21 @@ from kimi_vision_prep import (
     KIMI_K3,
     KIMI_K25,
     PRESETS,
+    CancelledError,
     DecoderBusyError,
+    ImageTooLargeError,
     InvalidImageError,
+    InvalidRequestError,
     PreprocessError,
+    ServerUnavailableError,
+    UnsupportedImageError,
     get_preset,
     preprocess_bytes,
 )
+from kimi_vision_prep.errors import served_message
+from kimi_vision_prep.serving.repository import model_presets
+
+MODEL_PRESETS = model_presets()  # served image model -> its preset, derived from the presets
 
 # Varied routes: 4:2:0, grey, 4:2:2, CMYK JPEG; RGBA WebP, palette+tRNS PNG, I;16 PNG, a 1000x1 strip.
 GOOD = [
@@ -75,8 +83,8 @@ def in_process(data: bytes, model: str) -> VisionResult | PreprocessError:
 
 
 def assert_same(got: VisionResult | PreprocessError, expected: VisionResult | PreprocessError, what: str) -> None:
-    if isinstance(expected, PreprocessError):
-        assert isinstance(got, InvalidImageError), f"{what}: expected InvalidImageError, got {got!r}"
+    if isinstance(expected, PreprocessError):  # fails exactly like in process: same type, same message
+        assert type(got) is type(expected), f"{what}: expected {type(expected).__name__}, got {got!r}"
         assert str(got) == str(expected), what
         return
     assert isinstance(got, VisionResult), f"{what}: {got!r}"
@@ -104,21 +112,40 @@ def server_shm_regions(server: object, protocol: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("status", "error_type"),
+    ("status", "raised"),
     [
-        ("400", InvalidImageError),
-        ("StatusCode.INVALID_ARGUMENT", InvalidImageError),
-        ("503", DecoderBusyError),
-        ("StatusCode.UNAVAILABLE", DecoderBusyError),
-        ("500", PreprocessError),
-        ("StatusCode.INTERNAL", PreprocessError),
+        ("400", InvalidImageError("not a decodable image")),
+        ("StatusCode.INVALID_ARGUMENT", UnsupportedImageError("cannot convert")),
+        ("400", ImageTooLargeError("too large")),
+        ("StatusCode.INVALID_ARGUMENT", InvalidRequestError("IMAGE_BYTES must have shape [1, 1]")),
+        ("503", DecoderBusyError("all busy (request id gen-1)")),
+        ("StatusCode.UNAVAILABLE", DecoderBusyError("all busy")),
+        ("StatusCode.CANCELLED", CancelledError("request cancelled by the client")),
+        ("500", PreprocessError("internal error: ValueError: bug")),
     ],
 )
-def test_server_status_maps_onto_the_error_hierarchy(status: str, error_type: type[PreprocessError]) -> None:
-    server_error = tritonclient.utils.InferenceServerException("in ensemble 'm', bad bytes", status=status)
-    error = error_from_server(server_error)
-    assert type(error) is error_type
-    assert str(error) == "bad bytes"
+def test_served_errors_raise_the_in_process_type(status: str, raised: PreprocessError) -> None:
+    """A served message starts with its class's tag (errors.served_message): the client raises that
+    class with the library's message, through an ensemble's prefix too."""
+    message = f"in ensemble 'm', {served_message(raised)}"
+    error = error_from_server(tritonclient.utils.InferenceServerException(message, status=status))
+    assert type(error) is type(raised) and str(error) == str(raised)
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [
+        ("400", InvalidRequestError),
+        ("StatusCode.INVALID_ARGUMENT", InvalidRequestError),
+        ("503", ServerUnavailableError),
+        ("StatusCode.UNAVAILABLE", ServerUnavailableError),
+        ("500", PreprocessError),
+    ],
+)
+def test_tritons_own_rejections_map_by_code(status: str, error_type: type[PreprocessError]) -> None:
+    """Untagged messages come from Triton itself (queue full, wrong shape, ...): the class of the code."""
+    error = error_from_server(tritonclient.utils.InferenceServerException("Exceeds maximum queue size", status=status))
+    assert type(error) is error_type and str(error) == "Exceeds maximum queue size"
 
 
 def test_transport_errors_become_preprocess_errors() -> None:
@@ -195,12 +222,12 @@ def test_learn_wire_from_model_configs() -> None:
     custom = learn_wire(get_config, "custom_u8").preset
     assert (custom.image_mean, custom.image_std) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
     assert learn_wire(get_config, "custom_u8", KIMI_K25) == Wire(PIXEL_PATCHES, KIMI_K25)  # given: used as is
-    # No preset in the server's config: the shipped name's, else the largest (float32 sizing only) ...
-    assert learn_wire(get_config, "kimi_k25_vision_u8") == Wire(PIXEL_PATCHES, KIMI_K25)
+    # No preset in the server's config: the largest (float32 sizing only), whatever the model's name ...
     assert learn_wire(get_config, "bare_f32") == Wire(PIXEL_VALUES, largest_preset())
-    # ... but never a guessed table for uint8.
-    with pytest.raises(PreprocessError, match="preset="):
-        learn_wire(get_config, "bare_u8")
+    # ... but never a guessed table for uint8 (the client keeps no table of model names).
+    for model in ("bare_u8", "kimi_k25_vision_u8"):
+        with pytest.raises(PreprocessError, match="preset="):
+            learn_wire(get_config, model)
     assert learn_wire(get_config, "bare_u8", KIMI_K3).preset == KIMI_K3
 
 
@@ -219,7 +246,7 @@ def test_learn_wire_of_a_single_model_with_both_pixel_outputs() -> None:
     custom = learn_wire(get_config, "fused_custom")
     assert custom.pixel_output == PIXEL_PATCHES
     assert (custom.preset.image_mean, custom.preset.image_std) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
-    assert learn_wire(get_config, "kimi_k25_vision_fused") == Wire(PIXEL_PATCHES, KIMI_K25)  # the shipped name's
+    assert learn_wire(get_config, "kimi_k25_vision_fused") == Wire(PIXEL_VALUES, largest_preset())  # no preset named
     assert learn_wire(get_config, "fused_bare") == Wire(PIXEL_VALUES, largest_preset())
     assert learn_wire(get_config, "fused_bare", KIMI_K3) == Wire(PIXEL_PATCHES, KIMI_K3)
 

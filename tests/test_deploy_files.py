@@ -151,8 +151,8 @@ def test_dockerignore_keeps_every_copied_path(cuda: str) -> None:
 
 
 def test_default_ports_match_launcher_and_cli() -> None:
-    defaults = inspect.signature(launcher.serve).parameters
-    assert {name: defaults[f"{name}_port"].default for name in PORTS} == PORTS
+    defaults = inspect.signature(launcher.Ports).parameters
+    assert {name: defaults[name].default for name in PORTS} == PORTS
     serve_args = build_parser().parse_args(["serve"])
     assert {name: getattr(serve_args, f"{name}_port") for name in PORTS} == PORTS
 

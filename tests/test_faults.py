@@ -25,7 +25,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_prep.serving import launcher
+from kimi_vision_prep.serving import shm_regions, triton_install
 from kimi_vision_prep.serving.launcher import EmbeddedServer, free_port
 from kimi_vision_prep.serving.watchdog import stub_processes
 
@@ -53,10 +53,10 @@ class Outcomes:
 @pytest.fixture(scope="module")
 def server() -> Iterator[EmbeddedServer]:
     try:
-        launcher.find_tritonserver()
+        triton_install.find_tritonserver()
     except RuntimeError as exc:
         pytest.skip(str(exc))
-    with EmbeddedServer(instances=1, probe_port=free_port()) as embedded:
+    with EmbeddedServer(probe_port=free_port()) as embedded:
         yield embedded
 
 
@@ -251,13 +251,13 @@ def test_killed_server_is_not_live_and_leaves_no_shared_memory(server: EmbeddedS
 
 
 def test_stale_regions_of_dead_launchers_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launcher, "SHM_DIR", tmp_path)
-    own = launcher.shm_region_prefix() + "a"
+    monkeypatch.setattr(shm_regions, "SHM_DIR", tmp_path)
+    own = shm_regions.shm_region_prefix() + "a"
     dead_pid = max(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()) + 10_000
     regions = [own, f"kimi_prep_{dead_pid}-1-0_b", f"kimi_prep_{os.getpid()}-1-0_c", "kimi_prep_d", "other_e"]
     for name in regions:
         (tmp_path / name).write_bytes(b"")
-    removed = launcher.remove_stale_shm_regions()
+    removed = shm_regions.remove_stale_shm_regions()
     # A dead pid, and a live pid with another start time (a recycled pid or another container).
     assert sorted(removed) == sorted(regions[1:3])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([own, "kimi_prep_d", "other_e"])

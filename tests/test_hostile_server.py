@@ -35,9 +35,8 @@ from reference import reference_preprocess
 from soak import rss_growth_failures, server_rss
 from tritonclient.utils import InferenceServerException
 
-from kimi_vision_client.client import ENSEMBLE_PREFIX
 from kimi_vision_prep import DecodeLimits, ImageDecoder, PreprocessError, preprocess_bytes
-from kimi_vision_prep.errors import reason_for
+from kimi_vision_prep.errors import ENSEMBLE_PREFIX, reason_for, served_message
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 
 pytestmark = pytest.mark.server
@@ -226,7 +225,7 @@ def assert_outcome(label: str, expected: Expected, result: Any, error: Inference
         assert expected.error is not None
         assert error is not None, f"{label}: accepted by the server, rejected in process ({expected.error})"
         assert error.status() in INVALID_ARG, f"{label}: {error.status()} {error.message()}"
-        assert server_message(error) == str(expected.error), label
+        assert server_message(error) == served_message(expected.error), label  # class tag + library text
         return
     assert error is None, f"{label}: {error.status()} {error.message()}"
     np.testing.assert_array_equal(result.as_numpy("PIXEL_VALUES")[0], expected.outputs["PIXEL_VALUES"], label)
@@ -420,7 +419,7 @@ def test_malformed_requests_are_invalid_arg(
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     """The repository with a queue of one per model and ``max_encoded_bytes`` 20000 (vision ensembles only)."""
-    from kimi_vision_prep.serving.launcher import default_model_repository
+    from kimi_vision_prep.serving.triton_install import default_model_repository
 
     repository = tmp_path_factory.mktemp("tight") / "model_repository"
     shutil.copytree(default_model_repository(), repository, ignore=shutil.ignore_patterns("__pycache__"))

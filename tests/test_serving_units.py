@@ -37,20 +37,17 @@ from kimi_vision_prep import (
     preprocess_bytes,
     preset_from_parameters,
 )
-from kimi_vision_prep.serving import launcher, models
+from kimi_vision_prep.errors import InvalidRequestError, served_message
+from kimi_vision_prep.kernels import register_kernel, type_key
+from kimi_vision_prep.serving import components, launcher, tensors, triton_install
+from kimi_vision_prep.serving import requests as request_tensors
 from kimi_vision_prep.serving.config import DecoderSettings, decoder_settings, model_parameters, numba_threads
-from kimi_vision_prep.serving.models import (
-    DecodeModel,
-    FusedVisionModel,
-    PatchEmbedModel,
-    PreprocessModel,
-    ServingModel,
-    decoded_from_inputs,
-    image_bytes_from_input,
-    input_array,
-    output_tensor,
-)
+from kimi_vision_prep.serving.contract import ServingModel, TritonIO
+from kimi_vision_prep.serving.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
 from kimi_vision_prep.serving.patch_embed import make_patch_embed
+from kimi_vision_prep.serving.repository import RenderOptions, render_repository
+from kimi_vision_prep.serving.requests import decoded_from_inputs, image_bytes_from_input
+from kimi_vision_prep.serving.tensors import input_array, output_tensor
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 PRESET_KEYS = {"preset"} | {f.name for f in dataclasses.fields(Preset)} - {"name"}
@@ -255,6 +252,13 @@ def counter(name: str, **labels: str) -> float:
     )
 
 
+DECODED = ("IMAGE", "MODE", "ORIGINAL_SIZE", "RESAMPLE")  # what a decode step hands the preprocess step
+
+
+def mode_input(mode: str) -> np.ndarray:
+    return np.array([[mode.encode()]], dtype=np.object_)
+
+
 def bytes_request(data: bytes, **kwargs: Any) -> FakeRequest:
     return FakeRequest(IMAGE_BYTES=np.array([[data]], dtype=np.object_), **kwargs)
 
@@ -276,8 +280,9 @@ def images(corpus: Path) -> dict[str, bytes]:
 def test_decode_model_batches_and_isolates_errors(pb: SimpleNamespace, images: dict[str, bytes], corpus: Path) -> None:
     model = DecodeModel(pb, model_args("kimi_k3_decode"))
     calls: list[int] = []
-    real_decode_batch = model.decoder.decode_batch
-    model.decoder.decode_batch = lambda items, preset: calls.append(len(items)) or real_decode_batch(items, preset)
+    decoder = model.decoding.decoder
+    real_decode_batch = decoder.decode_batch
+    decoder.decode_batch = lambda items, preset: calls.append(len(items)) or real_decode_batch(items, preset)
     truncated = (corpus / "pil__truncated_jpeg.jpg").read_bytes()
     requests = [
         bytes_request(images["pil__hopper.jpg"]),
@@ -293,7 +298,7 @@ def test_decode_model_batches_and_isolates_errors(pb: SimpleNamespace, images: d
     assert codes == [None, "INVALID_ARG", "CANCELLED", "INVALID_ARG", None, "INVALID_ARG"]
     assert "truncated" in responses[1].error.message and "one image per request" in responses[3].error.message
     jpeg = outputs_of(responses[0])
-    expected = model.decoder.decode(images["pil__hopper.jpg"], KIMI_K3)
+    expected = model.decoding.decoder.decode(images["pil__hopper.jpg"], KIMI_K3)
     np.testing.assert_array_equal(jpeg["IMAGE"], expected.pixels[None])
     np.testing.assert_array_equal(jpeg["ORIGINAL_SIZE"], [[128, 128]])
     assert jpeg["RESAMPLE"].tolist() == [[0]] and jpeg["DECODE_PATH"][0, 0] == expected.decode_path.encode()
@@ -312,7 +317,7 @@ def test_execute_never_raises(pb: SimpleNamespace, images: dict[str, bytes]) -> 
     def broken(items: Any, preset: Any) -> Any:
         raise RuntimeError("boom")
 
-    model.decoder.decode_batch = broken
+    model.decoding.decoder.decode_batch = broken
     responses = model.execute([bytes_request(images["pil__hopper.jpg"]), bytes_request(b"", cancelled=True)])
     assert [r.error.code for r in responses] == ["INTERNAL", "CANCELLED"]
     assert "boom" in responses[0].error.message
@@ -326,8 +331,9 @@ def test_decoding_models_count_and_log_fallbacks_once(
     pb: SimpleNamespace, images: dict[str, bytes], model_class: type[ServingModel], name: str
 ) -> None:
     model = model_class(pb, model_args(name))
-    model.decoder._codec_error, model.decoder._codec = "nvImageCodec unavailable (test)", None
-    model.decoder._nvimgcodec = lambda: None  # the planned fast decoder is gone
+    decoder = model.decoding.decoder
+    decoder._codec_error, decoder._codec = "nvImageCodec unavailable (test)", None
+    decoder._nvimgcodec = lambda: None  # the planned fast decoder is gone
     for _ in range(2):
         (response,) = model.execute([bytes_request(images["pil__hopper.jpg"])])
         outputs = outputs_of(response)
@@ -352,10 +358,8 @@ def test_decode_then_preprocess_equals_library(
     decode = DecodeModel(pb, model_args(f"kimi_{family}_decode"))
     prep = PreprocessModel(pb, model_args(f"kimi_{family}_preprocess"))
     decoded = [outputs_of(r) for r in decode.execute([bytes_request(d) for d in images.values()])]
-    requests = [
-        FakeRequest(IMAGE=d["IMAGE"], ORIGINAL_SIZE=d["ORIGINAL_SIZE"], RESAMPLE=d["RESAMPLE"]) for d in decoded
-    ]
-    for data, response in zip(images.values(), prep.execute(requests), strict=True):
+    handed_over = [FakeRequest(**{name: d[name] for name in DECODED}) for d in decoded]
+    for data, response in zip(images.values(), prep.execute(handed_over), strict=True):
         outputs, expected = outputs_of(response), preprocess_bytes(data, preset)
         np.testing.assert_array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
         np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None])
@@ -376,25 +380,25 @@ def test_preprocess_computes_only_the_requested_outputs(
     def request(data: bytes, decoded: dict[str, Any], requested: tuple[str, ...] | None) -> Any:
         if kind == "fused":
             return fused.execute([bytes_request(data, requested=requested)])[0]
-        inputs = {key: decoded[key] for key in ("IMAGE", "ORIGINAL_SIZE", "RESAMPLE")}
+        inputs = {key: decoded[key] for key in DECODED}
         return prep.execute([FakeRequest(requested=requested, **inputs)])[0]
 
     calls: list[str] = []
     for module, name in [
-        (pipeline, "write_patches_numpy"),
-        (pipeline, "patchify_numpy"),
+        (pipeline, "write_patches"),
+        (pipeline, "patchify"),
         (pipeline, "resize"),
-        (models, "pixel_values_from_patches"),
+        (request_tensors, "pixel_values_from_patches"),
     ]:
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     everything = ("PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS")
     selections: list[tuple[tuple[str, ...] | None, list[str]]] = [
-        (("PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"), ["resize", "write_patches_numpy"]),  # kimi_*_vision step
-        (("PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"), ["resize", "patchify_numpy"]),  # kimi_*_vision_u8 step
-        (("PIXEL_VALUES",), ["resize", "write_patches_numpy"]),  # kimi_k25_vision_embed step
-        (everything, ["resize", "patchify_numpy", "pixel_values_from_patches"]),  # a client naming none
-        (None, ["resize", "patchify_numpy", "pixel_values_from_patches"]),  # a request that cannot say
+        (("PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"), ["resize", "write_patches"]),  # kimi_*_vision step
+        (("PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"), ["resize", "patchify"]),  # kimi_*_vision_u8 step
+        (("PIXEL_VALUES",), ["resize", "write_patches"]),  # kimi_k25_vision_embed step
+        (everything, ["resize", "patchify", "pixel_values_from_patches"]),  # a client naming none
+        (None, ["resize", "patchify", "pixel_values_from_patches"]),  # a request that cannot say
         (("GRID_THW",), []),  # no pixels asked for: no resize either
     ]
     for name in ("pilx__p_trns_single.png", "imagers__large_image.jpg"):
@@ -422,22 +426,25 @@ def test_preprocess_computes_only_the_requested_outputs(
 def test_preprocess_rejects_bad_inputs_per_request(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
     prep = PreprocessModel(pb, model_args("kimi_k25_preprocess"))
     good = np.asarray(Image.open(io.BytesIO(images["pil__hopper.jpg"])).convert("RGB"))[None]
-    size, flag = np.array([[128, 128]], dtype=np.int64), np.zeros((1, 1), dtype=np.uint8)
-    requests = [
-        FakeRequest(IMAGE=good, ORIGINAL_SIZE=size, RESAMPLE=flag),
+    size, flag, rgb = np.array([[128, 128]], dtype=np.int64), np.zeros((1, 1), dtype=np.uint8), mode_input("RGB")
+    bad_requests = [
+        FakeRequest(IMAGE=good, MODE=rgb, ORIGINAL_SIZE=size, RESAMPLE=flag),
         FakeRequest(
-            IMAGE=np.zeros((1, 8, 8, 4), np.uint8), ORIGINAL_SIZE=np.array([[8, 8]]), RESAMPLE=flag
+            IMAGE=np.zeros((1, 8, 8, 4), np.uint8), MODE=mode_input("RGBA"), ORIGINAL_SIZE=np.array([[8, 8]]),
+            RESAMPLE=flag,
         ),  # RGBA under K2.5
-        FakeRequest(IMAGE=good, ORIGINAL_SIZE=np.array([[100, 128]], dtype=np.int64), RESAMPLE=flag),  # size mismatch
-        FakeRequest(IMAGE=good, ORIGINAL_SIZE=size, RESAMPLE=np.full((1, 1), 7, np.uint8)),  # unknown filter
-        FakeRequest(IMAGE=good.astype(np.float32), ORIGINAL_SIZE=size, RESAMPLE=flag),
-        FakeRequest(IMAGE=good, ORIGINAL_SIZE=size, RESAMPLE=flag, cancelled=True),
+        FakeRequest(
+            IMAGE=good, MODE=rgb, ORIGINAL_SIZE=np.array([[100, 128]], dtype=np.int64), RESAMPLE=flag
+        ),  # size mismatch
+        FakeRequest(IMAGE=good, MODE=rgb, ORIGINAL_SIZE=size, RESAMPLE=np.full((1, 1), 7, np.uint8)),  # unknown filter
+        FakeRequest(IMAGE=good.astype(np.float32), MODE=rgb, ORIGINAL_SIZE=size, RESAMPLE=flag),
+        FakeRequest(IMAGE=good, MODE=rgb, ORIGINAL_SIZE=size, RESAMPLE=flag, cancelled=True),
     ]
-    responses = prep.execute(requests)
+    responses = prep.execute(bad_requests)
     assert [r.error.code if r.error else None for r in responses] == [
         None, "INVALID_ARG", "INVALID_ARG", "INVALID_ARG", "INVALID_ARG", "CANCELLED",
     ]  # fmt: skip
-    assert "C=4" in responses[1].error.message and "ORIGINAL_SIZE is 100x128" in responses[2].error.message
+    assert "MODE 'RGBA'" in responses[1].error.message and "ORIGINAL_SIZE is 100x128" in responses[2].error.message
     assert "uint8" in responses[4].error.message
     np.testing.assert_array_equal(
         outputs_of(responses[0])["PIXEL_VALUES"][0], preprocess_bytes(images["pil__hopper.jpg"]).pixel_values
@@ -450,6 +457,7 @@ def test_preprocess_takes_gpu_input_through_dlpack(pb: SimpleNamespace, images: 
     pixels = torch.from_numpy(np.asarray(Image.open(io.BytesIO(images["pil__hopper.jpg"])).convert("RGB")).copy())[None]
     request = FakeRequest(
         IMAGE=FakeTensor("IMAGE", pixels, on_gpu=True),
+        MODE=mode_input("RGB"),
         ORIGINAL_SIZE=np.array([[128, 128]], dtype=np.int64),
         RESAMPLE=np.zeros((1, 1), dtype=np.uint8),
     )
@@ -469,8 +477,8 @@ def test_fused_model_equals_library(pb: SimpleNamespace, images: dict[str, bytes
     name = f"kimi_{family}_vision_fused"
     model = FusedVisionModel(pb, model_args(name))
     calls: list[int] = []
-    real_decode_batch = model.decoder.decode_batch
-    model.decoder.decode_batch = lambda items, p: calls.append(len(items)) or real_decode_batch(items, p)
+    real_decode_batch = model.decoding.decoder.decode_batch
+    model.decoding.decoder.decode_batch = lambda items, p: calls.append(len(items)) or real_decode_batch(items, p)
     responses = model.execute([bytes_request(data) for data in images.values()])
     assert calls == [len(images)]
     for data, response in zip(images.values(), responses, strict=True):
@@ -495,15 +503,15 @@ def test_fused_model_isolates_errors_per_request(
     fail their own request only, with the library's message; the others are bit-exact."""
     model = FusedVisionModel(pb, model_args("kimi_k3_vision_fused"))
     truncated = (corpus / "pil__truncated_jpeg.jpg").read_bytes()
-    real_outputs = models.preprocess_outputs
+    real_outputs = components.preprocess_outputs
 
     def buggy(decoded: Any, preset: Any, requested: Any = None) -> Any:
         if decoded.width == 2268:  # imagers__large_image.jpg
             raise RuntimeError("preprocess bug (test)")
         return real_outputs(decoded, preset, requested)
 
-    monkeypatch.setattr(models, "preprocess_outputs", buggy)
-    requests = [
+    monkeypatch.setattr(components, "preprocess_outputs", buggy)
+    batch = [
         bytes_request(images["pil__hopper.jpg"], requested=("PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS")),
         bytes_request(truncated),
         bytes_request(images["pilx__p_trns_single.png"], cancelled=True),
@@ -512,12 +520,12 @@ def test_fused_model_isolates_errors_per_request(
         bytes_request(images["pilx__p_trns_single.png"], requested=("PIXEL_VALUES",)),
         FakeRequest(),  # input missing
     ]
-    responses = model.execute(requests)
+    responses = model.execute(batch)
     codes = [r.error.code if r.error else None for r in responses]
     assert codes == [None, "INVALID_ARG", "CANCELLED", "INVALID_ARG", "INTERNAL", None, "INVALID_ARG"]
     with pytest.raises(PreprocessError) as raised:
         preprocess_bytes(truncated, "kimi-k3")
-    assert responses[1].error.message == str(raised.value)
+    assert responses[1].error.message == served_message(raised.value)  # the class tag, then the library's text
     assert "one image per request" in responses[3].error.message and "missing input" in responses[6].error.message
     assert "preprocess bug (test)" in responses[4].error.message
     assert any(level == "log_error" and "preprocess bug (test)" in line for level, line in FakeLogger.lines)
@@ -558,6 +566,11 @@ class FakeCudaTensor:
         return FakeCudaTensor(self.tensor.contiguous())
 
 
+# The fake takes torch's kernels (they only read .device, .shape and .contiguous()).
+register_kernel("output_tensor", type_key(FakeCudaTensor))(tensors._torch_output)
+register_kernel("cuda_device", type_key(FakeCudaTensor))(tensors._torch_device)
+
+
 def test_input_array_wraps_device_tensors_without_copy() -> None:
     source = torch.arange(12, dtype=torch.uint8).reshape(1, 2, 2, 3)
     wrapped = input_array(FakeTensor("IMAGE", source, on_gpu=True))
@@ -581,11 +594,11 @@ def test_output_tensor_hands_cuda_tensors_over_by_dlpack(pb: SimpleNamespace) ->
 def test_cuda_outputs_are_synchronized_before_hand_over(pb: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     synchronized: list[str] = []
     monkeypatch.setattr(torch.cuda, "synchronize", synchronized.append)
-    response = models.TritonIO(pb).response(
+    response = TritonIO(pb).response(
         {"PIXEL_VALUES": FakeCudaTensor(torch.zeros(1, 2)), "GRID_THW": np.ones((1, 3), np.int64)}
     )
     assert synchronized == ["cuda:0"] and response.outputs["PIXEL_VALUES"].via_dlpack
-    models.TritonIO(pb).response({"GRID_THW": np.ones((1, 3), np.int64)})
+    TritonIO(pb).response({"GRID_THW": np.ones((1, 3), np.int64)})
     assert synchronized == ["cuda:0"]  # host-only responses never touch CUDA
 
 
@@ -594,17 +607,45 @@ def test_gpu_instances_pick_their_device(pb: SimpleNamespace) -> None:
     assert ServingModel(pb, model_args("kimi_k25_decode", kind="CPU", device_id=1)).device == "cpu"
 
 
-def test_decoded_from_inputs_accepts_target_sized_pixels() -> None:
-    """K3 exotic modes arrive already resized: the target size is a valid IMAGE size too."""
-    decoded = decoded_from_inputs(
-        np.zeros((1, 7168, 71, 3), np.uint8), np.array([[100, 10000]], np.int64), np.zeros((1, 1), np.uint8), KIMI_K3
-    )
-    assert (decoded.width, decoded.height, decoded.resample) == (100, 10000, "bicubic")
+def source_mode_pngs() -> dict[str, bytes]:
+    """K3 sources resized in their own mode, sized past the 512-patch side limit (so resized)."""
+    rng = np.random.default_rng(5)
+    grey16 = Image.frombytes("I;16", (7300, 30), rng.integers(0, 65536, 7300 * 30, dtype=np.uint16).tobytes())
+    keyed = Image.fromarray(rng.integers(0, 256, (40, 7300), dtype=np.uint8), "L")
+    pngs = {}
+    for name, image, options in (("I;16", grey16, {}), ("L transparency=17", keyed, {"transparency": 17})):
+        buffer = io.BytesIO()
+        image.save(buffer, "PNG", **options)
+        pngs[name] = buffer.getvalue()
+    return pngs
+
+
+def test_image_is_the_stored_size_in_the_source_mode(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
+    """IMAGE has one meaning: the stored-size pixels in MODE. K3's source-mode images (CMYK, I;16,
+    L with a transparency key) travel as raw bytes with their mode; the preprocess step rebuilds
+    them, resizes with Pillow in that mode and equals the library."""
+    decode = DecodeModel(pb, model_args("kimi_k3_decode"))
+    prep = PreprocessModel(pb, model_args("kimi_k3_preprocess"))
+    sources = {"CMYK": images["pil__pil_sample_cmyk.jpg"], **source_mode_pngs()}
+    for mode, data in sources.items():
+        (decoded,) = [outputs_of(r) for r in decode.execute([bytes_request(data)])]
+        width, height = Image.open(io.BytesIO(data)).size
+        assert decoded["MODE"][0, 0] == mode.encode()
+        assert decoded["IMAGE"].shape[1:3] == (height, width) and decoded["ORIGINAL_SIZE"].tolist() == [[width, height]]
+        (response,) = prep.execute([FakeRequest(**{name: decoded[name] for name in DECODED})])
+        expected = preprocess_bytes(data, "kimi-k3")
+        assert outputs_of(response)["PIXEL_VALUES"][0].tobytes() == expected.pixel_values.tobytes(), mode
+    raw = np.zeros((1, 4, 4, 2), np.uint8)
+    size, flag = np.array([[4, 4]], np.int64), np.zeros((1, 1), np.uint8)
+    with pytest.raises(InvalidRequestError, match="not raw 'CMYK'"):
+        decoded_from_inputs(raw, mode_input("CMYK"), size, flag, KIMI_K3)  # 2 bytes a pixel, CMYK has 4
+    with pytest.raises(InvalidRequestError, match="MODE 'CMYK'"):
+        decoded_from_inputs(raw, mode_input("CMYK"), size, flag, KIMI_K25)
 
 
 def test_image_bytes_from_input() -> None:
     assert image_bytes_from_input(np.array([[b"abc"]], dtype=np.object_)) == b"abc"
-    with pytest.raises(models.InvalidRequestError, match="bytes"):
+    with pytest.raises(InvalidRequestError, match="bytes"):
         image_bytes_from_input(np.array([[3]], dtype=np.object_))
 
 
@@ -634,23 +675,44 @@ def test_patch_embed_model_equals_seeded_conv(pb: SimpleNamespace) -> None:
 # -- launcher -------------------------------------------------------------------------------------
 
 
-def test_render_repository_substitutes_instance_counts(tmp_path: Path) -> None:
-    rendered = launcher.render_repository(REPOSITORY, tmp_path / "repo", instances=3)
-    for name in all_models():
-        config = load_config(name, rendered)
-        original = load_config(name)
-        assert [g.count for g in config.instance_group] == [3] * len(original.instance_group)
-        for group in original.instance_group:
-            group.count = 3
-        assert config == original  # nothing else changed
-    copied = launcher.render_repository(REPOSITORY, tmp_path / "same", instances=None)
-    assert all(load_config(n, copied) == load_config(n) for n in all_models())
-    with pytest.raises(ValueError):
-        launcher.render_repository(REPOSITORY, tmp_path / "bad", instances=0)
+def rendered_files(root: Path) -> dict[str, str]:
+    """Relative path -> text of every file under ``root`` (``__pycache__`` ignored)."""
+    return {
+        str(path.relative_to(root)): path.read_text()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
 
 
-def test_render_repository_substitutes_thread_counts(tmp_path: Path) -> None:
-    rendered = launcher.render_repository(REPOSITORY, tmp_path / "repo", instances=2, threads=1)
+def test_checked_in_repository_is_a_fresh_rendering(tmp_path: Path) -> None:
+    """model_repository/ is `make repository`'s output: a fresh rendering has the same tracked files."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "model_repository"], cwd=REPOSITORY.parent, capture_output=True, text=True, check=False
+    )
+    rendered = rendered_files(render_repository(tmp_path / "repo"))
+    if tracked.returncode == 0 and tracked.stdout:
+        names = {line.removeprefix("model_repository/") for line in tracked.stdout.splitlines()}
+        assert names == set(rendered), "run `make repository`"
+    assert rendered == rendered_files(REPOSITORY), "model_repository/ differs from a fresh rendering: `make repository`"
+
+
+def test_rendering_is_derived_from_the_presets(tmp_path: Path) -> None:
+    """Every served preset gets its models by the naming rule, with its parameters and its patch size
+    in the output dims; kimi-k2.6 (kimi-k2.5's preset) is not served twice; the embed chain is K2.5's."""
+    configs = {name: load_config(name) for name in all_models()}
+    for prefix, preset in (("kimi_k25", KIMI_K25), ("kimi_k3", KIMI_K3)):
+        for kind in ("decode", "preprocess", "vision_fused"):
+            assert preset_from_parameters(model_parameters(config_dict(f"{prefix}_{kind}"))) == preset
+        for kind in ("preprocess", "vision", "vision_u8", "vision_fused"):
+            dims = {o.name: list(o.dims) for o in configs[f"{prefix}_{kind}"].output}
+            for name in {"PIXEL_VALUES", "PIXEL_PATCHES"} & dims.keys():
+                assert dims[name] == [-1, 3, preset.patch_size, preset.patch_size]
+    assert not any(name.startswith("kimi_k26") for name in configs)
+    assert [name for name in configs if name.endswith("_vision_embed")] == ["kimi_k25_vision_embed"]
+
+
+def test_render_options_change_only_their_fields(tmp_path: Path) -> None:
+    rendered = render_repository(tmp_path / "repo", RenderOptions(instances=3, threads=1, kind="cpu"))
     threaded = 0
     for name in all_models():
         config, original = load_config(name, rendered), load_config(name)
@@ -660,32 +722,34 @@ def test_render_repository_substitutes_thread_counts(tmp_path: Path) -> None:
                 original.parameters[key].string_value = "1"
                 threaded += 1
         for group in original.instance_group:
-            group.count = 2
-        assert config == original  # nothing else changed
-    assert threaded >= 6  # decode and fused: decoder_threads; preprocess and fused: numba_threads
-    args = build_parser().parse_args(["serve", "--instances", "2", "--threads", "1"])
-    assert (args.instances, args.threads) == (2, 1)
-    with pytest.raises(ValueError):
-        launcher.render_repository(REPOSITORY, tmp_path / "bad", threads=-1)
+            group.count, group.kind = 3, model_config_pb2.ModelInstanceGroup.KIND_CPU
+        assert config == original, name  # nothing else changed
+    assert threaded == 8  # decode and fused: decoder_threads; preprocess and fused: numba_threads (x2 presets)
+    args = build_parser().parse_args(["serve", "--instances", "2", "--threads", "1", "--kind", "gpu"])
+    assert (args.instances, args.threads, args.kind) == (2, 1, "gpu")
+    for bad in ({"instances": 0}, {"threads": -1}, {"kind": "tpu"}):
+        with pytest.raises(ValueError):
+            RenderOptions(**bad)
 
 
 def test_server_args_and_embedded_layout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pytest.importorskip("pytriton")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin")
-    install = launcher.find_tritonserver()
+    install = triton_install.find_tritonserver()
     assert install.embedded and install.backend_directory is not None
     assert install.backend_directory.is_relative_to(tmp_path / "kimi_vision_prep" / "triton")
     python = install.backend_directory / "python"
     assert {p.name for p in python.iterdir()} == {
         "libtriton_python.so", "triton_python_backend_utils.py", "triton_python_backend_stub",
     }  # fmt: skip
-    assert launcher.find_tritonserver().backend_directory == install.backend_directory  # laid out once
+    assert triton_install.find_tritonserver().backend_directory == install.backend_directory  # laid out once
     assert install.env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert install.env["LD_LIBRARY_PATH"].startswith(
         str(Path(sys.modules["pytriton"].__file__).parent.parent / "nvidia_pytriton.libs")
     )
-    args = launcher.server_args(install, tmp_path, http_port=1, grpc_port=2, metrics_port=3)
+    assert install.env["NUMBA_CACHE_DIR"].startswith(str(tmp_path))  # the stubs' numba cache, set by the launcher
+    args = launcher.server_args(install, tmp_path, launcher.Ports(1, 2, 3))
     assert "--model-control-mode=explicit" in args and "--load-model=*" in args
     assert f"--backend-directory={install.backend_directory}" in args
     shm = next(a for a in args if "shm-default-byte-size" in a)
@@ -710,9 +774,12 @@ def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> Non
         import sys
         from pathlib import Path
         from kimi_vision_prep.serving import launcher
+        from kimi_vision_prep.serving.repository import RenderOptions
         launcher.find_tritonserver = lambda: launcher.TritonInstall(Path({str(fake_server)!r}), None, {{}}, False)
-        repository = Path({str(REPOSITORY)!r})
-        sys.exit(launcher.serve(repository, 18000, 18001, 18002, instances=2, extra_args=["--log-verbose=1"]))
+        spec = launcher.LaunchSpec(
+            launcher.Ports(18000, 18001, 18002), render=RenderOptions(instances=2), extra_args=["--log-verbose=1"]
+        )
+        sys.exit(launcher.serve(spec))
     """)
     process = subprocess.Popen([sys.executable, "-c", script])
     args_file = tmp_path / "args"
@@ -743,13 +810,13 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
         import numpy as np
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import test_serving_units as t
-        from kimi_vision_prep import normalize, resize
+        from kimi_vision_prep import normalize, resize_numba
         from types import SimpleNamespace
 
         def signatures():
             return {{
                 (mod.__name__, name): len(fn.signatures)
-                for mod in (normalize, resize)
+                for mod in (normalize, resize_numba)
                 for name, fn in vars(mod).items()
                 if isinstance(fn, numba.core.registry.CPUDispatcher)
             }}
@@ -784,7 +851,7 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
                 for writable, requested in itertools.product((True, False), selections):
                     image = out["IMAGE"].copy()
                     image.setflags(write=writable)
-                    inputs = dict(IMAGE=image, ORIGINAL_SIZE=out["ORIGINAL_SIZE"], RESAMPLE=out["RESAMPLE"])
+                    inputs = dict(out, IMAGE=image)
                     t.outputs_of(prep.execute([t.FakeRequest(requested=requested, **inputs)])[0])
             check(family, before, signatures())
     """)

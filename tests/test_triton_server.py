@@ -182,7 +182,7 @@ def test_outputs_named_or_not(triton_server: Any, corpus: Path, protocol: str) -
         outputs = {name: result.as_numpy(name) for name in U8_OUTPUTS}
         assert_u8_matches_library(outputs, data, "kimi-k3")
         assert result.as_numpy("PIXEL_VALUES") is None
-        decoded = infer(triton_server, protocol, "kimi_k3_decode", data, ["IMAGE", "ORIGINAL_SIZE", "RESAMPLE"])
+        decoded = infer(triton_server, protocol, "kimi_k3_decode", data, ["IMAGE", "MODE", "ORIGINAL_SIZE", "RESAMPLE"])
         module = PROTOCOLS[protocol]
         inputs = []
         for name, value in decoded.items():
@@ -202,14 +202,14 @@ def test_outputs_named_or_not(triton_server: Any, corpus: Path, protocol: str) -
 
 def test_decode_model_outputs(triton_server: Any, corpus: Path) -> None:
     """The decode model on its own: stored size, resample flag, path label and pixel layout."""
-    outputs = ["IMAGE", "ORIGINAL_SIZE", "RESAMPLE", "DECODE_PATH"]
+    outputs = ["IMAGE", "MODE", "ORIGINAL_SIZE", "RESAMPLE", "DECODE_PATH"]
     jpeg = infer(triton_server, "grpc", "kimi_k25_decode", read(corpus, "imagers__rgb.jpg"), outputs)
-    assert jpeg["IMAGE"].dtype == np.uint8 and jpeg["IMAGE"].shape == (1, 333, 500, 3)
+    assert jpeg["IMAGE"].dtype == np.uint8 and jpeg["IMAGE"].shape == (1, 333, 500, 3) and jpeg["MODE"][0, 0] == b"RGB"
     np.testing.assert_array_equal(jpeg["ORIGINAL_SIZE"], [[500, 333]])
     np.testing.assert_array_equal(jpeg["RESAMPLE"], [[0]])
     assert jpeg["DECODE_PATH"][0, 0] in (b"nvimgcodec-cpu", b"nvimgcodec-cuda")
     palette = infer(triton_server, "http", "kimi_k3_decode", read(corpus, "pilx__p_trns_single.png"), outputs)
-    assert palette["IMAGE"].shape == (1, 64, 64, 4)  # straight-alpha RGBA, resized later with nearest
+    assert palette["IMAGE"].shape == (1, 64, 64, 4) and palette["MODE"][0, 0] == b"RGBA"  # resized later, nearest
     np.testing.assert_array_equal(palette["RESAMPLE"], [[1]])
     assert palette["DECODE_PATH"][0, 0] == b"pillow"
 
@@ -394,9 +394,11 @@ def test_wrong_dtype_and_shape_are_clear_errors(triton_server: Any, protocol: st
         size.set_data_from_numpy(np.array([[4, 4]], dtype=np.int64))
         resample = module.InferInput("RESAMPLE", [1, 1], "UINT8")
         resample.set_data_from_numpy(np.zeros((1, 1), dtype=np.uint8))
+        mode = module.InferInput("MODE", [1, 1], "BYTES")
+        mode.set_data_from_numpy(np.array([[b"RGB"]], dtype=np.object_))
         with pytest.raises(InferenceServerException) as info:
-            client.infer("kimi_k25_preprocess", [five_channels, size, resample])
-        assert is_invalid_arg(info.value) and "IMAGE must have shape" in str(info.value)
+            client.infer("kimi_k25_preprocess", [five_channels, mode, size, resample])
+        assert is_invalid_arg(info.value) and "IMAGE of MODE RGB must have C=3, got C=5" in str(info.value)
     finally:
         client.close()
 

@@ -98,6 +98,33 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# The presets the model repository serves, each as the models ``<model_prefix>_*`` (rendered by
+# ``kimi-prep render-repository``). kimi-k2.6 is kimi-k2.5's preset under another name: served once.
+SERVED_PRESETS: tuple[str, ...] = (KIMI_K25.name, KIMI_K3.name)
+
+
+def model_prefix(preset_name: str) -> str:
+    """The model-name prefix of a served preset: ``kimi-k2.5`` -> ``kimi_k25``, ``kimi-k3`` -> ``kimi_k3``."""
+    return preset_name.replace(".", "").replace("-", "_")
+
+
+def preset_aliases(preset: Preset) -> list[str]:
+    """Names of the registered presets equal to ``preset`` but for their name (``preset`` first)."""
+    same = [name for name, other in PRESETS.items() if dataclasses.replace(other, name=preset.name) == preset]
+    return sorted(same, key=lambda name: name != preset.name)
+
+
+def preset_parameters(preset: Preset) -> dict[str, str]:
+    """``preset`` as the config.pbtxt string parameters :func:`preset_from_parameters` reads back:
+    ``preset`` (the name) and every other field."""
+    parameters = {"preset": preset.name}
+    for field in dataclasses.fields(Preset):
+        if field.name != "name":
+            value = getattr(preset, field.name)
+            parameters[field.name] = ",".join(map(repr, value)) if isinstance(value, tuple) else str(value)
+    return parameters
+
+
 def get_preset(preset: str | Preset) -> Preset:
     """Return ``preset`` itself or the registered preset of that name."""
     if isinstance(preset, Preset):

@@ -1,27 +1,26 @@
 """``kimi-prep bench-local``: in-process, side-by-side timings in one run.
 
-For each image: ours (``preprocess_bytes``), the plain reference (``tests/reference.py``: Pillow
-decode + Pillow bicubic + numpy normalize/pad/patchify), the decode floor (Pillow decode to an RGB
-array) and, when installed, DALI's CPU pipeline (decode, antialiased cubic resize to the same size,
-normalize). Every number is min/median of ``repeats`` runs; ratios compare medians measured in the
-same process. Images fall in two classes: ``no-resize`` (within the preset's patch budget) and
-``downscale``; ``synthetic`` marks corpus photos upscaled 2x with Lanczos and re-encoded.
-Writes ``bench_local.json`` and ``bench_local.png`` under ``out_dir``.
+For each image: ours (``preprocess_bytes``), the plain pipeline (:func:`plain_preprocess`: Pillow
+decode + Pillow bicubic + numpy normalize/pad/patchify, what a user would write), the decode floor
+(Pillow decode to an RGB array) and, when installed, DALI's CPU pipeline (decode, antialiased cubic
+resize to the same size, normalize). Every number is min/median of ``repeats`` runs; ratios
+compare medians measured in the same process. Images fall in two classes: ``no-resize`` (within
+the preset's patch budget) and ``downscale``. The default images are generated
+(:func:`~.samples.bench_photos`), so the command needs no checkout; ``--images`` takes real
+photos, and ``benchmarks/bench_local_corpus.py`` runs it on the test corpus against
+``tests/reference.py``. Writes ``bench_local.json`` and ``bench_local.png`` under ``out_dir``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import statistics
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -29,21 +28,9 @@ from PIL import Image
 
 from kimi_vision_prep import ImageDecoder, get_preset, navit_target_size, preprocess_bytes
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CORPUS = REPO_ROOT.parent / "shared" / "corpus"
+from .samples import bench_photos
 
-# Real photos of the corpus (MANIFEST category "photo"/"edge", Pillow accepts them), chosen to cover
-# both classes for K2.5; upscaled copies of the first group make the synthetic downscale set.
-REAL_PHOTOS = (
-    "imagers__large_image.jpg",
-    "imagers__extraneous-bytes-after-sos.jpg",
-    "pil__xmp_test.jpg",
-    "imagers__mjpeg.jpg",
-    "imagers__progressive3.jpg",
-    "sklearn__china.jpg",
-    "pil__iptc.jpg",
-)
-UPSCALED_PHOTOS = ("pil__xmp_test.jpg", "imagers__large_image.jpg", "sklearn__flower.jpg", "imagers__mjpeg.jpg")
+Reference = Callable[[bytes, str], Any]  # (encoded image, preset name) -> anything (timed only)
 
 
 @dataclass
@@ -73,33 +60,30 @@ def time_call(fn: Callable[[], Any], repeats: int) -> Timing:
     return Timing(min(samples), statistics.median(samples))
 
 
-def load_reference() -> ModuleType:
-    """The plain reference from a source checkout (it deliberately lives with the tests)."""
-    path = REPO_ROOT / "tests" / "reference.py"
-    spec = importlib.util.spec_from_file_location("kimi_plain_reference", path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"bench-local needs a source checkout: {path} not found")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def upscale_2x(data: bytes) -> bytes:
-    """Re-encode a photo at twice its size (Lanczos, JPEG q=92, 4:2:0): a synthetic large photo."""
+def plain_preprocess(data: bytes, preset_name: str) -> np.ndarray:
+    """The plain pipeline for RGB photos: Pillow decode and BICUBIC resize, then numpy normalise,
+    pad and patchify; float32 ``(N, 3, p, p)``."""
+    preset = get_preset(preset_name)
     image = Image.open(io.BytesIO(data)).convert("RGB")
-    big = image.resize((image.width * 2, image.height * 2), Image.Resampling.LANCZOS)
-    out = io.BytesIO()
-    big.save(out, "JPEG", quality=92, subsampling=2)
-    return out.getvalue()
+    target = navit_target_size(image.width, image.height, preset)
+    if target.needs_resize:
+        image = image.resize((target.new_width, target.new_height), Image.Resampling.BICUBIC)
+    p = preset.patch_size
+    padded = np.zeros((target.grid_h * p, target.grid_w * p, 3), np.float32)
+    padded[: target.new_height, : target.new_width] = (np.asarray(image) / 255.0).astype(np.float32)
+    padded -= np.asarray(preset.image_mean)
+    padded *= 1.0 / np.asarray(preset.image_std)
+    patches = padded.reshape(target.grid_h, p, target.grid_w, p, 3).transpose(0, 2, 4, 1, 3)
+    return np.ascontiguousarray(patches).reshape(-1, 3, p, p)
 
 
-def bench_images(preset_name: str) -> list[BenchImage]:
+def bench_images(preset_name: str, sources: Sequence[tuple[str, bytes]] | None = None) -> list[BenchImage]:
+    """``sources`` (name, encoded bytes; default: :func:`~.samples.bench_photos`) with their class
+    under the preset; ``synthetic`` marks generated images."""
     preset = get_preset(preset_name)
     images = []
-    sources = [(name, (CORPUS / name).read_bytes(), False) for name in REAL_PHOTOS]
-    sources += [(f"{name}@2x", upscale_2x((CORPUS / name).read_bytes()), True) for name in UPSCALED_PHOTOS]
-    for name, data, synthetic in sources:
+    named = [(name, data, False) for name, data in sources] if sources is not None else None
+    for name, data, synthetic in named or [(n, d, True) for n, d in bench_photos().items()]:
         width, height = Image.open(io.BytesIO(data)).size
         target = navit_target_size(width, height, preset)
         image_class = "downscale" if target.needs_resize else "no-resize"
@@ -150,24 +134,27 @@ def throughput(images: list[BenchImage], preset_name: str, threads: int, rounds:
     return best
 
 
-def run(
+def run(  # noqa: PLR0917
     preset_name: str = "kimi-k2.5",
     repeats: int = 5,
     out_dir: Path = Path("bench_results"),
     allocator: str = "glibc default",
+    sources: Sequence[tuple[str, bytes]] | None = None,
+    reference: Reference = plain_preprocess,
 ) -> dict[str, Any]:
-    """Time every image four ways (ours, reference, decode floor, DALI) and write JSON + PNG.
-    ``allocator`` only labels the results (the caller configured the process)."""
-    reference = load_reference()
+    """Time every image four ways (ours, ``reference``, decode floor, DALI) and write JSON + PNG.
+    ``sources`` as for :func:`bench_images`; ``allocator`` only labels the results (the caller
+    configured the process)."""
     dali = dali_runner(preset_name)
     decoder = ImageDecoder(pool_size=1)
     preset = get_preset(preset_name)
+    images = bench_images(preset_name, sources)
     rows = []
-    for im in bench_images(preset_name):
+    for im in images:
         target = navit_target_size(im.width, im.height, preset)
         row: dict[str, Any] = {"image": asdict(im) | {"data": len(im.data)}}
         row["ours"] = time_call(lambda im=im: preprocess_bytes(im.data, preset_name, decoder=decoder), repeats)
-        row["reference"] = time_call(lambda im=im: reference.reference_preprocess(im.data, preset_name), repeats)
+        row["reference"] = time_call(lambda im=im: reference(im.data, preset_name), repeats)
         row["pillow_decode"] = time_call(
             lambda im=im: np.asarray(Image.open(io.BytesIO(im.data)).convert("RGB")), repeats
         )
@@ -183,7 +170,7 @@ def run(
         rows.append(row)
         print(_format_row(row), flush=True)
     summary = _summarise(rows)
-    summary["throughput_2_threads_img_s"] = throughput(bench_images(preset_name), preset_name, 2, 3)
+    summary["throughput_2_threads_img_s"] = throughput(images, preset_name, 2, 3)
     result = {
         "preset": preset_name,
         "repeats": repeats,

@@ -28,9 +28,11 @@ from typing import Any
 import numpy as np
 
 from kimi_vision_prep import PreprocessError
+from kimi_vision_prep.serving.repository import model_presets
 
 from . import bench_local
-from .client import ADAPTERS, MODEL_PRESETS, KimiVisionClient, Protocol, image_size, largest_preset, strip_scheme
+from .client import KimiVisionClient, Protocol, image_size, largest_preset, strip_scheme
+from .transport import ADAPTERS
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 Image = tuple[str, bytes]  # (name, encoded bytes)
@@ -88,8 +90,8 @@ class LevelResult:
 
 
 def default_images(model: str) -> list[Image]:
-    """bench-local's set: real corpus photos and their synthetic 2x upscales, under the model's preset."""
-    preset_name = MODEL_PRESETS.get(model, largest_preset().name)
+    """bench-local's generated photos (:func:`~.samples.bench_photos`), classed under the model's preset."""
+    preset_name = model_presets().get(model, largest_preset().name)
     return [(im.name, im.data) for im in bench_local.bench_images(preset_name)]
 
 

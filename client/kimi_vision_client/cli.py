@@ -1,4 +1,5 @@
-"""``kimi-prep``: preprocess in-process, serve, infer against a server, benchmark, or run a demo.
+"""``kimi-prep``: preprocess in-process, render the model repository, serve, infer against a server,
+benchmark, or run a demo.
 
 Every subcommand that processes images prints one summary line per image on stdout, one error line
 per bad image on stderr, writes the good results (optionally) to an ``.npz`` with the processor's
@@ -18,8 +19,9 @@ import numpy as np
 from PIL import Image
 
 from kimi_vision_prep import PRESETS, PreprocessError, PreprocessResult, concat_results, preprocess_bytes
+from kimi_vision_prep.serving.repository import RenderOptions, model_presets
 
-from .client import MODEL_PRESETS, KimiVisionClient, VisionResult
+from .client import KimiVisionClient, VisionResult
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -177,18 +179,31 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return report([outcome for outcome, _ in inputs], args.out)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from kimi_vision_prep.serving.launcher import serve
+def render_options(args: argparse.Namespace) -> RenderOptions | None:
+    """``--instances`` / ``--threads`` / ``--kind`` as :class:`RenderOptions` (None: none given)."""
+    given = {key: getattr(args, key) for key in ("instances", "threads", "kind") if getattr(args, key) is not None}
+    return RenderOptions(**given) if given else None
 
-    return serve(
-        model_repository=args.model_repository,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        metrics_port=args.metrics_port,
-        instances=args.instances,
-        probe_port=args.probe_port,
-        threads=args.threads,
-    )
+
+def cmd_render_repository(args: argparse.Namespace) -> int:
+    """Write the model repository rendered from the presets."""
+    from kimi_vision_prep.serving.repository import render_repository
+
+    out = render_repository(args.out, render_options(args) or RenderOptions())
+    print(f"rendered {len(list(out.glob('*/config.pbtxt')))} models into {out}")
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kimi_vision_prep.serving.launcher import LaunchSpec, Ports, serve
+
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.probe_port)
+    try:
+        spec = LaunchSpec(ports, args.model_repository, render_options(args))
+    except ValueError as exc:
+        print(f"kimi-prep serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return serve(spec)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -217,7 +232,8 @@ def cmd_bench_local(args: argparse.Namespace) -> int:
     if not args.default_allocator and keep_large_buffers():
         allocator = "large buffers kept on the heap (kimi_vision_prep.allocator)"
     print(f"allocator: {allocator}")
-    bench_local.run(args.preset, args.repeats, args.out_dir, allocator)
+    sources = [(str(path), path.read_bytes()) for path in expand_paths(args.images)] if args.images else None
+    bench_local.run(args.preset, args.repeats, args.out_dir, allocator, sources)
     return EXIT_OK
 
 
@@ -273,6 +289,25 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shm", action="store_true", help="exchange tensors through system shared memory")
 
 
+def non_negative_int(text: str) -> int:
+    return 0 if text.strip() == "0" else positive_int(text)
+
+
+def add_render_arguments(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """``--instances``, ``--threads``, ``--kind``: the host-dependent knobs of a rendered repository."""
+    parser.add_argument("--instances", type=positive_int, default=None, help=f"instances of every Python model{note}")
+    parser.add_argument(
+        "--threads",
+        type=non_negative_int,
+        default=None,
+        help="CPU threads per instance (numba_threads and decoder_threads; 0: all cores). CPU-only hosts: "
+        f"keep instances x threads <= cores, e.g. --instances 2 --threads 1 on 2 cores{note}",
+    )
+    parser.add_argument(
+        "--kind", choices=("cpu", "gpu"), default=None, help=f"instance kind (default: GPU if any){note}"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-prep", description="Bit-exact Kimi vision preprocessing.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -283,19 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("images", nargs="+", type=Path, metavar="IMAGE|DIR")
     pre.set_defaults(run=cmd_preprocess)
 
+    render = sub.add_parser("render-repository", help="write the model repository rendered from the presets")
+    render.add_argument("--out", type=Path, required=True, help="the repository folder to write")
+    add_render_arguments(render)
+    render.set_defaults(run=cmd_render_repository)
+
     srv = sub.add_parser("serve", help="run tritonserver on the model repository")
-    srv.add_argument("--model-repository", type=Path, default=None, help="default: the repository's model_repository/")
+    srv.add_argument(
+        "--model-repository", type=Path, default=None, help="serve this repository as is (default: model_repository/)"
+    )
     srv.add_argument("--http-port", type=int, default=8000)
     srv.add_argument("--grpc-port", type=int, default=8001)
     srv.add_argument("--metrics-port", type=int, default=8002)
-    srv.add_argument("--instances", type=int, default=None, help="model instances per preprocessing model")
-    srv.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads per instance (numba_threads and decoder_threads; 0: all cores). CPU-only hosts: "
-        "keep instances x threads <= cores, e.g. --instances 2 --threads 1 on 2 cores",
-    )
+    add_render_arguments(srv, " (serves a fresh rendering from the presets)")
     srv.add_argument(
         "--probe-port", type=int, default=None, help="serve /livez, /readyz and the watchdog's /metrics on this port"
     )
@@ -323,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     amount.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds per level (default 10)")
     amount.add_argument("--requests", type=positive_int, default=None, metavar="N", help="requests per level")
     bench.add_argument(
-        "--images", nargs="+", type=Path, metavar="FILE|DIR", help="default: bench-local's corpus photos and upscales"
+        "--images", nargs="+", type=Path, metavar="FILE|DIR", help="default: bench-local's generated photos"
     )
     bench.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="bench_server.json and .png")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -332,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     local = sub.add_parser("bench-local", help="in-process timings: ours vs the plain reference and the decode floor")
     local.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS))
     local.add_argument("--repeats", type=int, default=5, help="timed runs per image (min and median reported)")
+    local.add_argument("--images", nargs="+", type=Path, metavar="FILE|DIR", help="default: generated photos")
     local.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="bench_local.json and .png")
     local.add_argument(
         "--default-allocator",
@@ -341,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     local.set_defaults(run=cmd_bench_local)
 
     demo = sub.add_parser("demo", help="start a server, send sample images over HTTP and gRPC, stop")
-    demo.add_argument("--model", default="kimi_k25_vision", choices=sorted(MODEL_PRESETS))
+    demo.add_argument("--model", default="kimi_k25_vision", choices=sorted(model_presets()))
     demo.set_defaults(run=cmd_demo)
     return parser
 

@@ -7,15 +7,16 @@ The models take ``IMAGE_BYTES`` (TYPE_STRING, batch shape ``[1, 1]``) and return
 both pixel outputs and compute the one requested (the client asks for ``PIXEL_PATCHES``).
 :class:`KimiVisionClient` hides the batch dimension, expands uint8 patches into the float32
 ``pixel_values`` with the preset's normalise table (bit-equal to the float32 ensemble:
-``PIXEL_VALUES`` is that table read at ``PIXEL_PATCHES``), and maps server errors onto the
-:mod:`kimi_vision_prep.errors` hierarchy, so a remote call fails exactly like
+``PIXEL_VALUES`` is that table read at ``PIXEL_PATCHES``), and raises server errors as the
+:mod:`kimi_vision_prep.errors` class the server's message is tagged with
+(:func:`~kimi_vision_prep.errors.error_from_served`), so a remote call fails exactly like
 ``kimi_vision_prep.preprocess_bytes`` would in-process.
 
 The wire is learnt from the server, once per client, at the first request (:func:`learn_wire`):
 a model whose config lists a ``PIXEL_PATCHES`` output is served over the uint8 wire, and the
 preset (mean/std for the table, sizes for shared memory) is read from the ``parameters`` of the
 model that produces the pixels (the model itself, or the ensemble step that yields them), so a
-renamed or re-parameterised model still expands exactly.
+renamed or re-parameterised model still expands exactly; the client keeps no table of models.
 
 With ``use_shared_memory=True`` the request and the outputs travel through POSIX shared memory
 (client and server must share ``/dev/shm``, e.g. the same host or pod). The output size is known
@@ -25,24 +26,17 @@ before sending: the NaViT rule needs only the width and height from the image he
 from __future__ import annotations
 
 import io
-import re
-import uuid
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import tritonclient.grpc
-import tritonclient.http
 import tritonclient.utils
 import tritonclient.utils.shared_memory as shm
 from PIL import Image
 
 from kimi_vision_prep import (
     PRESETS,
-    DecoderBusyError,
-    InvalidImageError,
     PreprocessError,
     Preset,
     get_preset,
@@ -50,9 +44,11 @@ from kimi_vision_prep import (
     pixel_values_from_patches,
     preset_from_parameters,
 )
+from kimi_vision_prep.errors import error_from_served
+
+from .transport import ADAPTERS, ShmSlot, Waiter
 
 Protocol = Literal["http", "grpc"]
-Waiter = Callable[[], Any]
 
 INPUT_NAME = "IMAGE_BYTES"
 PIXEL_VALUES, PIXEL_PATCHES = "PIXEL_VALUES", "PIXEL_PATCHES"
@@ -63,28 +59,14 @@ OUTPUT_DTYPES: dict[str, np.dtype] = {
     GRID_THW: np.dtype(np.int64),
     NUM_TOKENS: np.dtype(np.int32),
 }
-# The shipped models' presets: the fallback when the server's config does not name one (and, for
-# VisionResult checks and the CLI demo, the preset of a known model without asking the server).
-# Unknown float32 models fall back to the largest registered preset (a shared-memory region larger
-# than the output is fine, a smaller one is not); unknown uint8 models need the server's preset.
-MODEL_PRESETS: dict[str, str] = {
-    "kimi_k25_vision": "kimi-k2.5",
-    "kimi_k3_vision": "kimi-k3",
-    "kimi_k25_vision_u8": "kimi-k2.5",
-    "kimi_k3_vision_u8": "kimi-k3",
-    "kimi_k25_vision_fused": "kimi-k2.5",
-    "kimi_k3_vision_fused": "kimi-k3",
+# Transport status (HTTP code or gRPC StatusCode) -> the Triton code name it carries.
+TRITON_CODES: dict[str, str] = {
+    "400": "INVALID_ARG",
+    "StatusCode.INVALID_ARGUMENT": "INVALID_ARG",
+    "503": "UNAVAILABLE",
+    "StatusCode.UNAVAILABLE": "UNAVAILABLE",
+    "StatusCode.CANCELLED": "CANCELLED",
 }
-# Server status (HTTP code or gRPC StatusCode) -> the error the in-process pipeline raises.
-STATUS_ERRORS: dict[str, type[PreprocessError]] = {
-    "400": InvalidImageError,
-    "StatusCode.INVALID_ARGUMENT": InvalidImageError,
-    "503": DecoderBusyError,
-    "StatusCode.UNAVAILABLE": DecoderBusyError,
-}
-# Triton prefixes errors of an ensemble's steps with this; without it the message is the library's own.
-ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
-SHM_ALIGNMENT = 1 << 16  # regions grow in 64 KiB steps so small size changes reuse them
 
 
 @dataclass(frozen=True)
@@ -105,10 +87,10 @@ def strip_scheme(url: str) -> str:
 
 
 def error_from_server(exc: Exception) -> PreprocessError:
-    """Map a tritonclient error onto the :class:`PreprocessError` hierarchy, keeping the server's message."""
+    """A tritonclient error as the :class:`PreprocessError` the server raised (its message's tag),
+    or, for Triton's own untagged rejections, the class of its code."""
     if isinstance(exc, tritonclient.utils.InferenceServerException):
-        error_type = STATUS_ERRORS.get(str(exc.status()), PreprocessError)
-        return error_type(ENSEMBLE_PREFIX.sub("", exc.message() or str(exc)))
+        return error_from_served(TRITON_CODES.get(str(exc.status()), "INTERNAL"), exc.message() or str(exc))
     return PreprocessError(f"{type(exc).__name__}: {exc}")
 
 
@@ -182,8 +164,8 @@ def learn_wire(get_config: Callable[[str], Mapping[str, Any]], model: str, prese
     offers ``PIXEL_VALUES`` as well, like ``kimi_*_vision_fused``: the patches expand bit-equal and
     are a quarter of the bytes), else it returns ``PIXEL_VALUES``. The preset is ``preset`` if
     given, else the one in the config parameters of the model producing the pixels (the model
-    itself, or the ensemble step that yields them), else the shipped name's (:data:`MODEL_PRESETS`),
-    else (float32 only: it just sizes regions) the largest registered preset. A uint8 model with no
+    itself, or the ensemble step that yields them), else (float32 only: it just sizes regions) the
+    largest registered preset. A uint8 model with no
     known preset is read over float32 if it offers ``PIXEL_VALUES`` too, and otherwise raises
     :class:`PreprocessError`: a guessed table would give wrong values.
     """
@@ -192,8 +174,6 @@ def learn_wire(get_config: Callable[[str], Mapping[str, Any]], model: str, prese
     candidates = [name for name in (PIXEL_PATCHES, PIXEL_VALUES) if name in names] or [PIXEL_VALUES]
     for pixel_output in candidates:
         found = preset or producer_preset(get_config, config, pixel_output)
-        if found is None and model in MODEL_PRESETS:
-            found = get_preset(MODEL_PRESETS[model])
         if found is not None:
             return Wire(pixel_output, found)
         if pixel_output == PIXEL_VALUES:
@@ -223,108 +203,6 @@ def to_vision_result(outputs: Mapping[str, np.ndarray], preset: Preset | None = 
     )
 
 
-# -- the protocol difference, in one place -----------------------------------------------------
-
-
-class HttpAdapter:
-    """tritonclient.http: requests are gevent greenlets, a result is fetched with ``get_result``."""
-
-    module = tritonclient.http
-
-    def connect(self, url: str, max_concurrency: int) -> Any:
-        return tritonclient.http.InferenceServerClient(url, concurrency=max_concurrency)
-
-    def submit(self, client: Any, model: str, inputs: list[Any], outputs: list[Any]) -> Waiter:
-        return client.async_infer(model, inputs, outputs=outputs).get_result
-
-    def output_shape(self, result: Any, name: str) -> list[int]:
-        return list(result.get_output(name)["shape"])
-
-    def model_config(self, client: Any, model: str) -> dict[str, Any]:
-        return client.get_model_config(model)
-
-
-class GrpcAdapter:
-    """tritonclient.grpc: results arrive on a callback thread; a Future hands them over."""
-
-    module = tritonclient.grpc
-
-    def connect(self, url: str, max_concurrency: int) -> Any:
-        return tritonclient.grpc.InferenceServerClient(url)
-
-    def submit(self, client: Any, model: str, inputs: list[Any], outputs: list[Any]) -> Waiter:
-        future: Future[Any] = Future()
-
-        def done(result: Any, error: Exception | None) -> None:
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
-
-        client.async_infer(model, inputs, done, outputs=outputs)
-        return future.result
-
-    def output_shape(self, result: Any, name: str) -> list[int]:
-        return list(result.get_output(name).shape)
-
-    def model_config(self, client: Any, model: str) -> dict[str, Any]:
-        return client.get_model_config(model, as_json=True)["config"]
-
-
-ADAPTERS: dict[str, type[HttpAdapter] | type[GrpcAdapter]] = {"http": HttpAdapter, "grpc": GrpcAdapter}
-
-
-# -- shared memory -----------------------------------------------------------------------------
-
-
-class ShmRegion:
-    """One system shared-memory region, created here and registered with the server under one name."""
-
-    def __init__(self, client: Any, byte_size: int) -> None:
-        self.name = f"kimi_vision_{uuid.uuid4().hex}"
-        self.key = f"/{self.name}"
-        self.byte_size = byte_size
-        self.handle = shm.create_shared_memory_region(self.name, self.key, byte_size, create_only=True)
-        try:
-            client.register_system_shared_memory(self.name, self.key, byte_size)
-        except Exception:
-            shm.destroy_shared_memory_region(self.handle)
-            raise
-
-    def release(self, client: Any) -> None:
-        """Unregister from the server (best effort: it may be gone) and unlink locally."""
-        try:
-            client.unregister_system_shared_memory(self.name)
-        finally:
-            shm.destroy_shared_memory_region(self.handle)
-
-
-class ShmSlot:
-    """An input and an output region for one in-flight request; grown on demand, reused after."""
-
-    def __init__(self) -> None:
-        self.input: ShmRegion | None = None
-        self.output: ShmRegion | None = None
-
-    def fit(self, client: Any, input_bytes: int, output_bytes: int) -> None:
-        """Make both regions at least this large (re-registering a region that is too small)."""
-        for attr, byte_size in (("input", input_bytes), ("output", max(output_bytes, 1))):
-            region: ShmRegion | None = getattr(self, attr)
-            if region is not None and region.byte_size >= byte_size:
-                continue
-            # Forget the old region before releasing it, so a failure below never releases it twice.
-            setattr(self, attr, None)
-            if region is not None:
-                region.release(client)
-            setattr(self, attr, ShmRegion(client, -(-byte_size // SHM_ALIGNMENT) * SHM_ALIGNMENT))
-
-    def release(self, client: Any) -> None:
-        for region in (self.input, self.output):
-            if region is not None:
-                region.release(client)
-        self.input = self.output = None
-
-
 # -- the client ---------------------------------------------------------------------------------
 
 
@@ -348,8 +226,8 @@ class KimiVisionClient:
     ``preset`` overrides the preset learnt from the server (see :func:`learn_wire`); it sizes the
     output regions and, on the uint8 wire, expands the patches, so it must match the server's.
     ``max_concurrency`` is the HTTP connection pool size. Attributes: ``preset``, the preset in
-    use (the given one, else the shipped name's until the first request has learnt the server's);
-    ``wire`` (:class:`Wire`); ``output_bytes_received``, the output bytes received so far (over the
+    use (the given one, else the server's, asked for on first use); ``wire`` (:class:`Wire`);
+    ``output_bytes_received``, the output bytes received so far (over the
     wire or through shared memory). Not thread safe: use one client per thread.
     """
 
@@ -370,17 +248,12 @@ class KimiVisionClient:
         self.model = model
         self.use_shared_memory = use_shared_memory
         self._preset_override = get_preset(preset) if preset is not None else None
-        self.preset = self._preset_override or self._model_preset(model)
         self._adapter = ADAPTERS[protocol]()
         self._client = self._adapter.connect(self.url, max_concurrency)
         self._wire: Wire | None = None
         self._free_slots: list[ShmSlot] = []
         self._all_slots: list[ShmSlot] = []
         self.output_bytes_received = 0
-
-    @staticmethod
-    def _model_preset(model: str) -> Preset:
-        return get_preset(MODEL_PRESETS[model]) if model in MODEL_PRESETS else largest_preset()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -408,8 +281,12 @@ class KimiVisionClient:
             self._wire = learn_wire(
                 lambda name: self._adapter.model_config(self._client, name), self.model, self._preset_override
             )
-            self.preset = self._wire.preset
         return self._wire
+
+    @property
+    def preset(self) -> Preset:
+        """The preset the client sizes and expands with (:attr:`wire`'s)."""
+        return self.wire.preset
 
     @property
     def shared_memory_regions(self) -> list[str]:

@@ -1,49 +1,39 @@
-"""Run ``tritonserver`` on the model repository: the NGC one on PATH, else the embedded one.
+"""Run ``tritonserver`` on a model repository, one start path for ``kimi-prep serve`` and tests.
 
-On an NGC Triton container ``tritonserver`` is on PATH with its own backends. Elsewhere the PyPI
-wheel ``nvidia-pytriton`` ships tritonserver 2.51 with the Python backend (it runs on CPU); its
-backend directory is laid out once in a cache dir (``$XDG_CACHE_HOME/kimi_vision_prep/triton`` or
-``~/.cache/kimi_vision_prep/triton``) with the Python stub matching the running interpreter, and
-the environment is set so that stub loads this interpreter's libpython and this venv's packages.
+:func:`launch` is that path: stale shared-memory regions removed, the repository rendered from the
+presets when :class:`~.repository.RenderOptions` are given (never edited as text), tritonserver
+started in its own process group with a SIGTERM-on-parent-death, and next to it a
+:class:`~.watchdog.StubWatchdog` (a dead Python-backend stub gets its model reloaded) and, given a
+probe port, a :class:`~.probes.ProbeServer` (``/livez``, ``/readyz``, ``/metrics``). Everything it
+starts is stopped, in reverse order, when its ``ExitStack`` closes.
 
-- :func:`serve`: foreground server for ``kimi-prep serve``; forwards SIGINT/SIGTERM, returns the exit code.
-- :class:`EmbeddedServer`: context manager on free ports for tests and embedding.
-- :func:`render_repository`: a copy of the repository with instance counts substituted.
-
-Both run a :class:`~.watchdog.StubWatchdog` next to the server (a dead Python-backend stub gets
-its model reloaded) and, given a probe port, a :class:`~.probes.ProbeServer` (``/livez``,
-``/readyz``, ``/metrics``). The Python backend's shared-memory regions carry the launcher's pid
-and start time in their name (:func:`shm_region_prefix`): regions a killed server left behind are
-removed when that server is stopped, and at every start for launchers that no longer run.
+- :func:`serve`: the foreground server of ``kimi-prep serve``; forwards SIGINT/SIGTERM, returns the exit code.
+- :class:`EmbeddedServer`: a context manager on free ports, ready when entered (tests, embedding).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
-import itertools
 import logging
 import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from ..allocator import allocator_env
 from .probes import ProbeServer
-from .watchdog import StubWatchdog, process_start_ticks
+from .repository import RenderOptions, render_repository
+from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
+from .triton_install import TritonInstall, default_model_repository, find_tritonserver
+from .watchdog import StubWatchdog
 
 # One FP32 PIXEL_VALUES of a 1920x1080 image is ~25 MiB, K3's largest ~145 MiB: start each stub's
 # shared-memory pool large enough for typical images and grow it in big steps.
@@ -51,125 +41,45 @@ SHM_DEFAULT_BYTES = 64 << 20
 SHM_GROWTH_BYTES = 64 << 20
 STUB_TIMEOUT_S = 120
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-SHM_DIR = Path("/dev/shm")
-SHM_REGION_PREFIX = "kimi_prep_"
-# kimi_prep_<launcher pid>-<its start time in ticks>-<server number>_<uuid the backend appends>
-_OWNED_REGION = re.compile(rf"{SHM_REGION_PREFIX}(\d+)-(\d+)-\d+_")
-_server_numbers = itertools.count()
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../kimi_vision_prep
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class TritonInstall:
-    """How to run a tritonserver: the binary, its ``--backend-directory`` (None: its default), env."""
-
-    binary: Path
-    backend_directory: Path | None
-    env: dict[str, str]
-    embedded: bool
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+    probe: int | None = None
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kimi_vision_prep" / "triton"
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to serve and how. ``model_repository``: served as it is (None: the checked-in
+    ``model_repository/``); ``render``: serve a fresh rendering from the presets with these options
+    instead (exclusive with ``model_repository``). ``extra_args`` go to tritonserver last."""
+
+    ports: Ports = Ports()
+    model_repository: Path | None = None
+    render: RenderOptions | None = None
+    extra_args: Sequence[str] = ()
+    stdout: IO[bytes] | None = None  # None: inherit the launcher's
+
+    def __post_init__(self) -> None:
+        if self.model_repository is not None and self.render is not None:
+            raise ValueError(
+                "--instances/--threads/--kind render a repository from the presets: drop --model-repository"
+            )
 
 
-def default_model_repository() -> Path:
-    """``model_repository/`` of the source checkout this package runs from, else ``./model_repository``."""
-    checkout = PACKAGE_ROOT.parents[1] / "model_repository"
-    return checkout if checkout.is_dir() else Path.cwd() / "model_repository"
+@dataclass
+class Launched:
+    """A started server: its process, repository, shared-memory prefix and watchdog."""
 
-
-def _python_path_env(env: dict[str, str]) -> None:
-    """Let the stubs import this package and this venv's packages."""
-    bin_dir = os.path.dirname(sys.executable)
-    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT.parent), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-
-
-def _layout_embedded_backends(pytriton_dir: Path) -> Path:
-    """``<cache>/<version>/backends/python/`` with the backend library, utils and the matching stub."""
-    version = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    stub = pytriton_dir / "tritonserver" / "python_backend_stubs" / version[2:] / "triton_python_backend_stub"
-    if not stub.exists():
-        raise RuntimeError(f"nvidia-pytriton has no Python backend stub for Python {version[2:]} ({stub})")
-    source = pytriton_dir / "tritonserver" / "backends" / "python"
-    files = {
-        "libtriton_python.so": source / "libtriton_python.so",
-        "triton_python_backend_utils.py": source / "triton_python_backend_utils.py",
-        "triton_python_backend_stub": stub,
-    }
-    stamp = "|".join(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files.values())
-    backends = cache_dir() / f"{version}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}" / "backends"
-    if (backends / "python" / "triton_python_backend_stub").exists():
-        return backends
-    backends.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="backends.", dir=backends.parent))
-    (staging / "python").mkdir()
-    for name, path in files.items():
-        shutil.copy2(path, staging / "python" / name)
-    try:
-        staging.rename(backends)  # atomic: a concurrent launcher may have won the race
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return backends
-
-
-def find_tritonserver() -> TritonInstall:
-    """``tritonserver`` on PATH (NGC container), else the embedded one from ``nvidia-pytriton``."""
-    # Big buffers stay on the heap in tritonserver and the stubs (allocator.py); operator values win.
-    env = {**allocator_env(), **os.environ}
-    _python_path_env(env)
-    on_path = shutil.which("tritonserver", path=os.environ.get("PATH"))
-    if on_path:
-        return TritonInstall(Path(on_path), None, env, embedded=False)
-    try:
-        import pytriton
-    except ImportError:
-        raise RuntimeError(
-            "no tritonserver on PATH and nvidia-pytriton is not installed: `pip install -e '.[serve]'` "
-            "or run inside an NGC tritonserver container"
-        ) from None
-    pytriton_dir = Path(pytriton.__file__).resolve().parent
-    binary = pytriton_dir / "tritonserver" / "bin" / "tritonserver"
-    backends = _layout_embedded_backends(pytriton_dir)
-    libs = [pytriton_dir.parent / "nvidia_pytriton.libs", Path(sysconfig.get_config_var("LIBDIR") or "")]
-    # The stub would otherwise resolve the system libpython instead of this interpreter's.
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([*(str(p) for p in libs if str(p)), env.get("LD_LIBRARY_PATH", "")])
-    return TritonInstall(binary, backends, env, embedded=True)
-
-
-_COUNT = re.compile(r"(instance_group\s*\[\s*\{[^\]]*?\bcount\s*:\s*)\d+", re.S)
-
-
-def _set_parameter(text: str, key: str, value: int) -> str:
-    """``text`` (a config.pbtxt) with the integer parameter ``key`` set to ``value`` where present."""
-    return re.sub(rf'(key: "{key}" value: {{ string_value: ")\d+(")', rf"\g<1>{value}\g<2>", text)
-
-
-def render_repository(src: Path, dst: Path, instances: int | None = None, threads: int | None = None) -> Path:
-    """Copy the repository ``src`` to ``dst``; with ``instances``, every ``instance_group`` count
-    becomes it; with ``threads``, every ``numba_threads`` and ``decoder_threads`` parameter (the CPU
-    threads of one instance's kernels and of its nvImageCodec decoder; 0: all cores).
-
-    On a CPU-only host, instances x threads <= cores serves best: measured on 2 cores, 2 instances
-    x 1 thread beat 1 instance x 2 threads and 2 x 2 (BENCHMARKS.md).
-    """
-    src, dst = Path(src), Path(dst)
-    if instances is not None and instances < 1:
-        raise ValueError(f"instances must be >= 1, got {instances}")
-    if threads is not None and threads < 0:
-        raise ValueError(f"threads must be >= 0, got {threads}")
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True)
-    for config in dst.glob("*/config.pbtxt"):
-        text = config.read_text()
-        if instances is not None:
-            text = _COUNT.sub(lambda m: f"{m.group(1)}{instances}", text)
-        if threads is not None:
-            text = _set_parameter(_set_parameter(text, "numba_threads", threads), "decoder_threads", threads)
-        config.write_text(text)
-    return dst
+    process: subprocess.Popen[bytes]
+    repository: Path
+    shm_prefix: str
+    watchdog: StubWatchdog
+    ports: Ports = field(default_factory=Ports)
 
 
 def _load_prctl() -> Any:
@@ -191,14 +101,12 @@ def _server_process_setup() -> None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def server_args(  # noqa: PLR0917  (positional use in tests/test_deploy_files.py)
+def server_args(
     install: TritonInstall,
     model_repository: Path,
-    http_port: int,
-    grpc_port: int,
-    metrics_port: int,
+    ports: Ports,
     extra_args: Sequence[str] = (),
-    shm_prefix: str = SHM_REGION_PREFIX,
+    shm_prefix: str = "kimi_prep_",
 ) -> list[str]:
     """Command line: explicit model control loading every model, Python backend shm sized for big outputs."""
     args = [
@@ -206,11 +114,11 @@ def server_args(  # noqa: PLR0917  (positional use in tests/test_deploy_files.py
         f"--model-repository={model_repository}",
         "--model-control-mode=explicit",
         "--load-model=*",
-        f"--http-port={http_port}",
-        f"--grpc-port={grpc_port}",
-        f"--metrics-port={metrics_port}",
-        "--backend-config=python,shm-default-byte-size=" + str(SHM_DEFAULT_BYTES),
-        "--backend-config=python,shm-growth-byte-size=" + str(SHM_GROWTH_BYTES),
+        f"--http-port={ports.http}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-port={ports.metrics}",
+        f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
+        f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
         f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT_S}",
         # Regions get a UUID suffix anyway; the prefix makes leftovers of a killed server identifiable.
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
@@ -220,49 +128,42 @@ def server_args(  # noqa: PLR0917  (positional use in tests/test_deploy_files.py
     return [*args, *extra_args]
 
 
-def shm_region_prefix() -> str:
-    """A region prefix naming this launcher (pid, start time) and a new server of it."""
-    pid = os.getpid()
-    return f"{SHM_REGION_PREFIX}{pid}-{process_start_ticks(pid) or 0}-{next(_server_numbers)}_"
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
+    """SIGINT (a clean shutdown that unloads the models), SIGKILL after ``timeout_s``; the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
 
 
-def remove_shm_regions(prefix: str) -> list[str]:
-    """Unlink the regions in ``/dev/shm`` named ``prefix*`` (those of one stopped server); their names."""
-    removed = []
-    for region in SHM_DIR.glob(f"{prefix}*"):
-        with contextlib.suppress(FileNotFoundError):
-            region.unlink()
-            removed.append(region.name)
-    return removed
-
-
-def _owner_running(pid: int, start_ticks: int) -> bool:
-    return process_start_ticks(pid) == start_ticks
-
-
-def remove_stale_shm_regions() -> list[str]:
-    """Unlink the regions whose launcher no longer runs (a killed server's leftovers); their names.
-
-    Regions without an owner in their name (other prefixes, older launchers) are left alone.
-    """
-    removed = []
-    for region in SHM_DIR.glob(f"{SHM_REGION_PREFIX}*"):
-        owner = _OWNED_REGION.match(region.name)
-        if owner and not _owner_running(int(owner[1]), int(owner[2])):
-            with contextlib.suppress(FileNotFoundError):
-                region.unlink()
-                removed.append(region.name)
-    return removed
-
-
-@contextlib.contextmanager
-def supervision(process: subprocess.Popen[bytes], http_port: int, probe_port: int | None) -> Iterator[StubWatchdog]:
-    """The stub watchdog of a started server and, with ``probe_port``, its probe server."""
-    with contextlib.ExitStack() as stack:
-        watchdog = stack.enter_context(StubWatchdog(process, f"127.0.0.1:{http_port}"))
-        if probe_port is not None:
-            stack.enter_context(ProbeServer(watchdog, probe_port))
-        yield watchdog
+def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
+    """Start a server as ``spec`` says; closing ``stack`` stops it and removes what it left."""
+    install = find_tritonserver()
+    for region in remove_stale_shm_regions():
+        log.info("removed stale shared-memory region /dev/shm/%s", region)
+    shm_prefix = shm_region_prefix()
+    stack.callback(remove_shm_regions, shm_prefix)
+    repository = Path(spec.model_repository or default_model_repository()).resolve()
+    if spec.render is not None:
+        rendered = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_repo.")))
+        repository = render_repository(rendered / "model_repository", spec.render)
+    args = server_args(install, repository, spec.ports, spec.extra_args, shm_prefix)
+    process = subprocess.Popen(
+        args,
+        env=install.env,
+        stdout=spec.stdout,
+        stderr=subprocess.STDOUT if spec.stdout else None,
+        preexec_fn=_server_process_setup,  # noqa: PLW1509  (async-signal-safe calls only)
+    )
+    stack.callback(stop_process, process)
+    watchdog = stack.enter_context(StubWatchdog(process, f"127.0.0.1:{spec.ports.http}"))
+    if spec.ports.probe is not None:
+        stack.enter_context(ProbeServer(watchdog, spec.ports.probe))
+    return Launched(process, repository, shm_prefix, watchdog, spec.ports)
 
 
 def _log_to_stderr() -> None:
@@ -271,57 +172,21 @@ def _log_to_stderr() -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s kimi-prep %(levelname)s %(name)s: %(message)s")
 
 
-def serve(  # noqa: PLR0917  (the `kimi-prep serve` contract)
-    model_repository: Path | None = None,
-    http_port: int = 8000,
-    grpc_port: int = 8001,
-    metrics_port: int = 8002,
-    instances: int | None = None,
-    extra_args: Sequence[str] = (),
-    probe_port: int | None = None,
-    threads: int | None = None,
-) -> int:
-    """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit code.
-
-    A stub watchdog reloads models whose Python stub died; ``probe_port`` serves ``/livez``,
-    ``/readyz`` and the watchdog's ``/metrics``. ``instances`` / ``threads`` render a copy of the
-    repository (:func:`render_repository`).
-    """
-    install = find_tritonserver()
-    repository = Path(model_repository or default_model_repository()).resolve()
+def serve(spec: LaunchSpec) -> int:
+    """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit code."""
     _log_to_stderr()
-    for region in remove_stale_shm_regions():
-        logging.getLogger(__name__).info("removed stale shared-memory region /dev/shm/%s", region)
-    shm_prefix = shm_region_prefix()
     with contextlib.ExitStack() as stack:
-        stack.callback(remove_shm_regions, shm_prefix)
-        if instances is not None or threads is not None:
-            rendered = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_repo.")))
-            repository = render_repository(repository, rendered / "model_repository", instances, threads)
-        args = server_args(
-            install,
-            repository,
-            http_port=http_port,
-            grpc_port=grpc_port,
-            metrics_port=metrics_port,
-            extra_args=extra_args,
-            shm_prefix=shm_prefix,
-        )
-        process = subprocess.Popen(args, env=install.env, preexec_fn=_server_process_setup)  # noqa: PLW1509
+        process = launch(stack, spec).process
 
         def forward(signum: int, _frame: Any) -> None:
             process.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            with supervision(process, http_port, probe_port):
-                return process.wait()
+            return process.wait()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            if process.poll() is None:
-                process.kill()
-                process.wait()
 
 
 def free_port() -> int:
@@ -341,62 +206,67 @@ def _http_ok(url: str) -> bool:
 class EmbeddedServer:
     """A tritonserver subprocess on given or free ports, ready when ``__enter__`` returns.
 
-    ``instances`` / ``threads`` render the repository into a temp dir (:func:`render_repository`). The server's log
-    goes to ``log_path`` (kept), else into that temp dir (removed by :meth:`stop`). Readiness means
-    ``/v2/health/ready`` and every model of the repository ready. ``watchdog`` reloads models whose
-    stub died; ``probe_port`` serves its probes (``probe_url``).
+    ``render`` serves a rendering from the presets (:class:`~.repository.RenderOptions`), else
+    ``model_repository`` (default: the checked-in one) as it is. The server's log goes to
+    ``log_path`` (kept), else into a temp dir (removed by :meth:`stop`). Ready means
+    ``/v2/health/ready`` and every model of the repository ready. ``probe_port`` serves the
+    watchdog's probes (``probe_url``).
     """
 
     def __init__(
         self,
         model_repository: Path | None = None,
         *,
-        instances: int | None = None,
-        threads: int | None = None,
+        render: RenderOptions | None = None,
         http_port: int | None = None,
         grpc_port: int | None = None,
         metrics_port: int | None = None,
+        probe_port: int | None = None,
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 300.0,
         log_path: Path | None = None,
-        probe_port: int | None = None,
     ) -> None:
-        self.source_repository = Path(model_repository or default_model_repository()).resolve()
-        self.instances = instances
-        self.threads = threads
-        self.http_port = http_port or free_port()
-        self.grpc_port = grpc_port or free_port()
-        self.metrics_port = metrics_port or free_port()
+        self.model_repository = model_repository
+        self.render = render
+        self.ports = Ports(http_port or free_port(), grpc_port or free_port(), metrics_port or free_port(), probe_port)
         self.extra_args = tuple(extra_args)
         self.startup_timeout_s = startup_timeout_s
-        self.process: subprocess.Popen[bytes] | None = None
-        self._workdir: tempfile.TemporaryDirectory[str] | None = None
-        self.repository = self.source_repository
         self._kept_log_path = Path(log_path) if log_path is not None else None
         self.log_path: Path | None = self._kept_log_path
-        self.probe_port = probe_port
-        self.shm_prefix = shm_region_prefix()
-        self.watchdog: StubWatchdog | None = None
-        self._supervision = contextlib.ExitStack()
+        self.launched: Launched | None = None
+        self.shm_prefix: str | None = None  # the last start's (kept after stop: what it left is checkable)
+        self._stack = contextlib.ExitStack()
 
     @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"127.0.0.1:{self.ports.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"127.0.0.1:{self.ports.grpc}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
 
     @property
     def probe_url(self) -> str:
         """``http://127.0.0.1:<probe_port>`` (``/livez``, ``/readyz``, ``/metrics``)."""
-        if self.probe_port is None:
+        if self.ports.probe is None:
             raise ValueError("started without a probe_port")
-        return f"http://127.0.0.1:{self.probe_port}"
+        return f"http://127.0.0.1:{self.ports.probe}"
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.launched.process if self.launched else None
+
+    @property
+    def watchdog(self) -> StubWatchdog | None:
+        return self.launched.watchdog if self.launched else None
+
+    @property
+    def repository(self) -> Path:
+        return self.launched.repository if self.launched else Path(self.model_repository or default_model_repository())
 
     @property
     def model_names(self) -> list[str]:
@@ -408,35 +278,16 @@ class EmbeddedServer:
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def start(self) -> EmbeddedServer:
-        install = find_tritonserver()
-        remove_stale_shm_regions()
-        self._workdir = tempfile.TemporaryDirectory(prefix="kimi_prep_triton.")
-        workdir = Path(self._workdir.name)
-        if self.instances is not None or self.threads is not None:
-            self.repository = render_repository(
-                self.source_repository, workdir / "model_repository", self.instances, self.threads
-            )
-        self.log_path = self._kept_log_path or workdir / "tritonserver.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        args = server_args(
-            install,
-            self.repository,
-            http_port=self.http_port,
-            grpc_port=self.grpc_port,
-            metrics_port=self.metrics_port,
-            extra_args=self.extra_args,
-            shm_prefix=self.shm_prefix,
-        )
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                args,
-                env=install.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_server_process_setup,  # noqa: PLW1509  (async-signal-safe calls only)
-            )
         try:
-            self.watchdog = self._supervision.enter_context(supervision(self.process, self.http_port, self.probe_port))
+            if self._kept_log_path is None:
+                workdir = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_triton.")))
+                self.log_path = workdir / "tritonserver.log"
+            assert self.log_path is not None
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_file = self._stack.enter_context(self.log_path.open("wb"))
+            spec = LaunchSpec(self.ports, self.model_repository, self.render, self.extra_args, log_file)
+            self.launched = launch(self._stack, spec)
+            self.shm_prefix = self.launched.shm_prefix
             self.wait_ready()
         except BaseException:
             self.stop()
@@ -452,35 +303,23 @@ class EmbeddedServer:
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if self.process is None or self.process.poll() is not None:
-                code = None if self.process is None else self.process.returncode
+            process = self.process
+            if process is None or process.poll() is not None:
+                code = None if process is None else process.returncode
                 raise RuntimeError(f"tritonserver exited with code {code} during startup:\n{self.log_tail()}")
             if self.is_ready():
                 return
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s:g} s:\n{self.log_tail()}")
 
-    def stop(self, timeout_s: float = 60.0) -> int | None:
-        """Watchdog and probes off, SIGINT (clean shutdown, unloads models), SIGKILL after ``timeout_s``;
-        then the shared-memory regions a killed server left are removed."""
-        code = None
-        self._supervision.close()
-        self.watchdog = None
-        if self.process is not None:
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGINT)
-                try:
-                    self.process.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait()
-            code = self.process.returncode
-            self.process = None
-            remove_shm_regions(self.shm_prefix)
-        if self._workdir is not None:
-            self._workdir.cleanup()
-            self._workdir = None
-        return code
+    def stop(self) -> int | None:
+        """Watchdog and probes off, then the server (SIGINT, SIGKILL after 60 s), then the shared
+        memory it left; returns its exit code (None if it never started)."""
+        process = self.process
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        self.launched = None
+        return None if process is None else process.returncode
 
     def __enter__(self) -> EmbeddedServer:
         return self.start()

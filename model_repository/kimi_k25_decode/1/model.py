@@ -1,6 +1,6 @@
-"""Triton Python model kimi_k25_decode: the logic is kimi_vision_prep.serving.models.DecodeModel.
+"""Triton Python model kimi_k25_decode: kimi_vision_prep.serving.models.DecodeModel.
 
-config.pbtxt parameters select the preset and the runtime knobs (see that class's docstring).
+Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.
 """
 
 from kimi_vision_prep.serving.models import DecodeModel, triton_python_model

@@ -1,7 +1,6 @@
-"""Triton Python model kimi_k25_vision_fused: the logic is kimi_vision_prep.serving.models.FusedVisionModel
-(decode + preprocess in one model).
+"""Triton Python model kimi_k25_vision_fused: kimi_vision_prep.serving.models.FusedVisionModel.
 
-config.pbtxt parameters select the preset and the runtime knobs (see that class's docstring).
+Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.
 """
 
 from kimi_vision_prep.serving.models import FusedVisionModel, triton_python_model

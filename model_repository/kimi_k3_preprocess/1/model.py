@@ -1,6 +1,6 @@
-"""Triton Python model kimi_k3_preprocess: the logic is kimi_vision_prep.serving.models.PreprocessModel.
+"""Triton Python model kimi_k3_preprocess: kimi_vision_prep.serving.models.PreprocessModel.
 
-config.pbtxt parameters select the preset and the runtime knobs (see that class's docstring).
+Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.
 """
 
 from kimi_vision_prep.serving.models import PreprocessModel, triton_python_model

@@ -1,6 +1,6 @@
-"""Triton Python model kimi_patch_embed: the logic is kimi_vision_prep.serving.models.PatchEmbedModel.
+"""Triton Python model kimi_patch_embed: kimi_vision_prep.serving.models.PatchEmbedModel.
 
-config.pbtxt parameters select the preset and the runtime knobs (see that class's docstring).
+Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.
 """
 
 from kimi_vision_prep.serving.models import PatchEmbedModel, triton_python_model

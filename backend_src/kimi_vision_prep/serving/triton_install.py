@@ -1,0 +1,113 @@
+"""Find a ``tritonserver``: the NGC one on PATH, else the one the ``nvidia-pytriton`` wheel ships.
+
+On an NGC Triton container ``tritonserver`` is on PATH with its own backends. Elsewhere the PyPI
+wheel ``nvidia-pytriton`` ships tritonserver 2.51 with the Python backend (it runs on CPU); its
+backend directory is laid out once in a cache dir (``$XDG_CACHE_HOME/kimi_vision_prep/triton`` or
+``~/.cache/kimi_vision_prep/triton``) with the Python stub matching the running interpreter, and
+the environment is set so that stub loads this interpreter's libpython and this venv's packages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..allocator import allocator_env
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../kimi_vision_prep
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """How to run a tritonserver: the binary, its ``--backend-directory`` (None: its default), env."""
+
+    binary: Path
+    backend_directory: Path | None
+    env: dict[str, str]
+    embedded: bool
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kimi_vision_prep"
+
+
+def cache_dir() -> Path:
+    return cache_root() / "triton"
+
+
+def default_model_repository() -> Path:
+    """``model_repository/`` of the source checkout this package runs from, else ``./model_repository``."""
+    checkout = PACKAGE_ROOT.parents[1] / "model_repository"
+    return checkout if checkout.is_dir() else Path.cwd() / "model_repository"
+
+
+def _stub_env(env: dict[str, str]) -> None:
+    """Let the stubs import this package and this venv's packages, write no ``__pycache__`` into the
+    model repository, and give numba a writable on-disk cache (site-packages often is not
+    writable, and stubs may run as another user)."""
+    bin_dir = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT.parent), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # The repository stays as rendered (it may be read-only, and `diff -r` with a fresh rendering stays empty).
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    env.setdefault("NUMBA_CACHE_DIR", str(cache_root() / "numba"))
+
+
+def _layout_embedded_backends(pytriton_dir: Path) -> Path:
+    """``<cache>/<version>/backends/python/`` with the backend library, utils and the matching stub."""
+    version = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    stub = pytriton_dir / "tritonserver" / "python_backend_stubs" / version[2:] / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RuntimeError(f"nvidia-pytriton has no Python backend stub for Python {version[2:]} ({stub})")
+    source = pytriton_dir / "tritonserver" / "backends" / "python"
+    files = {
+        "libtriton_python.so": source / "libtriton_python.so",
+        "triton_python_backend_utils.py": source / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": stub,
+    }
+    stamp = "|".join(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files.values())
+    backends = cache_dir() / f"{version}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}" / "backends"
+    if (backends / "python" / "triton_python_backend_stub").exists():
+        return backends
+    backends.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="backends.", dir=backends.parent))
+    (staging / "python").mkdir()
+    for name, path in files.items():
+        shutil.copy2(path, staging / "python" / name)
+    try:
+        staging.rename(backends)  # atomic: a concurrent launcher may have won the race
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return backends
+
+
+def find_tritonserver() -> TritonInstall:
+    """``tritonserver`` on PATH (NGC container), else the embedded one from ``nvidia-pytriton``."""
+    # Big buffers stay on the heap in tritonserver and the stubs (allocator.py); operator values win.
+    env = {**allocator_env(), **os.environ}
+    _stub_env(env)
+    on_path = shutil.which("tritonserver", path=os.environ.get("PATH"))
+    if on_path:
+        return TritonInstall(Path(on_path), None, env, embedded=False)
+    try:
+        import pytriton
+    except ImportError:
+        raise RuntimeError(
+            "no tritonserver on PATH and nvidia-pytriton is not installed: `pip install -e '.[serve]'` "
+            "or run inside an NGC tritonserver container"
+        ) from None
+    pytriton_dir = Path(pytriton.__file__).resolve().parent
+    binary = pytriton_dir / "tritonserver" / "bin" / "tritonserver"
+    backends = _layout_embedded_backends(pytriton_dir)
+    libs = [pytriton_dir.parent / "nvidia_pytriton.libs", Path(sysconfig.get_config_var("LIBDIR") or "")]
+    # The stub would otherwise resolve the system libpython instead of this interpreter's.
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*(str(p) for p in libs if str(p)), env.get("LD_LIBRARY_PATH", "")])
+    return TritonInstall(binary, backends, env, embedded=True)

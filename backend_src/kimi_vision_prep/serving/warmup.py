@@ -1,0 +1,46 @@
+"""Warm-up inputs: every compiled path runs once in ``initialize``, so no request pays for numba
+compilation or decoder creation."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from ..decode import DecodedImage
+from ..pillow_io import pillow_pixels
+from ..presets import Preset
+
+
+def warmup_images() -> list[bytes]:
+    """Small encoded images that exercise every compiled path: an RGB JPEG (fast decode, no resize),
+    tall and wide RGB JPEGs and RGBA PNGs that every shipped preset must resize (a side > 512
+    patches: both pass orders, premultiplied RGBA under K3) and a small RGBA PNG (alpha, no resize)."""
+
+    def encode(pixels: np.ndarray, mode: str, fmt: str) -> bytes:
+        buffer = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(pixels).astype(np.uint8), mode).save(buffer, format=fmt)
+        return buffer.getvalue()
+
+    ramp = np.arange(48 * 64 * 4, dtype=np.uint32).reshape(48, 64, 4) % 251
+    tall = np.tile(ramp[:1, :16], (7300, 1, 1))
+    wide = tall.transpose(1, 0, 2)
+    return [
+        encode(ramp[:, :, :3], "RGB", "JPEG"),
+        encode(tall[:, :, :3], "RGB", "JPEG"),
+        encode(wide[:, :, :3], "RGB", "JPEG"),
+        encode(tall, "RGBA", "PNG"),
+        encode(wide, "RGBA", "PNG"),
+        encode(ramp, "RGBA", "PNG"),
+    ]
+
+
+def warmup_decoded(preset: Preset) -> list[DecodedImage]:
+    """:func:`warmup_images` decoded in-process with Pillow (no nvImageCodec decoder created)."""
+    decoded = []
+    for data in warmup_images():
+        with Image.open(io.BytesIO(data)) as image:
+            pixels, resample = pillow_pixels(image, preset)
+            decoded.append(DecodedImage(pixels, image.width, image.height, resample, "pillow"))
+    return decoded

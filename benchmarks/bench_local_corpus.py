@@ -1,0 +1,40 @@
+"""``kimi-prep bench-local`` on the corpus photos against ``tests/reference.py`` (developer benchmark).
+
+    .venv/bin/python benchmarks/bench_local_corpus.py [--preset kimi-k2.5] [--repeats 5] [--out-dir bench_results]
+        [--default-allocator]
+
+The same timings, ratios, JSON and PNG as the installed command (``kimi_vision_client.bench_local``),
+on the real photos BENCHMARKS.md reports, with the test suite's plain reference as the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus_photos import corpus_photos, plain_reference
+
+from kimi_vision_client import bench_local
+from kimi_vision_prep.allocator import keep_large_buffers
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="kimi-k2.5")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    parser.add_argument("--default-allocator", action="store_true", help="leave glibc's malloc defaults")
+    args = parser.parse_args()
+    allocator = "glibc default"
+    if not args.default_allocator and keep_large_buffers():
+        allocator = "large buffers kept on the heap (kimi_vision_prep.allocator)"
+    reference = plain_reference().reference_preprocess
+    bench_local.run(args.preset, args.repeats, args.out_dir, allocator, corpus_photos(), reference)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
