@@ -175,3 +175,34 @@ def animated(width: int, height: int, fmt: str) -> bytes:
     if fmt == "GIF":
         frames = [frame.quantize(64) for frame in frames]
     return encode(frames[0], fmt, save_all=True, append_images=frames[1:], duration=100, loop=0)
+
+
+def photo_frames(name: str, width: int, height: int, count: int) -> list[np.ndarray]:
+    """``count`` RGB frames ``(height, width, 3)`` panning across a corpus photo (real content)."""
+    with Image.open(CORPUS / name) as image:
+        photo = np.asarray(image.convert("RGB").resize((width + count, height + count // 2 + 1)))
+    return [np.ascontiguousarray(photo[i // 2 : i // 2 + height, i : i + width]) for i in range(count)]
+
+
+def encode_clip(  # noqa: PLR0917
+    frames: list[np.ndarray],
+    fps: object,
+    codec: str = "libx264",
+    container: str = "mp4",
+    pix_fmt: str = "yuv420p",
+    options: dict[str, str] | None = None,
+) -> bytes:
+    """Frames encoded with PyAV (``fps``: an int or a Fraction such as 30000/1001)."""
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container) as output:
+        stream = output.add_stream(codec, rate=fps, options=options or {})
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = pix_fmt
+        for pixels in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                output.mux(packet)
+        for packet in stream.encode():
+            output.mux(packet)
+    return buffer.getvalue()

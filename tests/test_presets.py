@@ -28,12 +28,15 @@ SPEC_TABLE = {
     "kimi-k2.5": dict(
         patch_size=14, merge_kernel_size=2, in_patch_limit=16384, patch_limit_on_one_side=512,
         image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5), transparency="convert_rgb",
-        video_patch_limit_per_frame=4096, video_frames_per_chunk=4,
+        # spec section 8 (media_proc_cfg)
+        sample_fps=2.0, temporal_merge_kernel_size=4, in_patch_limit_each_frame=4096, in_patch_limit_video=None,
+        max_num_frames_each_video=None, fixed_output_tokens=None, timestamp_mode="hh:mm:ss.fff",
     ),
     "kimi-k3": dict(
         patch_size=14, merge_kernel_size=2, in_patch_limit=65536, patch_limit_on_one_side=512,
         image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5), transparency="chessboard",
-        video_patch_limit_per_frame=16384, video_frames_per_chunk=4,
+        sample_fps=8.0, temporal_merge_kernel_size=4, in_patch_limit_each_frame=16384, in_patch_limit_video=None,
+        max_num_frames_each_video=None, fixed_output_tokens=None, timestamp_mode="hh:mm:ss.fff",
     ),
 }  # fmt: skip
 SPEC_TABLE["kimi-k2.6"] = SPEC_TABLE["kimi-k2.5"]
@@ -84,7 +87,11 @@ def test_parameters_override_fields() -> None:
             "image_std": "0.26862954 0.26130258 0.27577711",
             "transparency": "convert_rgb",
             "chessboard_dark": "128",
-            "video_frames_per_chunk": "8",
+            "temporal_merge_kernel_size": "8",
+            "sample_fps": "1.5",
+            "in_patch_limit_video": "8192",
+            "fixed_output_tokens": "none",
+            "timestamp_mode": "mm:ss",
         }
     )
     assert preset.name == "kimi-k3"
@@ -96,9 +103,11 @@ def test_parameters_override_fields() -> None:
     assert preset.image_std == (0.26862954, 0.26130258, 0.27577711)
     assert preset.transparency == "convert_rgb"
     assert preset.chessboard_dark == 128
-    assert preset.video_frames_per_chunk == 8
+    assert preset.temporal_merge_kernel_size == 8 and preset.sample_fps == 1.5
+    assert preset.in_patch_limit_video == 8192 and preset.fixed_output_tokens is None
+    assert preset.timestamp_mode == "mm:ss"
     # Fields not overridden come from the base preset.
-    assert preset.video_patch_limit_per_frame == KIMI_K3.video_patch_limit_per_frame
+    assert preset.in_patch_limit_each_frame == KIMI_K3.in_patch_limit_each_frame
     assert preset.merge_kernel_size == 2
 
 

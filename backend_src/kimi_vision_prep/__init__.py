@@ -15,12 +15,15 @@ from .errors import (
     InvalidImageError,
     InvalidPresetError,
     InvalidRequestError,
+    InvalidVideoError,
     PreprocessError,
     ServerUnavailableError,
     UnsupportedImageError,
+    VideoTooLargeError,
 )
 from .numba_runtime import set_num_threads
 from .pipeline import (
+    ImagesResult,
     PixelOutput,
     PreprocessResult,
     concat_results,
@@ -28,9 +31,12 @@ from .pipeline import (
     preprocess_batch,
     preprocess_bytes,
     preprocess_decoded,
+    preprocess_images,
 )
 from .presets import KIMI_K3, KIMI_K25, PRESETS, Preset, get_preset, preset_from_parameters
 from .sizing import TargetSize, navit_target_size
+from .tokens import TokenCount, count_tokens
+from .video import VideoChunkResult, VideoLimits, preprocess_frames, preprocess_video, preprocess_video_chunk
 
 __all__ = [
     "KIMI_K3",
@@ -43,17 +49,24 @@ __all__ = [
     "FallbackError",
     "ImageDecoder",
     "ImageTooLargeError",
+    "ImagesResult",
     "InvalidImageError",
     "InvalidPresetError",
     "InvalidRequestError",
+    "InvalidVideoError",
     "PixelOutput",
     "PreprocessError",
     "PreprocessResult",
     "Preset",
     "ServerUnavailableError",
     "TargetSize",
+    "TokenCount",
     "UnsupportedImageError",
+    "VideoChunkResult",
+    "VideoLimits",
+    "VideoTooLargeError",
     "concat_results",
+    "count_tokens",
     "default_decoder",
     "get_preset",
     "navit_target_size",
@@ -61,6 +74,10 @@ __all__ = [
     "preprocess_batch",
     "preprocess_bytes",
     "preprocess_decoded",
+    "preprocess_frames",
+    "preprocess_images",
+    "preprocess_video",
+    "preprocess_video_chunk",
     "preset_from_parameters",
     "set_num_threads",
 ]

@@ -44,6 +44,21 @@ class ImageTooLargeError(PreprocessError):
     reason = "too_large"
 
 
+class InvalidVideoError(PreprocessError):
+    """The bytes are not a video FFmpeg decodes (corrupt, truncated, no video stream), or an image
+    sent as a video."""
+
+    triton_code = "INVALID_ARG"
+    reason = "invalid_video"
+
+
+class VideoTooLargeError(PreprocessError):
+    """Encoded size, frame size, frame count or sampled-frame count exceeds a configured limit."""
+
+    triton_code = "INVALID_ARG"
+    reason = "video_too_large"
+
+
 class InvalidRequestError(PreprocessError):
     """The request itself is malformed (wrong dtype, shape or batch)."""
 

@@ -16,6 +16,7 @@ tensors (any device) to one gather plus a view/permute; twins take and return th
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,6 +72,24 @@ def expand_patches(patches: Any, table: np.ndarray) -> Any:
     normalised through ``table`` (float32 ``(256, 3)``), bit-equal to :func:`write_patches` on the
     same image."""
     return get_kernel("expand_patches", patches)(patches, table)
+
+
+def concatenate_patches(parts: Sequence[Any]) -> Any:
+    """Patches of several images or frames, ``(N_i, 3, p, p)`` each and all of one type, as one
+    ``(ΣN_i, 3, p, p)`` array of that type (several media along dim 0, spec section 7)."""
+    return get_kernel("concatenate", parts[0])(parts)
+
+
+@register_kernel("concatenate", NUMPY)
+def _concatenate_numpy(parts: Sequence[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+@register_kernel("concatenate", TORCH)
+def _concatenate_torch(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    import torch
+
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts))
 
 
 # --------------------------------------------------------------------------- numba kernels

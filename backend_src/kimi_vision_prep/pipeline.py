@@ -10,8 +10,8 @@ import numpy as np
 
 from .composite import composite_on_chessboard
 from .decode import DecodedImage, ImageDecoder, default_decoder
-from .errors import PreprocessError, detached
-from .normalize import expand_patches, normalize_table, patchify, write_patches
+from .errors import ImageTooLargeError, PreprocessError, detached
+from .normalize import concatenate_patches, expand_patches, normalize_table, patchify, write_patches
 from .pillow_io import as_rgb_array
 from .presets import Preset, get_preset
 from .resize import resize
@@ -21,6 +21,7 @@ from .sizing import TargetSize, navit_target_size
 # output, the default) or the uint8 ``pixel_patches`` they are a table lookup of.
 PixelOutput = Literal["pixel_values", "pixel_patches"]
 PIXEL_OUTPUTS: tuple[str, ...] = get_args(PixelOutput)
+DEFAULT_MAX_IMAGES_PER_REQUEST = 16
 
 
 @dataclass
@@ -133,6 +134,72 @@ def preprocess_batch(
         except PreprocessError as exc:
             results.append(detached(exc))
     return results
+
+
+@dataclass
+class ImagesResult:
+    """Several images as the processor returns them (spec section 7): the single-image results
+    concatenated in order.
+
+    ``pixel_values``: float32 ``(ΣN, 3, p, p)`` (None with ``output="pixel_patches"``);
+    ``pixel_patches``: uint8 ``(ΣN, 3, p, p)`` (only with ``output="pixel_patches"``);
+    ``grid_thws``: int64 ``(n, 3)``; ``num_tokens``: int64 ``(n,)``; ``decode_paths``: per image.
+    """
+
+    pixel_values: Any
+    grid_thws: np.ndarray
+    num_tokens: np.ndarray
+    decode_paths: tuple[str, ...] = ()
+    pixel_patches: Any = None
+
+
+def stack_results(results: Sequence[PreprocessResult], preset: Preset, output: PixelOutput) -> ImagesResult:
+    """Single results (images or video chunks) as one :class:`ImagesResult`; empty arrays of the
+    right shapes and dtypes for none."""
+    p = preset.patch_size
+    attribute = output  # "pixel_values" or "pixel_patches": the field that holds the pixels
+    if results:
+        pixels = concatenate_patches([getattr(r, attribute) for r in results])
+    else:
+        pixels = np.zeros((0, 3, p, p), np.float32 if output == "pixel_values" else np.uint8)
+    grid_thws = np.array([r.grid_thw for r in results], dtype=np.int64).reshape(-1, 3)
+    num_tokens = np.array([r.num_tokens for r in results], dtype=np.int64)
+    paths = tuple(r.decode_path for r in results)
+    if output == "pixel_values":
+        return ImagesResult(pixels, grid_thws, num_tokens, paths)
+    return ImagesResult(None, grid_thws, num_tokens, paths, pixel_patches=pixels)
+
+
+def with_index(exc: PreprocessError, what: str, index: int) -> PreprocessError:
+    """``exc``'s class with ``"{what} {index}: "`` before its message (which item of a list failed)."""
+    return detached(type(exc)(f"{what} {index}: {exc}"))
+
+
+def preprocess_images(
+    images: Sequence[bytes],
+    preset: str | Preset = "kimi-k2.5",
+    *,
+    decoder: ImageDecoder | None = None,
+    output: PixelOutput = "pixel_values",
+    max_images_per_request: int = DEFAULT_MAX_IMAGES_PER_REQUEST,
+) -> ImagesResult:
+    """A list of encoded images -> one :class:`ImagesResult`, the concatenation of the single-image
+    results (``[]``: empty arrays). Like the reference, one call has one verdict: the first bad
+    image raises its typed error, its index in the message. More than ``max_images_per_request``
+    (default 16) raises :class:`ImageTooLargeError` before anything is decoded."""
+    preset = get_preset(preset)
+    if len(images) > max_images_per_request:
+        raise ImageTooLargeError(f"{len(images)} images exceed max_images_per_request={max_images_per_request}")
+    decoded = (decoder or default_decoder()).decode_batch(images, preset)
+    results = []
+    for index, item in enumerate(decoded):
+        if isinstance(item, PreprocessError):
+            raise with_index(item, "image", index)
+        try:
+            results.append(preprocess_decoded(item, preset, output=output))
+        except PreprocessError as exc:
+            raise with_index(exc, "image", index) from None
+    return stack_results(results, preset, output)
 
 
 class HasPixelValues(Protocol):

@@ -16,11 +16,29 @@ from typing import Literal
 from .errors import InvalidPresetError
 
 Transparency = Literal["convert_rgb", "chessboard"]
+TimestampMode = Literal["hh:mm:ss.fff", "mm:ss.fff", "mm:ss"]
+TIMESTAMP_MODES: tuple[str, ...] = ("hh:mm:ss.fff", "mm:ss.fff", "mm:ss")
+# Optional fields ("none" in a config parameter): absent in the checkpoint's media_proc_cfg.
+OPTIONAL_FIELDS = (
+    "in_patch_limit_each_frame",
+    "in_patch_limit_video",
+    "max_num_frames_each_video",
+    "fixed_output_tokens",
+)
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Constants of one checkpoint's image processor (spec section 1)."""
+    """Constants of one checkpoint's image and video processor (spec sections 1, 8, 9).
+
+    Video fields carry the reference's ``media_proc_cfg`` names: ``sample_fps`` (frames sampled per
+    second of video), ``temporal_merge_kernel_size`` (frames per chunk), ``in_patch_limit_each_frame``
+    (per-frame patch budget; None: ``in_patch_limit``), ``in_patch_limit_video`` (a chunk's budget,
+    shared by its frames; None: none), ``max_num_frames_each_video`` (caps the sampled count, the
+    model's rule: silently), ``fixed_output_tokens`` (replaces a chunk's token count),
+    ``timestamp_mode``. ``image_prompt`` / ``video_prompt``: the placeholder text serving engines
+    expand (``{width}``, ``{height}``: the stored size; ``{timestamp}``: the chunk's start).
+    """
 
     name: str
     patch_size: int = 14
@@ -35,8 +53,15 @@ class Preset:
     chessboard_square: int = 8
     chessboard_light: int = 255
     chessboard_dark: int = 180
-    video_patch_limit_per_frame: int = 4096
-    video_frames_per_chunk: int = 4
+    sample_fps: float = 2.0
+    temporal_merge_kernel_size: int = 4
+    in_patch_limit_each_frame: int | None = 4096
+    in_patch_limit_video: int | None = None
+    max_num_frames_each_video: int | None = None
+    fixed_output_tokens: int | None = None
+    timestamp_mode: TimestampMode = "hh:mm:ss.fff"
+    image_prompt: str = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>"
+    video_prompt: str = "{timestamp}<|media_begin|>video<|media_content|><|media_pad|><|media_end|>"
 
     def __post_init__(self) -> None:
         validate_preset(self)
@@ -55,8 +80,8 @@ def validate_preset(preset: Preset) -> None:
         "in_patch_limit": preset.in_patch_limit,
         "patch_limit_on_one_side": preset.patch_limit_on_one_side,
         "chessboard_square": preset.chessboard_square,
-        "video_patch_limit_per_frame": preset.video_patch_limit_per_frame,
-        "video_frames_per_chunk": preset.video_frames_per_chunk,
+        "temporal_merge_kernel_size": preset.temporal_merge_kernel_size,
+        **{key: getattr(preset, key) for key in OPTIONAL_FIELDS if getattr(preset, key) is not None},
     }
     for key, value in ints.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -81,6 +106,14 @@ def validate_preset(preset: Preset) -> None:
     for key in ("chessboard_light", "chessboard_dark"):
         if not 0 <= getattr(preset, key) <= 255:
             raise InvalidPresetError(f"preset {preset.name!r}: {key} must be in 0..255")
+    fps = preset.sample_fps
+    if not isinstance(fps, float) or not math.isfinite(fps) or fps <= 0:
+        raise InvalidPresetError(f"preset {preset.name!r}: sample_fps must be a positive float, got {fps!r}")
+    if preset.timestamp_mode not in TIMESTAMP_MODES:
+        raise InvalidPresetError(
+            f"preset {preset.name!r}: timestamp_mode must be one of {', '.join(TIMESTAMP_MODES)}, "
+            f"got {preset.timestamp_mode!r}"
+        )
 
 
 KIMI_K25 = Preset(name="kimi-k2.5")
@@ -88,7 +121,9 @@ KIMI_K3 = Preset(
     name="kimi-k3",
     in_patch_limit=65536,
     transparency="chessboard",
-    video_patch_limit_per_frame=16384,
+    sample_fps=8.0,
+    in_patch_limit_each_frame=16384,
+    image_prompt="<|media_begin|>image {width}x{height}<|media_content|><|media_pad|><|media_end|>",
 )
 
 PRESETS: dict[str, Preset] = {
@@ -120,8 +155,7 @@ def preset_parameters(preset: Preset) -> dict[str, str]:
     parameters = {"preset": preset.name}
     for field in dataclasses.fields(Preset):
         if field.name != "name":
-            value = getattr(preset, field.name)
-            parameters[field.name] = ",".join(map(repr, value)) if isinstance(value, tuple) else str(value)
+            parameters[field.name] = _format_field(getattr(preset, field.name))
     return parameters
 
 
@@ -135,11 +169,24 @@ def get_preset(preset: str | Preset) -> Preset:
         raise InvalidPresetError(f"unknown preset {preset!r}; known: {', '.join(sorted(PRESETS))}") from None
 
 
+def _format_field(value: object) -> str:
+    """A field's value as a config.pbtxt string parameter (:func:`_parse_field` reads it back)."""
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return ",".join(map(repr, value))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
 def _parse_field(field: dataclasses.Field, raw: str) -> object:
+    if field.name in OPTIONAL_FIELDS and raw.strip().lower() in ("", "none"):
+        return None
     if field.name in ("image_mean", "image_std"):
         return tuple(float(v) for v in raw.replace(",", " ").split())
-    if field.name in ("name", "transparency"):
-        return raw.strip()
+    if field.name in ("name", "transparency", "timestamp_mode", "image_prompt", "video_prompt"):
+        return raw if field.name.endswith("_prompt") else raw.strip()
+    if field.name == "sample_fps":
+        return float(raw)
     return int(raw)
 
 

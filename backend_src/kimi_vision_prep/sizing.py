@@ -47,13 +47,15 @@ class TargetSize:
         return (self.new_width, self.new_height) != (self.width, self.height)
 
 
-def navit_target_size(width: int, height: int, preset: Preset) -> TargetSize:
-    """Apply the reference size rule; float64 arithmetic and truncation exactly as the spec."""
+def navit_target_size(width: int, height: int, preset: Preset, in_patch_limit: int | None = None) -> TargetSize:
+    """Apply the reference size rule; float64 arithmetic and truncation exactly as the spec.
+    ``in_patch_limit`` replaces the preset's (a video frame's budget, spec section 8)."""
     if width < 1 or height < 1:
         raise ValueError(f"image size must be positive, got {width}x{height}")
     p = preset.patch_size
     side_limit_px = preset.patch_limit_on_one_side * p
-    s1 = math.sqrt(preset.in_patch_limit / (max(1.0, width // p) * max(1.0, height // p)))
+    limit = preset.in_patch_limit if in_patch_limit is None else in_patch_limit
+    s1 = math.sqrt(limit / (max(1.0, width // p) * max(1.0, height // p)))
     s2 = side_limit_px / width
     s3 = side_limit_px / height
     scale = min(1.0, s1, s2, s3)

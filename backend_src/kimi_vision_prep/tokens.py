@@ -1,0 +1,54 @@
+"""Token counts from the header alone (spec section 9): what a scheduler needs before any pixel.
+
+:func:`count_tokens` parses the image header with Pillow (``Image.open``: no pixel is decoded),
+applies the NaViT rule and renders the preset's prompt, in microseconds. It validates the header,
+not the pixels: an image whose header parses but whose data is corrupt still gets a count (and
+fails later, in preprocessing). For every image that preprocesses, the grid and the token count
+equal full preprocessing's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .decode import DecodeLimits
+from .errors import ImageTooLargeError, InvalidImageError
+from .pillow_io import open_with_pillow
+from .presets import Preset, get_preset
+from .sizing import navit_target_size
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """``grid_thw`` int64 ``(3,)`` = ``(1, gh, gw)``, ``num_tokens`` and the image's ``prompt``."""
+
+    grid_thw: np.ndarray
+    num_tokens: int
+    prompt: str
+
+
+def image_prompt(width: int, height: int, preset: Preset) -> str:
+    """The preset's image placeholder (K3's names the stored size; ``<|media_pad|>`` stands for
+    ``num_tokens`` tokens the serving engine expands)."""
+    return preset.image_prompt.format(width=width, height=height)
+
+
+def count_tokens(data: bytes, preset: str | Preset = "kimi-k2.5", *, limits: DecodeLimits | None = None) -> TokenCount:
+    """Encoded image -> :class:`TokenCount` from its header; raises what the header check raises
+    (:class:`InvalidImageError`, :class:`ImageTooLargeError` over ``limits``, default
+    :class:`DecodeLimits`)."""
+    preset = get_preset(preset)
+    limits = limits or DecodeLimits()
+    if not isinstance(data, (bytes, bytearray, memoryview)) or not data:
+        raise InvalidImageError("expected encoded image bytes, got none")
+    if len(data) > limits.max_encoded_bytes:
+        raise ImageTooLargeError(
+            f"encoded image of {len(data)} bytes exceeds max_encoded_bytes={limits.max_encoded_bytes}"
+        )
+    with open_with_pillow(bytes(data), limits.max_pixels) as image:
+        width, height = image.size
+    target = navit_target_size(width, height, preset)
+    grid_thw = np.asarray(target.grid_thw, dtype=np.int64)
+    return TokenCount(grid_thw, target.num_tokens, image_prompt(width, height, preset))
