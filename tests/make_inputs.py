@@ -206,3 +206,22 @@ def encode_clip(  # noqa: PLR0917
         for packet in stream.encode():
             output.mux(packet)
     return buffer.getvalue()
+
+
+def video_clips() -> dict[str, bytes]:
+    """Clips encoded here from a corpus photo: frame rates (29.97, 25, 1000), one frame, portrait,
+    sizes that need a resize under K2.5 and not under K3, VP9/WebM, MPEG-4/MKV, several chunks
+    with a short last one; plus the corpus's three real clips."""
+    from fractions import Fraction
+
+    photo = "pil__xmp_test.jpg"
+    encoded = {
+        "h264_29.97fps_320x240.mp4": encode_clip(photo_frames(photo, 320, 240, 40), Fraction(30000, 1001)),
+        "h264_25fps_1280x720.mp4": encode_clip(photo_frames(photo, 1280, 720, 30), 25),
+        "mpeg4_1000fps_64x48.mkv": encode_clip(photo_frames(photo, 64, 48, 200), 1000, "mpeg4", "matroska"),
+        "vp9_single_frame.webm": encode_clip(photo_frames(photo, 200, 150, 1), 25, "libvpx-vp9", "webm"),
+        "vp9_portrait_180x320.webm": encode_clip(photo_frames(photo, 180, 320, 24), 24, "libvpx-vp9", "webm"),
+    }
+    real = ("torchcodec__av1_video.mkv", "torchcodec__h264_10bits.mp4", "torchcodec__h265_video.mp4")
+    return {**encoded, **{name: (CORPUS / "video" / name).read_bytes() for name in real}}
+

@@ -48,6 +48,7 @@ from kimi_vision_prep import (
     get_preset,
     preprocess_bytes,
 )
+from kimi_vision_prep import preprocess_images as kvp_preprocess_images
 from kimi_vision_prep.errors import served_message
 from kimi_vision_prep.serving.repository import model_presets
 
@@ -159,9 +160,9 @@ def test_output_byte_sizes_match_the_arrays_preprocessing_produces(corpus: Path)
         preset = get_preset(preset_name)
         for data in images:
             result = preprocess_bytes(data, preset)
-            sizes = output_byte_sizes(*image_size(data), preset)
+            sizes = output_byte_sizes([image_size(data)], preset)
             assert sizes[PIXEL_VALUES] == np.asarray(result.pixel_values).nbytes
-            u8_sizes = output_byte_sizes(*image_size(data), preset, PIXEL_PATCHES)
+            u8_sizes = output_byte_sizes([image_size(data)], preset, PIXEL_PATCHES)
             patches = preprocess_bytes(data, preset, output="pixel_patches").pixel_patches
             assert list(u8_sizes) == [PIXEL_PATCHES, GRID_THW, NUM_TOKENS]
             assert u8_sizes[PIXEL_PATCHES] == patches.nbytes == sizes[PIXEL_VALUES] // 4
@@ -270,8 +271,8 @@ def test_to_vision_result_expands_patches(corpus: Path) -> None:
 def test_largest_preset_bounds_every_registered_preset() -> None:
     largest = largest_preset()
     for width, height in [(640, 480), (4000, 3000), (100, 10000), (8000, 8000)]:
-        bound = output_byte_sizes(width, height, largest)[PIXEL_VALUES]
-        assert all(output_byte_sizes(width, height, p)[PIXEL_VALUES] <= bound for p in PRESETS.values())
+        bound = output_byte_sizes([(width, height)], largest)[PIXEL_VALUES]
+        assert all(output_byte_sizes([(width, height)], p)[PIXEL_VALUES] <= bound for p in PRESETS.values())
 
 
 def test_image_size_reads_the_header_only(corpus: Path) -> None:
@@ -368,3 +369,29 @@ def test_shared_memory_is_bit_equal_and_cleaned_up(
     assert not regions & server_shm_regions(triton_server, protocol)
     assert not any(f"/{name}" in shm.mapped_shared_memory_regions() for name in regions)
     assert not any(os.path.exists(f"/dev/shm/{name}") for name in regions)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("shm", [False, True], ids=["wire", "shm"])
+@pytest.mark.parametrize("model", ["kimi_k25_vision", "kimi_k3_vision_u8", "kimi_k3_vision_fused"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_preprocess_images_in_one_request(
+    triton_server: object, corpus: Path, protocol: str, model: str, shm: bool
+) -> None:
+    """K images, one request: equal to kimi_vision_prep.preprocess_images, errors included."""
+    items = read(corpus, GOOD[:5])
+    preset = MODEL_PRESETS[model]
+    expected = kvp_preprocess_images(items, preset)
+    with KimiVisionClient(url_of(triton_server, protocol), protocol, model, shm) as client:
+        got = client.preprocess_images(items)
+        assert got.pixel_values.dtype == np.float32 and np.array_equal(got.pixel_values, expected.pixel_values)
+        assert got.grid_thws.tolist() == expected.grid_thws.tolist()
+        assert got.num_tokens.tolist() == expected.num_tokens.tolist()
+        bad = [items[0], *read(corpus, BAD[1:2])]
+        with pytest.raises(PreprocessError) as raised:
+            client.preprocess_images(bad)
+    with pytest.raises(PreprocessError) as in_process:
+        kvp_preprocess_images(bad, preset)
+    assert type(raised.value) is type(in_process.value) and str(raised.value) == str(in_process.value)
+    assert str(raised.value).startswith("image 1: ")
+

@@ -72,7 +72,7 @@ def images(corpus: Path) -> list[tuple[bytes, dict[str, np.ndarray]]]:
                 data,
                 {
                     "PIXEL_VALUES": expected.pixel_values[None],
-                    "GRID_THW": np.asarray(expected.grid_thw, dtype=np.int64)[None],
+                    "GRID_THW": np.asarray(expected.grid_thw, dtype=np.int64)[None, None],
                     "NUM_TOKENS": np.asarray([[expected.num_tokens]], dtype=np.int32),
                 },
             )

@@ -37,6 +37,7 @@ from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import DecodeLimits, ImageDecoder, PreprocessError, preprocess_bytes
 from kimi_vision_prep.errors import ENSEMBLE_PREFIX, reason_for, served_message
+from kimi_vision_prep.pipeline import with_index
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 
 pytestmark = pytest.mark.server
@@ -225,11 +226,12 @@ def assert_outcome(label: str, expected: Expected, result: Any, error: Inference
         assert expected.error is not None
         assert error is not None, f"{label}: accepted by the server, rejected in process ({expected.error})"
         assert error.status() in INVALID_ARG, f"{label}: {error.status()} {error.message()}"
-        assert server_message(error) == served_message(expected.error), label  # class tag + library text
+        # the class tag, then the library's text for the request's image 0
+        assert server_message(error) == served_message(with_index(expected.error, "image", 0)), label
         return
     assert error is None, f"{label}: {error.status()} {error.message()}"
     np.testing.assert_array_equal(result.as_numpy("PIXEL_VALUES")[0], expected.outputs["PIXEL_VALUES"], label)
-    np.testing.assert_array_equal(result.as_numpy("GRID_THW")[0], expected.outputs["GRID_THW"], label)
+    np.testing.assert_array_equal(result.as_numpy("GRID_THW")[0, 0], expected.outputs["GRID_THW"], label)
     assert int(result.as_numpy("NUM_TOKENS")[0, 0]) == int(expected.outputs["NUM_TOKENS"]), label
 
 
@@ -402,9 +404,9 @@ def test_malformed_requests_are_invalid_arg(
         int32 = module.InferInput("IMAGE_BYTES", [1, 1], "INT32")
         int32.set_data_from_numpy(np.zeros((1, 1), dtype=np.int32))
         assert "INT32" in rejected(int32)
-        wide = module.InferInput("IMAGE_BYTES", [1, 2], "BYTES")
-        wide.set_data_from_numpy(np.array([[data, data]], dtype=np.object_))
-        assert "shape" in rejected(wide)
+        deep = module.InferInput("IMAGE_BYTES", [1, 1, 1], "BYTES")  # [1, K] holds K images; a third dim does not
+        deep.set_data_from_numpy(np.array([[[data]]], dtype=np.object_))
+        assert "shape" in rejected(deep)
         nine = module.InferInput("IMAGE_BYTES", [9, 1], "BYTES")
         nine.set_data_from_numpy(np.array([[data]] * 9, dtype=np.object_))
         assert "batch" in rejected(nine).lower()

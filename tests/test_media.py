@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
 import reference
-from make_inputs import CORPUS, corpus_names, encode_clip, photo_frames
+from make_inputs import CORPUS, corpus_names, encode_clip, video_clips
 from PIL import Image
 
 import kimi_vision_prep as kvp
@@ -22,25 +21,11 @@ from kimi_vision_prep.video import chunk_target, chunk_timestamp, sample_frame_i
 
 PRESET_NAMES = ("kimi-k2.5", "kimi-k3")
 VIDEO_DIR = CORPUS / "video"
-CORPUS_CLIPS = ("torchcodec__av1_video.mkv", "torchcodec__h264_10bits.mp4", "torchcodec__h265_video.mp4")
 
 
 @pytest.fixture(scope="module")
 def clips() -> dict[str, bytes]:
-    """Encoded here: frame rates (29.97, 25, 1000), one frame, portrait, sizes that need a resize
-    under K2.5 and not under K3, VP9/WebM, MPEG-4/MKV, several chunks with a short last one."""
-    photo = "pil__xmp_test.jpg"
-    return {
-        "h264_29.97fps_320x240.mp4": encode_clip(photo_frames(photo, 320, 240, 40), Fraction(30000, 1001)),
-        "h264_25fps_1280x720.mp4": encode_clip(photo_frames(photo, 1280, 720, 30), 25),
-        "mpeg4_1000fps_64x48.mkv": encode_clip(photo_frames(photo, 64, 48, 200), 1000, "mpeg4", "matroska"),
-        "vp9_single_frame.webm": encode_clip(photo_frames(photo, 200, 150, 1), 25, "libvpx-vp9", "webm"),
-        "vp9_portrait_180x320.webm": encode_clip(photo_frames(photo, 180, 320, 24), 24, "libvpx-vp9", "webm"),
-    }
-
-
-def all_clips(clips: dict[str, bytes]) -> dict[str, bytes]:
-    return {**clips, **{name: (VIDEO_DIR / name).read_bytes() for name in CORPUS_CLIPS}}
+    return video_clips()
 
 
 def assert_chunk_equal(ours: kvp.VideoChunkResult, ref: reference.RefChunk, where: str) -> None:
@@ -146,7 +131,7 @@ def test_timestamps_truncate_milliseconds_in_every_mode() -> None:
 
 @pytest.mark.parametrize("preset", PRESET_NAMES)
 def test_videos_equal_reference(clips: dict[str, bytes], preset: str) -> None:
-    for name, data in all_clips(clips).items():
+    for name, data in clips.items():
         ours = list(kvp.preprocess_video(data, preset))
         ref = reference.reference_video(data, preset)
         assert len(ours) == len(ref), name

@@ -35,9 +35,10 @@ from kimi_vision_prep import (
     Preset,
     pipeline,
     preprocess_bytes,
+    preprocess_images,
     preset_from_parameters,
 )
-from kimi_vision_prep.errors import InvalidRequestError, served_message
+from kimi_vision_prep.errors import ImageTooLargeError, InvalidRequestError, served_message
 from kimi_vision_prep.kernels import register_kernel, type_key
 from kimi_vision_prep.serving import components, launcher, tensors, triton_install
 from kimi_vision_prep.serving import requests as request_tensors
@@ -46,7 +47,7 @@ from kimi_vision_prep.serving.contract import ServingModel, TritonIO
 from kimi_vision_prep.serving.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
 from kimi_vision_prep.serving.patch_embed import make_patch_embed
 from kimi_vision_prep.serving.repository import RenderOptions, render_repository
-from kimi_vision_prep.serving.requests import decoded_from_inputs, image_bytes_from_input
+from kimi_vision_prep.serving.requests import decoded_from_inputs, images_from_input
 from kimi_vision_prep.serving.tensors import input_array, output_tensor
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
@@ -116,7 +117,11 @@ def test_every_config_parses_and_is_consistent() -> None:
         "kimi_k25_decode", "kimi_k3_decode", "kimi_k25_preprocess", "kimi_k3_preprocess",
         "kimi_k25_vision", "kimi_k3_vision", "kimi_k25_vision_u8", "kimi_k3_vision_u8",
         "kimi_k25_vision_fused", "kimi_k3_vision_fused", "kimi_patch_embed", "kimi_k25_vision_embed",
+        "kimi_k25_video", "kimi_k3_video", "kimi_k25_video_chunk", "kimi_k3_video_chunk",
+        "kimi_k25_tokens", "kimi_k3_tokens",
     }  # fmt: skip
+    for name in ("kimi_k25_video", "kimi_k3_video"):
+        assert configs[name].model_transaction_policy.decoupled, name
     for name, config in configs.items():
         assert config.name == name and config.max_batch_size > 0
         if config.platform == "ensemble":
@@ -252,11 +257,16 @@ def counter(name: str, **labels: str) -> float:
     )
 
 
-DECODED = ("IMAGE", "MODE", "ORIGINAL_SIZE", "RESAMPLE")  # what a decode step hands the preprocess step
+DECODED = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")  # what a decode step hands the preprocess step
 
 
 def mode_input(mode: str) -> np.ndarray:
     return np.array([[mode.encode()]], dtype=np.object_)
+
+
+def many_request(items: list[bytes], **kwargs: Any) -> FakeRequest:
+    """A request of K images: IMAGE_BYTES ``[1, K]``."""
+    return FakeRequest(IMAGE_BYTES=np.array([items], dtype=np.object_), **kwargs)
 
 
 def bytes_request(data: bytes, **kwargs: Any) -> FakeRequest:
@@ -291,21 +301,29 @@ def test_decode_model_batches_and_isolates_errors(pb: SimpleNamespace, images: d
         FakeRequest(IMAGE_BYTES=np.array([[b"x"], [b"y"]], dtype=np.object_)),  # two images in one request
         bytes_request(images["pilx__p_trns_single.png"]),
         FakeRequest(),  # input missing
+        many_request([images["pil__hopper.jpg"], images["pilx__p_trns_single.png"]]),  # K = 2
+        many_request([images["pil__hopper.jpg"], truncated]),  # the second of two is bad
     ]
     responses = model.execute(requests)
-    assert len(responses) == len(requests) and calls == [3]  # one batch call for the three byte payloads
+    assert len(responses) == len(requests) and calls == [7]  # one batch call for every image of every request
     codes = [r.error.code if r.error else None for r in responses]
-    assert codes == [None, "INVALID_ARG", "CANCELLED", "INVALID_ARG", None, "INVALID_ARG"]
-    assert "truncated" in responses[1].error.message and "one image per request" in responses[3].error.message
+    assert codes == [None, "INVALID_ARG", "CANCELLED", "INVALID_ARG", None, "INVALID_ARG", None, "INVALID_ARG"]
+    assert "image 0: " in responses[1].error.message and "truncated" in responses[1].error.message
+    assert "one request per batch element" in responses[3].error.message
+    assert "image 1: " in responses[7].error.message
     jpeg = outputs_of(responses[0])
     expected = model.decoding.decoder.decode(images["pil__hopper.jpg"], KIMI_K3)
-    np.testing.assert_array_equal(jpeg["IMAGE"], expected.pixels[None])
-    np.testing.assert_array_equal(jpeg["ORIGINAL_SIZE"], [[128, 128]])
+    np.testing.assert_array_equal(jpeg["IMAGE"], expected.pixels.reshape(1, -1))
+    assert jpeg["IMAGE_SHAPES"].tolist() == [[[128, 128, 3, 0]]] and jpeg["MODE"].tolist() == [[b"RGB"]]
     assert jpeg["RESAMPLE"].tolist() == [[0]] and jpeg["DECODE_PATH"][0, 0] == expected.decode_path.encode()
     palette = outputs_of(responses[4])
-    assert palette["IMAGE"].shape == (1, 64, 64, 4) and palette["RESAMPLE"].tolist() == [[1]]
-    assert counter("kimi_prep_decodes_total", path="pillow", model="kimi_k3_decode") == 1
-    assert counter("kimi_prep_errors_total", reason="invalid_image") == 1
+    assert palette["IMAGE_SHAPES"].tolist() == [[[64, 64, 4, 0]]] and palette["RESAMPLE"].tolist() == [[1]]
+    both = outputs_of(responses[6])
+    assert both["IMAGE_SHAPES"].tolist() == [[[128, 128, 3, 0], [64, 64, 4, 128 * 128 * 3]]]
+    assert both["IMAGE"].shape == (1, 128 * 128 * 3 + 64 * 64 * 4) and both["RESAMPLE"].tolist() == [[0, 1]]
+    assert both["MODE"].tolist() == [[b"RGB", b"RGBA"]]
+    assert counter("kimi_prep_decodes_total", path="pillow", model="kimi_k3_decode") == 2
+    assert counter("kimi_prep_errors_total", reason="invalid_image") == 2
     assert counter("kimi_prep_errors_total", reason="cancelled") == 1
     assert counter("kimi_prep_errors_total", reason="invalid_request") == 2
     assert counter("kimi_prep_stage_seconds_total", stage="decode") > 0
@@ -362,7 +380,7 @@ def test_decode_then_preprocess_equals_library(
     for data, response in zip(images.values(), prep.execute(handed_over), strict=True):
         outputs, expected = outputs_of(response), preprocess_bytes(data, preset)
         np.testing.assert_array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
-        np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None])
+        np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None, None])
         assert outputs["NUM_TOKENS"].dtype == np.int32 and outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
 
 
@@ -418,49 +436,57 @@ def test_preprocess_computes_only_the_requested_outputs(
                 assert outputs["PIXEL_PATCHES"].dtype == np.uint8
                 np.testing.assert_array_equal(outputs["PIXEL_PATCHES"], patches[None])
             if "GRID_THW" in outputs:
-                np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None])
+                np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None, None])
             if "NUM_TOKENS" in outputs:
                 assert outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
 
 
+def handed_over(*images: np.ndarray, modes: tuple[str, ...] = (), resample: tuple[int, ...] = ()) -> dict:
+    """The preprocess inputs a decode step hands over for ``images`` (uint8 ``(H, W, C)`` each)."""
+    offsets = np.cumsum([0] + [image.size for image in images[:-1]])
+    return {
+        "IMAGE": np.concatenate([image.reshape(-1) for image in images])[None],
+        "IMAGE_SHAPES": np.array([[[*image.shape, o] for image, o in zip(images, offsets, strict=True)]], np.int64),
+        "MODE": np.array([[m.encode() for m in (modes or ("RGB",) * len(images))]], dtype=np.object_),
+        "RESAMPLE": np.array([list(resample or (0,) * len(images))], np.uint8),
+    }
+
+
 def test_preprocess_rejects_bad_inputs_per_request(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
     prep = PreprocessModel(pb, model_args("kimi_k25_preprocess"))
-    good = np.asarray(Image.open(io.BytesIO(images["pil__hopper.jpg"])).convert("RGB"))[None]
-    size, flag, rgb = np.array([[128, 128]], dtype=np.int64), np.zeros((1, 1), dtype=np.uint8), mode_input("RGB")
+    good = np.asarray(Image.open(io.BytesIO(images["pil__hopper.jpg"])).convert("RGB"))
+    outside = handed_over(good)
+    outside["IMAGE_SHAPES"] = np.array([[[128, 129, 3, 0]]], np.int64)  # one row more than IMAGE holds
     bad_requests = [
-        FakeRequest(IMAGE=good, MODE=rgb, ORIGINAL_SIZE=size, RESAMPLE=flag),
-        FakeRequest(
-            IMAGE=np.zeros((1, 8, 8, 4), np.uint8), MODE=mode_input("RGBA"), ORIGINAL_SIZE=np.array([[8, 8]]),
-            RESAMPLE=flag,
-        ),  # RGBA under K2.5
-        FakeRequest(
-            IMAGE=good, MODE=rgb, ORIGINAL_SIZE=np.array([[100, 128]], dtype=np.int64), RESAMPLE=flag
-        ),  # size mismatch
-        FakeRequest(IMAGE=good, MODE=rgb, ORIGINAL_SIZE=size, RESAMPLE=np.full((1, 1), 7, np.uint8)),  # unknown filter
-        FakeRequest(IMAGE=good.astype(np.float32), MODE=rgb, ORIGINAL_SIZE=size, RESAMPLE=flag),
-        FakeRequest(IMAGE=good, MODE=rgb, ORIGINAL_SIZE=size, RESAMPLE=flag, cancelled=True),
+        FakeRequest(**handed_over(good)),
+        FakeRequest(**handed_over(np.zeros((8, 8, 4), np.uint8), modes=("RGBA",))),  # RGBA under K2.5
+        FakeRequest(**outside),
+        FakeRequest(**handed_over(good, resample=(7,))),  # unknown filter
+        FakeRequest(**{**handed_over(good), "IMAGE": good.reshape(1, -1).astype(np.float32)}),
+        FakeRequest(**handed_over(good), cancelled=True),
+        FakeRequest(**handed_over(good, good[:50, :70])),  # two images, different sizes
     ]
     responses = prep.execute(bad_requests)
     assert [r.error.code if r.error else None for r in responses] == [
-        None, "INVALID_ARG", "INVALID_ARG", "INVALID_ARG", "INVALID_ARG", "CANCELLED",
+        None, "INVALID_ARG", "INVALID_ARG", "INVALID_ARG", "INVALID_ARG", "CANCELLED", None,
     ]  # fmt: skip
-    assert "MODE 'RGBA'" in responses[1].error.message and "ORIGINAL_SIZE is 100x128" in responses[2].error.message
+    assert "MODE 'RGBA'" in responses[1].error.message and "outside IMAGE" in responses[2].error.message
     assert "uint8" in responses[4].error.message
-    np.testing.assert_array_equal(
-        outputs_of(responses[0])["PIXEL_VALUES"][0], preprocess_bytes(images["pil__hopper.jpg"]).pixel_values
-    )
+    expected = preprocess_images([images["pil__hopper.jpg"]])
+    np.testing.assert_array_equal(outputs_of(responses[0])["PIXEL_VALUES"][0], expected.pixel_values)
+    two = outputs_of(responses[6])
+    first = preprocess_bytes(images["pil__hopper.jpg"]).pixel_values
+    assert np.array_equal(two["PIXEL_VALUES"][0, : len(first)], first)
+    # 70x50 pads to 84x56 (spec section 3): a 4x6 grid, 2x3 = 6 tokens
+    assert two["GRID_THW"].tolist() == [[[1, 10, 10], [1, 4, 6]]] and two["NUM_TOKENS"].tolist() == [[25, 6]]
 
 
 def test_preprocess_takes_gpu_input_through_dlpack(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
     """A tensor that is not on the host is wrapped via DLPack (no as_numpy) and processed with torch."""
     prep = PreprocessModel(pb, model_args("kimi_k25_preprocess"))
     pixels = torch.from_numpy(np.asarray(Image.open(io.BytesIO(images["pil__hopper.jpg"])).convert("RGB")).copy())[None]
-    request = FakeRequest(
-        IMAGE=FakeTensor("IMAGE", pixels, on_gpu=True),
-        MODE=mode_input("RGB"),
-        ORIGINAL_SIZE=np.array([[128, 128]], dtype=np.int64),
-        RESAMPLE=np.zeros((1, 1), dtype=np.uint8),
-    )
+    inputs = handed_over(pixels[0].numpy())
+    request = FakeRequest(**{**inputs, "IMAGE": FakeTensor("IMAGE", pixels.reshape(1, -1), on_gpu=True)})
     (response,) = prep.execute([request])
     np.testing.assert_array_equal(
         outputs_of(response)["PIXEL_VALUES"][0], preprocess_bytes(images["pil__hopper.jpg"]).pixel_values
@@ -488,7 +514,7 @@ def test_fused_model_equals_library(pb: SimpleNamespace, images: dict[str, bytes
         assert outputs["PIXEL_VALUES"].dtype == np.float32 and outputs["PIXEL_PATCHES"].dtype == np.uint8
         assert np.array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
         assert np.array_equal(outputs["PIXEL_PATCHES"], patches[None])
-        np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None])
+        np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None, None])
         assert outputs["NUM_TOKENS"].dtype == np.int32 and outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
     assert counter("kimi_prep_decodes_total", model=name) == len(images)
     assert counter("kimi_prep_decodes_total", model=name, path="pillow") >= 2  # palette PNG, CMYK JPEG
@@ -506,7 +532,7 @@ def test_fused_model_isolates_errors_per_request(
     real_outputs = components.preprocess_outputs
 
     def buggy(decoded: Any, preset: Any, requested: Any = None) -> Any:
-        if decoded.width == 2268:  # imagers__large_image.jpg
+        if any(image.width == 2268 for image in decoded):  # imagers__large_image.jpg
             raise RuntimeError("preprocess bug (test)")
         return real_outputs(decoded, preset, requested)
 
@@ -524,9 +550,10 @@ def test_fused_model_isolates_errors_per_request(
     codes = [r.error.code if r.error else None for r in responses]
     assert codes == [None, "INVALID_ARG", "CANCELLED", "INVALID_ARG", "INTERNAL", None, "INVALID_ARG"]
     with pytest.raises(PreprocessError) as raised:
-        preprocess_bytes(truncated, "kimi-k3")
+        preprocess_images([truncated], "kimi-k3")
     assert responses[1].error.message == served_message(raised.value)  # the class tag, then the library's text
-    assert "one image per request" in responses[3].error.message and "missing input" in responses[6].error.message
+    assert "one request per batch element" in responses[3].error.message
+    assert "missing input" in responses[6].error.message
     assert "preprocess bug (test)" in responses[4].error.message
     assert any(level == "log_error" and "preprocess bug (test)" in line for level, line in FakeLogger.lines)
     hopper = outputs_of(responses[0])
@@ -631,22 +658,28 @@ def test_image_is_the_stored_size_in_the_source_mode(pb: SimpleNamespace, images
         (decoded,) = [outputs_of(r) for r in decode.execute([bytes_request(data)])]
         width, height = Image.open(io.BytesIO(data)).size
         assert decoded["MODE"][0, 0] == mode.encode()
-        assert decoded["IMAGE"].shape[1:3] == (height, width) and decoded["ORIGINAL_SIZE"].tolist() == [[width, height]]
+        (shape,) = decoded["IMAGE_SHAPES"][0].tolist()
+        assert shape[:2] == [height, width] and decoded["IMAGE"].shape == (1, height * width * shape[2])
         (response,) = prep.execute([FakeRequest(**{name: decoded[name] for name in DECODED})])
         expected = preprocess_bytes(data, "kimi-k3")
         assert outputs_of(response)["PIXEL_VALUES"][0].tobytes() == expected.pixel_values.tobytes(), mode
-    raw = np.zeros((1, 4, 4, 2), np.uint8)
-    size, flag = np.array([[4, 4]], np.int64), np.zeros((1, 1), np.uint8)
+    raw = handed_over(np.zeros((4, 4, 2), np.uint8), modes=("CMYK",))  # 2 bytes a pixel, CMYK has 4
+    inputs = [raw[name] for name in DECODED]
     with pytest.raises(InvalidRequestError, match="not raw 'CMYK'"):
-        decoded_from_inputs(raw, mode_input("CMYK"), size, flag, KIMI_K3)  # 2 bytes a pixel, CMYK has 4
+        decoded_from_inputs(*inputs, KIMI_K3)
     with pytest.raises(InvalidRequestError, match="MODE 'CMYK'"):
-        decoded_from_inputs(raw, mode_input("CMYK"), size, flag, KIMI_K25)
+        decoded_from_inputs(*inputs, KIMI_K25)
 
 
-def test_image_bytes_from_input() -> None:
-    assert image_bytes_from_input(np.array([[b"abc"]], dtype=np.object_)) == b"abc"
+def test_images_from_input() -> None:
+    assert images_from_input(np.array([[b"abc"]], dtype=np.object_), 16) == [b"abc"]
+    assert images_from_input(np.array([[b"a", b"b", b"c"]], dtype=np.object_), 3) == [b"a", b"b", b"c"]
     with pytest.raises(InvalidRequestError, match="bytes"):
-        image_bytes_from_input(np.array([[3]], dtype=np.object_))
+        images_from_input(np.array([[3]], dtype=np.object_), 16)
+    with pytest.raises(InvalidRequestError, match="one request per batch element"):
+        images_from_input(np.array([[b"a"], [b"b"]], dtype=np.object_), 16)
+    with pytest.raises(ImageTooLargeError, match="max_images_per_request=2"):
+        images_from_input(np.array([[b"a"] * 3], dtype=np.object_), 2)
 
 
 # -- patch embed ----------------------------------------------------------------------------------
@@ -724,7 +757,8 @@ def test_render_options_change_only_their_fields(tmp_path: Path) -> None:
         for group in original.instance_group:
             group.count, group.kind = 3, model_config_pb2.ModelInstanceGroup.KIND_CPU
         assert config == original, name  # nothing else changed
-    assert threaded == 8  # decode and fused: decoder_threads; preprocess and fused: numba_threads (x2 presets)
+    # decoder_threads: decode, fused, video, video_chunk; numba_threads: preprocess, fused, video, video_chunk
+    assert threaded == 16  # x2 presets
     args = build_parser().parse_args(["serve", "--instances", "2", "--threads", "1", "--kind", "gpu"])
     assert (args.instances, args.threads, args.kind) == (2, 1, "gpu")
     for bad in ({"instances": 0}, {"threads": -1}, {"kind": "tpu"}):
@@ -868,5 +902,5 @@ def test_a_broken_metrics_backend_never_fails_requests(
     monkeypatch.setattr(FakeMetricFamily, "Metric", broken)
     model = DecodeModel(pb, model_args("kimi_k25_decode"))
     (response,) = model.execute([bytes_request(images["pil__hopper.jpg"])])
-    assert outputs_of(response)["ORIGINAL_SIZE"].tolist() == [[128, 128]]
+    assert outputs_of(response)["IMAGE_SHAPES"].tolist() == [[[128, 128, 3, 0]]]
     assert not model.metrics.enabled and "metrics registry gone" in model.metrics.error

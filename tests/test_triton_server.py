@@ -21,7 +21,8 @@ import tritonclient.http as httpclient
 from make_inputs import corpus_names
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes
+from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes, preprocess_images
+from kimi_vision_prep.errors import served_message
 
 pytestmark = pytest.mark.server
 
@@ -90,7 +91,8 @@ def assert_matches_library(outputs: dict, data: bytes, preset: str) -> None:
     assert pixel_values.dtype == np.float32 and pixel_values.shape[0] == 1
     np.testing.assert_array_equal(pixel_values[0], expected.pixel_values)
     assert outputs["GRID_THW"].dtype == np.int64
-    np.testing.assert_array_equal(outputs["GRID_THW"][0], expected.grid_thw)
+    assert outputs["GRID_THW"].shape == (1, 1, 3)
+    np.testing.assert_array_equal(outputs["GRID_THW"][0, 0], expected.grid_thw)
     assert outputs["NUM_TOKENS"].dtype == np.int32
     assert int(outputs["NUM_TOKENS"][0, 0]) == expected.num_tokens
 
@@ -104,9 +106,57 @@ def assert_u8_matches_library(outputs: dict, data: bytes, preset: str) -> None:
     np.testing.assert_array_equal(patches[0], preprocess_bytes(data, preset, output="pixel_patches").pixel_patches)
     assert pixel_values_from_patches(patches[0], preset).tobytes() == expected.pixel_values.tobytes()
     assert outputs["GRID_THW"].dtype == np.int64
-    np.testing.assert_array_equal(outputs["GRID_THW"][0], expected.grid_thw)
+    assert outputs["GRID_THW"].shape == (1, 1, 3)
+    np.testing.assert_array_equal(outputs["GRID_THW"][0, 0], expected.grid_thw)
     assert outputs["NUM_TOKENS"].dtype == np.int32
     assert int(outputs["NUM_TOKENS"][0, 0]) == expected.num_tokens
+
+
+def images_input(protocol: str, items: list[bytes]) -> Any:
+    """``IMAGE_BYTES [1, K]``: several images in one request."""
+    tensor = PROTOCOLS[protocol].InferInput("IMAGE_BYTES", [1, len(items)], "BYTES")
+    tensor.set_data_from_numpy(np.array([items], dtype=np.object_))
+    return tensor
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_several_images_per_request(triton_server: Any, corpus: Path, protocol: str) -> None:
+    """IMAGE_BYTES [1, K]: one response with ΣN patches, GRID_THW [1, K, 3] and NUM_TOKENS [1, K],
+    equal to preprocess_images; requests of different K in flight together each get their own
+    answer; a bad image fails its own request only, naming its index."""
+    items = [read(corpus, name) for name in IMAGES[:5]]
+    bad = [items[0], read(corpus, "pil__truncated_jpeg.jpg")]
+    client = client_for(triton_server, protocol)
+    try:
+        for model, preset in {**ENSEMBLES, **U8_ENSEMBLES, **FUSED}.items():
+            expected = preprocess_images(items, preset)
+            names = U8_OUTPUTS if model in U8_ENSEMBLES else VISION_OUTPUTS
+            requested = [PROTOCOLS[protocol].InferRequestedOutput(n) for n in names]
+            sizes = (5, 1, 3, 2)
+            with ThreadPoolExecutor(len(sizes)) as pool:
+                send = [client_for(triton_server, protocol).infer for _ in sizes]  # a client per thread
+                futures = [
+                    pool.submit(infer_k, model, [images_input(protocol, items[:k])], outputs=requested)
+                    for infer_k, k in zip(send, sizes, strict=True)
+                ]
+                results = [future.result() for future in futures]
+            for k, result in zip(sizes, results, strict=True):
+                subset = preprocess_images(items[:k], preset)
+                pixels = result.as_numpy(names[0])
+                if names[0] == "PIXEL_PATCHES":
+                    pixels = pixel_values_from_patches(pixels[0], preset)[None]
+                assert pixels.shape[0] == 1 and np.array_equal(pixels[0], subset.pixel_values), (model, k)
+                assert result.as_numpy("GRID_THW").tolist() == [subset.grid_thws.tolist()], (model, k)
+                assert result.as_numpy("NUM_TOKENS").tolist() == [subset.num_tokens.tolist()], (model, k)
+            assert len(expected.num_tokens) == 5
+            with pytest.raises(InferenceServerException) as info:
+                client.infer(model, [images_input(protocol, bad)], outputs=requested)
+            with pytest.raises(PreprocessError) as in_process:
+                preprocess_images(bad, preset)
+            assert is_invalid_arg(info.value) and served_message(in_process.value) in str(info.value), model
+            assert "image 1: " in str(info.value)
+    finally:
+        client.close()
 
 
 def is_invalid_arg(exc: InferenceServerException) -> bool:
@@ -166,7 +216,7 @@ def test_fused_model_bit_equal_to_library(triton_server: Any, corpus: Path, prot
             result = client.infer(model, [bytes_input(protocol, data)], outputs=requested)
             assert [n for n in ALL_OUTPUTS if result.as_numpy(n) is not None] == [n for n in ALL_OUTPUTS if n in names]
         expected = preprocess_bytes(data, FUSED[model])
-        np.testing.assert_array_equal(result.as_numpy("GRID_THW")[0], expected.grid_thw)
+        np.testing.assert_array_equal(result.as_numpy("GRID_THW")[0, 0], expected.grid_thw)
     finally:
         client.close()
 
@@ -182,7 +232,7 @@ def test_outputs_named_or_not(triton_server: Any, corpus: Path, protocol: str) -
         outputs = {name: result.as_numpy(name) for name in U8_OUTPUTS}
         assert_u8_matches_library(outputs, data, "kimi-k3")
         assert result.as_numpy("PIXEL_VALUES") is None
-        decoded = infer(triton_server, protocol, "kimi_k3_decode", data, ["IMAGE", "MODE", "ORIGINAL_SIZE", "RESAMPLE"])
+        decoded = infer(triton_server, protocol, "kimi_k3_decode", data, ["IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE"])
         module = PROTOCOLS[protocol]
         inputs = []
         for name, value in decoded.items():
@@ -194,7 +244,7 @@ def test_outputs_named_or_not(triton_server: Any, corpus: Path, protocol: str) -
         assert_matches_library({n: everything.as_numpy(n) for n in VISION_OUTPUTS}, data, "kimi-k3")
         assert_u8_matches_library({n: everything.as_numpy(n) for n in U8_OUTPUTS}, data, "kimi-k3")
         only = client.infer("kimi_k3_preprocess", inputs, outputs=[module.InferRequestedOutput("GRID_THW")])
-        np.testing.assert_array_equal(only.as_numpy("GRID_THW")[0], expected.grid_thw)
+        np.testing.assert_array_equal(only.as_numpy("GRID_THW")[0, 0], expected.grid_thw)
         assert all(only.as_numpy(n) is None for n in ("PIXEL_VALUES", "PIXEL_PATCHES", "NUM_TOKENS"))
     finally:
         client.close()
@@ -202,14 +252,15 @@ def test_outputs_named_or_not(triton_server: Any, corpus: Path, protocol: str) -
 
 def test_decode_model_outputs(triton_server: Any, corpus: Path) -> None:
     """The decode model on its own: stored size, resample flag, path label and pixel layout."""
-    outputs = ["IMAGE", "MODE", "ORIGINAL_SIZE", "RESAMPLE", "DECODE_PATH"]
+    outputs = ["IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE", "DECODE_PATH"]
     jpeg = infer(triton_server, "grpc", "kimi_k25_decode", read(corpus, "imagers__rgb.jpg"), outputs)
-    assert jpeg["IMAGE"].dtype == np.uint8 and jpeg["IMAGE"].shape == (1, 333, 500, 3) and jpeg["MODE"][0, 0] == b"RGB"
-    np.testing.assert_array_equal(jpeg["ORIGINAL_SIZE"], [[500, 333]])
+    assert jpeg["IMAGE"].dtype == np.uint8 and jpeg["IMAGE"].shape == (1, 333 * 500 * 3)
+    assert jpeg["MODE"][0, 0] == b"RGB"
+    assert jpeg["IMAGE_SHAPES"].tolist() == [[[333, 500, 3, 0]]]  # height, width, channels, offset
     np.testing.assert_array_equal(jpeg["RESAMPLE"], [[0]])
     assert jpeg["DECODE_PATH"][0, 0] in (b"nvimgcodec-cpu", b"nvimgcodec-cuda")
     palette = infer(triton_server, "http", "kimi_k3_decode", read(corpus, "pilx__p_trns_single.png"), outputs)
-    assert palette["IMAGE"].shape == (1, 64, 64, 4) and palette["MODE"][0, 0] == b"RGBA"  # resized later, nearest
+    assert palette["IMAGE_SHAPES"].tolist() == [[[64, 64, 4, 0]]] and palette["MODE"][0, 0] == b"RGBA"  # nearest
     np.testing.assert_array_equal(palette["RESAMPLE"], [[1]])
     assert palette["DECODE_PATH"][0, 0] == b"pillow"
 
@@ -231,7 +282,8 @@ def test_patch_embed_chain_equals_torch(triton_server: Any, corpus: Path, protoc
         assert outputs["PATCH_EMBEDS"].shape == (1, *embeds.shape)
         # Same weights, same input; oneDNN may block the reduction differently across thread counts.
         np.testing.assert_allclose(outputs["PATCH_EMBEDS"][0], embeds, rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(outputs["GRID_THW"][0], expected.grid_thw)
+        assert outputs["GRID_THW"].shape == (1, 1, 3)
+        np.testing.assert_array_equal(outputs["GRID_THW"][0, 0], expected.grid_thw)
         assert int(outputs["NUM_TOKENS"][0, 0]) == expected.num_tokens
 
 
@@ -378,20 +430,20 @@ def test_wrong_dtype_and_shape_are_clear_errors(triton_server: Any, protocol: st
         error = call("kimi_k25_vision", wrong_dtype)
         assert is_invalid_arg(error) and "IMAGE_BYTES" in str(error) and "BYTES" in str(error)
 
-        wrong_shape = module.InferInput("IMAGE_BYTES", [1, 2], "BYTES")
-        wrong_shape.set_data_from_numpy(np.array([[data, data]], dtype=np.object_))
+        wrong_shape = module.InferInput("IMAGE_BYTES", [1, 1, 1], "BYTES")  # [1, K] holds K images
+        wrong_shape.set_data_from_numpy(np.array([[[data]]], dtype=np.object_))
         error = call("kimi_k25_vision", wrong_shape)
         assert is_invalid_arg(error) and "IMAGE_BYTES" in str(error) and "shape" in str(error)
 
         two_images = module.InferInput("IMAGE_BYTES", [2, 1], "BYTES")
         two_images.set_data_from_numpy(np.array([[data], [data]], dtype=np.object_))
         error = call("kimi_k3_vision", two_images)
-        assert is_invalid_arg(error) and "one image per request" in str(error)
+        assert is_invalid_arg(error) and "one request per batch element" in str(error)
 
-        five_channels = module.InferInput("IMAGE", [1, 4, 4, 5], "UINT8")
-        five_channels.set_data_from_numpy(np.zeros((1, 4, 4, 5), dtype=np.uint8))
-        size = module.InferInput("ORIGINAL_SIZE", [1, 2], "INT64")
-        size.set_data_from_numpy(np.array([[4, 4]], dtype=np.int64))
+        five_channels = module.InferInput("IMAGE", [1, 80], "UINT8")
+        five_channels.set_data_from_numpy(np.zeros((1, 80), dtype=np.uint8))
+        size = module.InferInput("IMAGE_SHAPES", [1, 1, 4], "INT64")
+        size.set_data_from_numpy(np.array([[[4, 4, 5, 0]]], dtype=np.int64))
         resample = module.InferInput("RESAMPLE", [1, 1], "UINT8")
         resample.set_data_from_numpy(np.zeros((1, 1), dtype=np.uint8))
         mode = module.InferInput("MODE", [1, 1], "BYTES")

@@ -36,7 +36,14 @@ from .pipeline import (
 from .presets import KIMI_K3, KIMI_K25, PRESETS, Preset, get_preset, preset_from_parameters
 from .sizing import TargetSize, navit_target_size
 from .tokens import TokenCount, count_tokens
-from .video import VideoChunkResult, VideoLimits, preprocess_frames, preprocess_video, preprocess_video_chunk
+from .video import (
+    VideoChunkResult,
+    VideoLimits,
+    looks_like_video,
+    preprocess_frames,
+    preprocess_video,
+    preprocess_video_chunk,
+)
 
 __all__ = [
     "KIMI_K3",
@@ -69,6 +76,7 @@ __all__ = [
     "count_tokens",
     "default_decoder",
     "get_preset",
+    "looks_like_video",
     "navit_target_size",
     "pixel_values_from_patches",
     "preprocess_batch",

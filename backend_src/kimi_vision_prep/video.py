@@ -206,9 +206,24 @@ def _open(data: bytes) -> Any:
 
 
 def _video_stream(container: Any) -> Any:
+    # FFmpeg's image demuxers (png_pipe, jpeg_pipe, image2, ...) read what Pillow would not open.
+    if container.format.name.endswith("_pipe") or container.format.name == "image2":
+        raise InvalidVideoError(f"an image ({container.format.name}), not a video: use the image models")
     if not container.streams.video:
         raise InvalidVideoError("no video stream")
     return container.streams.video[0]
+
+
+def looks_like_video(data: bytes) -> bool:
+    """Whether ``data`` is a container with a video stream that is not an image Pillow reads (how
+    the CLI tells videos from images by content)."""
+    try:
+        _reject_images(bytes(data))
+        with _open(bytes(data)) as container:
+            _video_stream(container)
+    except PreprocessError:
+        return False
+    return True
 
 
 def probe_video(data: bytes, limits: VideoLimits = VideoLimits()) -> VideoInfo:

@@ -1,6 +1,10 @@
 """``kimi-prep``: preprocess in-process, render the model repository, serve, infer against a server,
 benchmark, or run a demo.
 
+``preprocess`` and ``infer`` take images and videos (told apart by content): a video gives one
+line and one npz entry per chunk, with a progress bar per chunk; ``infer --images-per-request K``
+sends K images in one request.
+
 Every subcommand that processes images prints one summary line per image on stdout, one error line
 per bad image on stderr, writes the good results (optionally) to an ``.npz`` with the processor's
 layout, and exits non-zero when any image failed.
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -18,7 +22,16 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-from kimi_vision_prep import PRESETS, PreprocessError, PreprocessResult, concat_results, preprocess_bytes
+from kimi_vision_prep import (
+    PRESETS,
+    PreprocessError,
+    PreprocessResult,
+    VideoChunkResult,
+    concat_results,
+    looks_like_video,
+    preprocess_bytes,
+    preprocess_video,
+)
 from kimi_vision_prep.serving.repository import RenderOptions, model_presets
 
 from .client import KimiVisionClient, VisionResult
@@ -46,10 +59,14 @@ class Outcome:
 # -- shared by preprocess / infer / demo ------------------------------------------------------
 
 
+VIDEO_SUFFIXES = frozenset({".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v"})
+
+
 def image_suffixes() -> frozenset[str]:
-    """File suffixes Pillow knows (``.jpg``, ``.png``, ...): what a directory expands to."""
+    """File suffixes Pillow knows (``.jpg``, ``.png``, ...) and video containers': what a directory
+    expands to."""
     Image.init()
-    return frozenset(Image.registered_extensions())
+    return frozenset(Image.registered_extensions()) | VIDEO_SUFFIXES
 
 
 def expand_paths(paths: Sequence[Path]) -> list[Path]:
@@ -73,6 +90,8 @@ def summary_line(name: str, result: ImageOutput) -> str:
     parts = []
     if isinstance(result, PreprocessResult):
         parts.append(f"{result.width}x{result.height} -> {result.target.new_width}x{result.target.new_height}")
+    if isinstance(result, VideoChunkResult):
+        parts.append(f"at {result.timestamp}, frames {','.join(map(str, result.frame_indices))}")
     parts += [f"grid {grid_text(result.grid_thw)}", f"{result.num_tokens} tokens"]
     parts.append(f"{len(result.pixel_values)} patches")
     if isinstance(result, PreprocessResult):
@@ -138,10 +157,33 @@ def outcome_of(name: str, result: VisionResult | PreprocessError) -> Outcome:
 # -- subcommands --------------------------------------------------------------------------------
 
 
+def chunk_outcomes(name: str, chunks: Callable[[], Iterable[VideoChunkResult]], quiet: bool) -> list[Outcome]:
+    """One outcome per chunk of a video (``name [chunk i]``), printed as each arrives, under a
+    progress bar; an error ends the video with one error outcome."""
+    from tqdm import tqdm
+
+    outcomes = []
+    with tqdm(desc=name, file=sys.stderr, unit="chunk", disable=quiet or not sys.stderr.isatty()) as progress:
+        try:
+            for index, chunk in enumerate(chunks()):
+                outcome = Outcome(f"{name} [chunk {index}]", result=chunk)
+                print_outcome(outcome, tqdm.write)
+                outcomes.append(outcome)
+                progress.update()
+        except PreprocessError as exc:
+            outcome = Outcome(name, error=exc)
+            print_outcome(outcome, tqdm.write)
+            outcomes.append(outcome)
+    return outcomes
+
+
 def cmd_preprocess(args: argparse.Namespace) -> int:
-    """In-process, exactly the library call a Triton model makes."""
+    """In-process, exactly the library calls the Triton models make."""
     outcomes = []
     for outcome, data in read_inputs(expand_paths(args.images)):
+        if data is not None and looks_like_video(data):
+            outcomes += chunk_outcomes(outcome.name, lambda d=data: preprocess_video(d, args.preset), args.quiet)
+            continue
         if data is not None:
             try:
                 outcome.result = preprocess_bytes(data, args.preset)
@@ -157,14 +199,23 @@ def cmd_infer(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     inputs = read_inputs(expand_paths(args.images))
-    to_send = [(outcome, data) for outcome, data in inputs if data is not None]
+    readable = [(outcome, data) for outcome, data in inputs if data is not None]
+    is_video = [looks_like_video(data) for _, data in readable]
+    videos = [item for item, video in zip(readable, is_video, strict=True) if video]
+    to_send = [item for item, video in zip(readable, is_video, strict=True) if not video]
     for outcome, data in inputs:
         if data is None:
             print_outcome(outcome)
+    outcomes = [outcome for outcome, data in inputs if data is None]
     with KimiVisionClient(args.url, args.protocol, args.model, args.shm) as client:
         if not client.is_ready():
             print(f"kimi-prep: no ready model {args.model!r} at {args.url} ({args.protocol})", file=sys.stderr)
             return EXIT_UNAVAILABLE
+        for outcome, data in videos:
+            outcomes += chunk_outcomes(outcome.name, lambda d=data: client.preprocess_video(d), args.quiet)
+        if args.images_per_request > 1:
+            outcomes += infer_groups(client, to_send, args.images_per_request)
+            return report(outcomes, args.out)
         with tqdm(
             total=len(to_send), file=sys.stderr, unit="img", disable=args.quiet or not sys.stderr.isatty()
         ) as progress:
@@ -176,7 +227,27 @@ def cmd_infer(args: argparse.Namespace) -> int:
                 progress.update()
 
             client.infer_many((data for _, data in to_send), concurrency=args.concurrency, on_result=on_result)
-    return report([outcome for outcome, _ in inputs], args.out)
+    return report([*outcomes, *(outcome for outcome, _ in to_send)], args.out)
+
+
+def infer_groups(client: KimiVisionClient, to_send: list[tuple[Outcome, bytes]], size: int) -> list[Outcome]:
+    """Images in requests of ``size`` (``client.preprocess_images``): each image's result cut out of
+    its request's; a failed request's error (naming the image) for each of its images."""
+    for start in range(0, len(to_send), size):
+        group = to_send[start : start + size]
+        try:
+            result = client.preprocess_images([data for _, data in group])
+        except PreprocessError as exc:
+            for outcome, _ in group:
+                outcome.error = exc
+                print_outcome(outcome)
+            continue
+        counts = [int(np.prod(grid)) for grid in result.grid_thws]
+        parts = np.split(result.pixel_values, np.cumsum(counts)[:-1])
+        for (outcome, _), pixels, grid, tokens in zip(group, parts, result.grid_thws, result.num_tokens, strict=True):
+            outcome.result = VisionResult(pixels, grid, int(tokens))
+            print_outcome(outcome)
+    return [outcome for outcome, _ in to_send]
 
 
 def render_options(args: argparse.Namespace) -> RenderOptions | None:
@@ -315,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("preprocess", help="preprocess images in-process (no server)")
     pre.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS))
     pre.add_argument("--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz")
-    pre.add_argument("images", nargs="+", type=Path, metavar="IMAGE|DIR")
+    pre.add_argument("--quiet", action="store_true", help="no progress bar (videos)")
+    pre.add_argument("images", nargs="+", type=Path, metavar="IMAGE|VIDEO|DIR")
     pre.set_defaults(run=cmd_preprocess)
 
     render = sub.add_parser("render-repository", help="write the model repository rendered from the presets")
@@ -340,8 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_arguments(inf)
     inf.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     inf.add_argument("--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz")
+    inf.add_argument("--images-per-request", type=positive_int, default=1, metavar="K", help="images in one request")
     inf.add_argument("--quiet", action="store_true", help="no progress bar")
-    inf.add_argument("images", nargs="+", type=Path, metavar="IMAGE|DIR")
+    inf.add_argument("images", nargs="+", type=Path, metavar="IMAGE|VIDEO|DIR")
     inf.set_defaults(run=cmd_infer)
 
     bench = sub.add_parser("bench", help="throughput and latency of a running server over a concurrency sweep")

@@ -26,9 +26,9 @@ before sending: the NaViT rule needs only the width and height from the image he
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import tritonclient.utils
@@ -36,29 +36,50 @@ import tritonclient.utils.shared_memory as shm
 from PIL import Image
 
 from kimi_vision_prep import (
-    PRESETS,
+    ImagesResult,
     PreprocessError,
     Preset,
+    TokenCount,
+    VideoChunkResult,
     get_preset,
     navit_target_size,
     pixel_values_from_patches,
-    preset_from_parameters,
 )
 from kimi_vision_prep.errors import error_from_served
 
+from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
 from .transport import ADAPTERS, ShmSlot, Waiter
+from .wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, PIXEL_VALUES, Wire, largest_preset, learn_wire
+
+__all__ = [
+    "GRID_THW",
+    "NUM_TOKENS",
+    "PIXEL_PATCHES",
+    "PIXEL_VALUES",
+    "KimiVisionClient",
+    "VisionResult",
+    "Wire",
+    "error_from_server",
+    "image_size",
+    "largest_preset",
+    "learn_wire",
+    "output_byte_sizes",
+    "strip_scheme",
+    "to_images_result",
+    "to_vision_result",
+]
 
 Protocol = Literal["http", "grpc"]
+ResultT = TypeVar("ResultT")
 
 INPUT_NAME = "IMAGE_BYTES"
-PIXEL_VALUES, PIXEL_PATCHES = "PIXEL_VALUES", "PIXEL_PATCHES"
-GRID_THW, NUM_TOKENS = "GRID_THW", "NUM_TOKENS"
 OUTPUT_DTYPES: dict[str, np.dtype] = {
     PIXEL_VALUES: np.dtype(np.float32),
     PIXEL_PATCHES: np.dtype(np.uint8),
     GRID_THW: np.dtype(np.int64),
     NUM_TOKENS: np.dtype(np.int32),
 }
+SINGLE_IMAGE_PREFIX = "image 0: "  # how a model names the only image of a request that fails
 # Transport status (HTTP code or gRPC StatusCode) -> the Triton code name it carries.
 TRITON_CODES: dict[str, str] = {
     "400": "INVALID_ARG",
@@ -86,11 +107,17 @@ def strip_scheme(url: str) -> str:
     return url.split("://", 1)[-1].rstrip("/")
 
 
-def error_from_server(exc: Exception) -> PreprocessError:
+def error_from_server(exc: Exception, single_image: bool = False) -> PreprocessError:
     """A tritonclient error as the :class:`PreprocessError` the server raised (its message's tag),
-    or, for Triton's own untagged rejections, the class of its code."""
+    or, for Triton's own untagged rejections, the class of its code. ``single_image``: the request
+    held one image, so the server's ``"image 0: "`` is dropped (the message ``preprocess_bytes``
+    raises; a K-image request keeps the index, as ``preprocess_images`` does)."""
     if isinstance(exc, tritonclient.utils.InferenceServerException):
-        return error_from_served(TRITON_CODES.get(str(exc.status()), "INTERNAL"), exc.message() or str(exc))
+        error = error_from_served(TRITON_CODES.get(str(exc.status()), "INTERNAL"), exc.message() or str(exc))
+        text = str(error)
+        if single_image and text.startswith(SINGLE_IMAGE_PREFIX):
+            error = type(error)(text.removeprefix(SINGLE_IMAGE_PREFIX))
+        return error
     return PreprocessError(f"{type(exc).__name__}: {exc}")
 
 
@@ -103,103 +130,45 @@ def image_size(data: bytes) -> tuple[int, int] | None:
         return None
 
 
-def output_byte_sizes(width: int, height: int, preset: Preset, pixel_output: str = PIXEL_VALUES) -> dict[str, int]:
-    """Bytes of each output for a ``width x height`` image under ``preset`` (batch of one), with
-    the pixels as ``pixel_output`` (``PIXEL_VALUES`` float32 or ``PIXEL_PATCHES`` uint8)."""
-    target = navit_target_size(width, height, preset)
+def output_byte_sizes(
+    sizes: Sequence[tuple[int, int]], preset: Preset, pixel_output: str = PIXEL_VALUES
+) -> dict[str, int]:
+    """Bytes of each output of a request of images of ``sizes`` (width, height) under ``preset``,
+    with the pixels as ``pixel_output`` (``PIXEL_VALUES`` float32 or ``PIXEL_PATCHES`` uint8)."""
+    patches = sum(navit_target_size(width, height, preset).num_patches for width, height in sizes)
     patch_values = 3 * preset.patch_size * preset.patch_size
     return {
-        pixel_output: target.num_patches * patch_values * OUTPUT_DTYPES[pixel_output].itemsize,
-        GRID_THW: 3 * OUTPUT_DTYPES[GRID_THW].itemsize,
-        NUM_TOKENS: OUTPUT_DTYPES[NUM_TOKENS].itemsize,
+        pixel_output: patches * patch_values * OUTPUT_DTYPES[pixel_output].itemsize,
+        GRID_THW: len(sizes) * 3 * OUTPUT_DTYPES[GRID_THW].itemsize,
+        NUM_TOKENS: len(sizes) * OUTPUT_DTYPES[NUM_TOKENS].itemsize,
     }
 
 
-def largest_preset() -> Preset:
-    """The registered preset with the largest patch budget (its outputs bound every other's)."""
-    return max(PRESETS.values(), key=lambda p: (p.in_patch_limit, p.patch_limit_on_one_side))
-
-
-@dataclass(frozen=True)
-class Wire:
-    """How a model's pixels travel, as learnt from the server by :func:`learn_wire`.
-
-    ``pixel_output``: ``PIXEL_VALUES`` (float32, used as received) or ``PIXEL_PATCHES`` (uint8,
-    expanded on the client). ``preset``: sizes shared-memory regions and, on the uint8 wire, gives
-    the normalise table (``normalize_table(preset.image_mean, preset.image_std)``).
-    """
-
-    pixel_output: str
-    preset: Preset
-
-    @property
-    def outputs(self) -> tuple[str, str, str]:
-        """The output names requested per image."""
-        return (self.pixel_output, GRID_THW, NUM_TOKENS)
-
-
-def config_parameters(config: Mapping[str, Any]) -> dict[str, str]:
-    """``parameters`` of a model config (HTTP / gRPC JSON) as plain ``{key: string_value}``."""
-    return {key: str(value.get("string_value", "")) for key, value in (config.get("parameters") or {}).items()}
-
-
-def producer_preset(
-    get_config: Callable[[str], Mapping[str, Any]], config: Mapping[str, Any], tensor: str, depth: int = 0
-) -> Preset | None:
-    """The preset of the model that produces output ``tensor`` of ``config``: for an ensemble, the
-    step whose ``output_map`` yields it (followed recursively); otherwise the model's own
-    ``parameters`` when they name a ``preset``. None when no model on the way names one."""
-    for step in (config.get("ensemble_scheduling") or {}).get("step", []):
-        for key, value in (step.get("output_map") or {}).items():
-            if value == tensor and depth < 8:
-                return producer_preset(get_config, get_config(step["model_name"]), key, depth + 1)
-    parameters = config_parameters(config)
-    return preset_from_parameters(parameters) if "preset" in parameters else None
-
-
-def learn_wire(get_config: Callable[[str], Mapping[str, Any]], model: str, preset: Preset | None = None) -> Wire:
-    """Ask the server how ``model`` returns its pixels (``get_config(name)`` is a model-config call).
-
-    A model whose outputs include ``PIXEL_PATCHES`` is served over the uint8 wire (also when it
-    offers ``PIXEL_VALUES`` as well, like ``kimi_*_vision_fused``: the patches expand bit-equal and
-    are a quarter of the bytes), else it returns ``PIXEL_VALUES``. The preset is ``preset`` if
-    given, else the one in the config parameters of the model producing the pixels (the model
-    itself, or the ensemble step that yields them), else (float32 only: it just sizes regions) the
-    largest registered preset. A uint8 model with no
-    known preset is read over float32 if it offers ``PIXEL_VALUES`` too, and otherwise raises
-    :class:`PreprocessError`: a guessed table would give wrong values.
-    """
-    config = get_config(model)
-    names = {output.get("name") for output in config.get("output", [])}
-    candidates = [name for name in (PIXEL_PATCHES, PIXEL_VALUES) if name in names] or [PIXEL_VALUES]
-    for pixel_output in candidates:
-        found = preset or producer_preset(get_config, config, pixel_output)
-        if found is not None:
-            return Wire(pixel_output, found)
-        if pixel_output == PIXEL_VALUES:
-            return Wire(PIXEL_VALUES, largest_preset())
-    raise PreprocessError(
-        f"model {model!r} returns uint8 PIXEL_PATCHES but its config names no preset to expand them "
-        "with; pass preset= to KimiVisionClient"
-    )
-
-
-def to_vision_result(outputs: Mapping[str, np.ndarray], preset: Preset | None = None) -> VisionResult:
-    """Batch-of-one output tensors -> :class:`VisionResult` (new arrays, so shm regions can be reused).
-
-    ``PIXEL_PATCHES`` (uint8) are expanded into float32 ``pixel_values`` with ``preset``'s table;
-    ``PIXEL_VALUES`` are copied as they are.
-    """
+def _pixel_values(outputs: Mapping[str, np.ndarray], preset: Preset | None) -> np.ndarray:
+    """float32 ``(ΣN, 3, p, p)`` of one request's outputs (a new array, so shm regions can be
+    reused): ``PIXEL_PATCHES`` expanded with ``preset``'s table, ``PIXEL_VALUES`` copied."""
     if PIXEL_PATCHES in outputs:
         if preset is None:
             raise ValueError("expanding PIXEL_PATCHES needs the preset")
-        pixel_values = pixel_values_from_patches(np.asarray(outputs[PIXEL_PATCHES][0]), preset)
-    else:
-        pixel_values = np.array(outputs[PIXEL_VALUES][0], dtype=np.float32)
+        return pixel_values_from_patches(np.asarray(outputs[PIXEL_PATCHES][0]), preset)
+    return np.array(outputs[PIXEL_VALUES][0], dtype=np.float32)
+
+
+def to_vision_result(outputs: Mapping[str, np.ndarray], preset: Preset | None = None) -> VisionResult:
+    """The output tensors of a one-image request -> :class:`VisionResult`."""
     return VisionResult(
-        pixel_values=pixel_values,
+        pixel_values=_pixel_values(outputs, preset),
         grid_thw=np.array(outputs[GRID_THW], dtype=np.int64).reshape(3),
         num_tokens=int(np.asarray(outputs[NUM_TOKENS]).reshape(())),
+    )
+
+
+def to_images_result(outputs: Mapping[str, np.ndarray], preset: Preset | None = None) -> ImagesResult:
+    """The output tensors of a K-image request -> :class:`~kimi_vision_prep.ImagesResult`."""
+    return ImagesResult(
+        pixel_values=_pixel_values(outputs, preset),
+        grid_thws=np.array(outputs[GRID_THW], dtype=np.int64).reshape(-1, 3),
+        num_tokens=np.array(outputs[NUM_TOKENS], dtype=np.int64).reshape(-1),
     )
 
 
@@ -213,6 +182,7 @@ class _Pending:
     wait: Waiter
     slot: ShmSlot | None
     output_offsets: dict[str, int] | None
+    single_image: bool = True
 
 
 class KimiVisionClient:
@@ -302,6 +272,35 @@ class KimiVisionClient:
 
     # -- inference ------------------------------------------------------------------------------
 
+    def preprocess_images(self, items: Sequence[bytes]) -> ImagesResult:
+        """Preprocess K encoded images in one request (``IMAGE_BYTES [1, K]``): the concatenation
+        of their results, as ``kimi_vision_prep.preprocess_images`` returns it; the first bad image
+        raises its typed error, its index in the message."""
+        result = self._collect(self._submit(list(items)), to_images_result)
+        if isinstance(result, PreprocessError):
+            raise result
+        return result
+
+    def preprocess_video(self, data: bytes, model: str | None = None) -> Iterator[VideoChunkResult]:
+        """The chunks of an encoded video, as the server streams them (``model``: default the
+        ``*_video`` model of this client's preset prefix). gRPC only (decoupled model); closing
+        the iterator early cancels the request on the server."""
+        require_grpc(self.protocol)
+        name = model or sibling_model(self.model, "video")
+        wire = learn_wire(lambda n: self._adapter.model_config(self._client, n), name, self._preset_override)
+        return stream_video(self.url, name, data, wire, error_from_server)
+
+    def count_tokens(self, items: Sequence[bytes], model: str | None = None) -> list[TokenCount]:
+        """Grid, tokens and prompt of each image from its header (``model``: default the
+        ``*_tokens`` model of this client's preset prefix), in one request."""
+        name = model or sibling_model(self.model, "tokens")
+        inputs, outputs = tokens_request(self._adapter.module, items)
+        try:
+            result = self._adapter.submit(self._client, name, inputs, outputs)()
+        except Exception as exc:
+            raise error_from_server(exc, len(items) == 1) from None
+        return token_counts({n: result.as_numpy(n) for n in (GRID_THW, NUM_TOKENS, "PROMPT")})
+
     def infer(self, data: bytes) -> VisionResult:
         """Preprocess one encoded image; raises a :class:`PreprocessError` subclass on failure."""
         (result,) = self.infer_many([data], concurrency=1)
@@ -327,7 +326,7 @@ class KimiVisionClient:
         window: list[_Pending | PreprocessError] = []
 
         def collect_oldest() -> None:
-            outcome = self._collect(window.pop(0))
+            outcome = self._collect(window.pop(0), to_vision_result)
             if on_result is not None:
                 on_result(len(results), outcome)
             results.append(outcome)
@@ -335,54 +334,59 @@ class KimiVisionClient:
         for data in items:
             if len(window) >= concurrency:
                 collect_oldest()
-            window.append(self._submit(data))
+            window.append(self._submit([data]))
         while window:
             collect_oldest()
         return results
 
-    def _submit(self, data: bytes) -> _Pending | PreprocessError:
+    def _submit(self, items: list[bytes]) -> _Pending | PreprocessError:
         slot = self._acquire_slot() if self.use_shared_memory else None
         try:
-            inputs, outputs, offsets = self._request(data, slot, self.wire)
-            return _Pending(self._adapter.submit(self._client, self.model, inputs, outputs), slot, offsets)
+            inputs, outputs, offsets = self._request(items, slot, self.wire)
+            waiter = self._adapter.submit(self._client, self.model, inputs, outputs)
+            return _Pending(waiter, slot, offsets, len(items) == 1)
         except Exception as exc:
             self._release_slot(slot)
-            return error_from_server(exc)
+            return error_from_server(exc, len(items) == 1)
 
-    def _collect(self, pending: _Pending | PreprocessError) -> VisionResult | PreprocessError:
+    def _collect(
+        self, pending: _Pending | PreprocessError, convert: Callable[..., ResultT]
+    ) -> ResultT | PreprocessError:
+        """``convert(outputs, preset)`` of a submitted request's outputs (before its shm slot is
+        reused: the converters return new arrays), or its error."""
         if isinstance(pending, PreprocessError):
             return pending
         try:
             result = pending.wait()
-            wire = self.wire
             if pending.slot is not None and pending.output_offsets is not None:
                 outputs = self._read_shm_outputs(result, pending.slot, pending.output_offsets)
             else:
-                outputs = {name: result.as_numpy(name) for name in wire.outputs}
+                outputs = {name: result.as_numpy(name) for name in self.wire.outputs}
             self.output_bytes_received += sum(array.nbytes for array in outputs.values())
-            return to_vision_result(outputs, wire.preset)
+            return convert(outputs, self.wire.preset)
         except Exception as exc:
-            return error_from_server(exc)
+            return error_from_server(exc, pending.single_image)
         finally:
             self._release_slot(pending.slot)
 
     def _request(
-        self, data: bytes, slot: ShmSlot | None, wire: Wire
+        self, items: list[bytes], slot: ShmSlot | None, wire: Wire
     ) -> tuple[list[Any], list[Any], dict[str, int] | None]:
         """InferInput / InferRequestedOutput lists, and the output offsets when outputs go to shm."""
         module = self._adapter.module
-        image = module.InferInput(INPUT_NAME, [1, 1], "BYTES")
-        batch = np.array([[data]], dtype=np.object_)
+        image = module.InferInput(INPUT_NAME, [1, len(items)], "BYTES")
+        batch = np.array([items], dtype=np.object_)
         outputs = [module.InferRequestedOutput(name) for name in wire.outputs]
         if slot is None:
             image.set_data_from_numpy(batch)
             return [image], outputs, None
         serialized = tritonclient.utils.serialize_byte_tensor(batch)
         input_bytes = tritonclient.utils.serialized_byte_size(serialized)
-        size = image_size(data)
+        image_sizes = [image_size(data) for data in items]
         # An unparsable header has no known output size: the outputs (none: the server rejects it)
         # then travel over the wire, only the input uses shm.
-        sizes = output_byte_sizes(*size, wire.preset, wire.pixel_output) if size is not None else None
+        known = None if None in image_sizes else image_sizes
+        sizes = output_byte_sizes(known, wire.preset, wire.pixel_output) if known else None
         slot.fit(self._client, input_bytes, sum(sizes.values()) if sizes else 0)
         assert slot.input is not None and slot.output is not None
         shm.set_shared_memory_region(slot.input.handle, [serialized])

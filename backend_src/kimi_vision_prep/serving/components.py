@@ -3,15 +3,17 @@ its constructor from the model's parameters (no setup calls to order), warmed up
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..decode import DecodedImage, DecodeStats, ImageDecoder
+from ..errors import PreprocessError
 from ..numba_runtime import set_num_threads
+from ..pipeline import with_index
 from ..presets import Preset
 from .config import decoder_settings, numba_threads
 from .contract import ServingModel
-from .requests import PIXEL_SELECTIONS, Outputs, image_bytes_from_input, preprocess_outputs
+from .requests import PIXEL_SELECTIONS, Outputs, images_from_input, preprocess_outputs
 from .warmup import warmup_images
 
 
@@ -54,13 +56,32 @@ class ImageDecoding:
         if fallback_reason is not None:
             self.model.metrics.count_fallback(fallback_reason)
 
-    def decode_requests(self, requests: Sequence[Any]) -> list[DecodedImage | BaseException]:
-        """The requests' images, all decoded in one batch call: a :class:`DecodedImage` or the
-        error per request, in order."""
-        model = self.model
-        items = model.per_request(requests, lambda r: image_bytes_from_input(model.io.get_input(r, "IMAGE_BYTES")))
-        decoded = iter(self.decoder.decode_batch([x for x in items if isinstance(x, bytes)], self.preset))
-        return [item if isinstance(item, BaseException) else next(decoded) for item in items]
+    def decode_requests(self, requests: Sequence[Any]) -> list[list[DecodedImage] | BaseException]:
+        """The images of every request, all decoded in one batch call: per request, in order, its
+        K images or its error (the first bad image's, with its index)."""
+        model, limit = self.model, self.settings.max_images_per_request
+        items = model.per_request(requests, lambda r: images_from_input(model.io.get_input(r, "IMAGE_BYTES"), limit))
+        flat = [image for item in items if not isinstance(item, BaseException) for image in item]
+        decoded = iter(self.decoder.decode_batch(flat, self.preset))
+        return [
+            item if isinstance(item, BaseException) else _first_error([next(decoded) for _ in item]) for item in items
+        ]
+
+
+def apply_numba_threads(parameters: Mapping[str, str]) -> int:
+    """Apply the ``numba_threads`` parameter to this process (0: numba's default); returns it."""
+    threads = numba_threads(parameters)
+    if threads:
+        set_num_threads(threads)
+    return threads
+
+
+def _first_error(images: list[DecodedImage | PreprocessError]) -> list[DecodedImage] | PreprocessError:
+    """A request's decoded images, or the first failure among them (one request, one verdict)."""
+    for index, image in enumerate(images):
+        if isinstance(image, PreprocessError):
+            return with_index(image, "image", index)
+    return images  # type: ignore[return-value]
 
 
 class ImagePreprocessing:
@@ -69,16 +90,14 @@ class ImagePreprocessing:
     ``warmup`` image run through each pixel selection of :data:`~.requests.PIXEL_SELECTIONS` (loads
     or compiles the kernels)."""
 
-    def __init__(self, model: ServingModel, preset: Preset, warmup: Iterable[DecodedImage]) -> None:
+    def __init__(self, model: ServingModel, preset: Preset, warmup: Iterable[Sequence[DecodedImage]]) -> None:
         self.model = model
         self.preset = preset
-        self.threads = numba_threads(model.parameters)
-        if self.threads:
-            set_num_threads(self.threads)
-        for decoded in warmup:
+        self.threads = apply_numba_threads(model.parameters)
+        for images in warmup:
             for requested in PIXEL_SELECTIONS:
-                preprocess_outputs(decoded, preset, requested)
+                preprocess_outputs(images, preset, requested)
 
-    def outputs(self, decoded: DecodedImage, request: Any) -> Outputs:
-        """The outputs ``request`` asked for (all when it cannot say)."""
+    def outputs(self, decoded: Sequence[DecodedImage], request: Any) -> Outputs:
+        """The outputs ``request`` asked for (all when it cannot say) of its images."""
         return preprocess_outputs(decoded, self.preset, self.model.io.requested_outputs(request))

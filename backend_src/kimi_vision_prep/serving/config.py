@@ -8,6 +8,7 @@ runtime knobs below are the only other keys.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from typing import Any
 
 from ..decode import DEFAULT_MAX_ENCODED_BYTES, PILLOW_MAX_PIXELS, DecodeLimits
 from ..errors import InvalidPresetError
+from ..pipeline import DEFAULT_MAX_IMAGES_PER_REQUEST
+from ..video import VideoLimits
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -57,9 +60,11 @@ class DecoderSettings:
 
     ``decoder_pool_size``: nvImageCodec decoders per model instance (process);
     ``decoder_threads``: nvImageCodec CPU threads per decoder (0: all cores);
-    ``strict_decode``: a failed fast decode is an error instead of a counted Pillow fallback.
+    ``strict_decode``: a failed fast decode is an error instead of a counted Pillow fallback;
+    ``max_images_per_request``: K of ``IMAGE_BYTES [1, K]`` (more: ImageTooLargeError).
     """
 
+    max_images_per_request: int = DEFAULT_MAX_IMAGES_PER_REQUEST
     decoder_pool_size: int = 1
     decoder_threads: int = 0
     max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES
@@ -76,12 +81,37 @@ def decoder_settings(parameters: Mapping[str, str]) -> DecoderSettings:
     defaults = DecoderSettings()
     get = parameters.get
     return DecoderSettings(
+        max_images_per_request=parse_int(
+            "max_images_per_request", get("max_images_per_request", str(defaults.max_images_per_request)), 1
+        ),
         decoder_pool_size=parse_int("decoder_pool_size", get("decoder_pool_size", str(defaults.decoder_pool_size)), 1),
         decoder_threads=parse_int("decoder_threads", get("decoder_threads", str(defaults.decoder_threads)), 0),
         max_encoded_bytes=parse_int("max_encoded_bytes", get("max_encoded_bytes", str(defaults.max_encoded_bytes)), 1),
         max_pixels=parse_int("max_pixels", get("max_pixels", str(defaults.max_pixels)), 1),
         strict_decode=parse_bool("strict_decode", get("strict_decode", "no")),
     )
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """Video knobs of a video model (config.pbtxt ``parameters``): the :class:`VideoLimits` fields
+    (``max_encoded_bytes``, ``max_frame_pixels``, ``max_video_frames``, ``max_sampled_frames``;
+    the video models' ``max_encoded_bytes`` is the video's) and ``decoder_threads`` (FFmpeg's
+    decoder threads; 0: its default)."""
+
+    limits: VideoLimits = dataclasses.field(default_factory=VideoLimits)
+    decoder_threads: int = 0
+
+
+def video_settings(parameters: Mapping[str, str]) -> VideoSettings:
+    """Read :class:`VideoSettings` from string parameters; absent keys keep their defaults."""
+    defaults = VideoLimits()
+    values = {
+        field.name: parse_int(field.name, parameters.get(field.name, str(getattr(defaults, field.name))), 1)
+        for field in dataclasses.fields(VideoLimits)
+    }
+    threads = parse_int("decoder_threads", parameters.get("decoder_threads", "0"), 0)
+    return VideoSettings(VideoLimits(**values), threads)
 
 
 def numba_threads(parameters: Mapping[str, str]) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import (
@@ -179,3 +179,74 @@ class ServingModel:
 
     def finalize(self) -> None:
         self.metrics.close()
+
+
+class StreamingModel(ServingModel):
+    """A decoupled model (``model_transaction_policy { decoupled: true }``): :meth:`stream` yields
+    the outputs of each response of one request; they are sent as soon as each is ready, then an
+    empty response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``. An error, before or after
+    some responses, is sent as one error response flagged final. A cancelled request stops the
+    stream (the generator is closed, so the work behind it stops) and gets CANCELLED."""
+
+    def stream(self, request: Any) -> Iterator[Outputs]:
+        raise NotImplementedError
+
+    def execute(self, requests: Sequence[Any]) -> None:
+        for request in requests:
+            self._send_stream(request)
+
+    def _send_stream(self, request: Any) -> None:
+        sender = request.get_response_sender()
+        final = self.io.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        started = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            chunks = self.stream(request)
+            try:
+                for outputs in chunks:
+                    if self.io.is_cancelled(sender) or self.io.is_cancelled(request):
+                        error = CancelledError("stream cancelled by the client")
+                        break
+                    sender.send(self.io.response(outputs))
+            finally:
+                chunks.close()
+        except Exception as exc:
+            error = self.failed(exc)
+        finally:
+            self.metrics.add_stage_seconds(self.stage, time.perf_counter() - started)
+        try:
+            if error is None:
+                sender.send(flags=final)
+            else:
+                self.metrics.count_error(reason_for(error))
+                sender.send(self._error(request, error), flags=final)
+        except Exception as exc:  # the client is gone; nothing left to tell it
+            self.io.log("verbose", f"{self.name}: final response not sent: {type(exc).__name__}: {exc}")
+
+    def _error(self, request: Any, error: BaseException) -> Any:
+        if triton_code_for(error) in ("INVALID_ARG", "CANCELLED"):
+            self.io.log("verbose", f"{self.name}: stream failed ({reason_for(error)}): {error}")
+            return self.io.error_response(error)
+        request_id = self.io.request_id(request)
+        self.io.log("error", f"{self.name}: stream {request_id} failed ({reason_for(error)}): {error}")
+        return self.io.error_response(error, request_id)
+
+
+def triton_python_model(model_class: type[ServingModel]) -> type:
+    """The ``TritonPythonModel`` class a ``model.py`` exports for ``model_class`` (the Python
+    backend looks the name up in the module and calls ``initialize``/``execute``/``finalize``)."""
+
+    class TritonPythonModel:
+        def initialize(self, args: dict[str, Any]) -> None:
+            import triton_python_backend_utils as pb_utils  # only importable inside the stub
+
+            self.model = model_class(pb_utils, args)
+
+        def execute(self, requests: list[Any]) -> list[Any] | None:
+            return self.model.execute(requests)
+
+        def finalize(self) -> None:
+            self.model.finalize()
+
+    TritonPythonModel.__qualname__ = f"TritonPythonModel[{model_class.__name__}]"
+    return TritonPythonModel

@@ -11,6 +11,8 @@ Exposed on the metrics endpoint (``:8002/metrics``):
 - ``kimi_prep_decodes_total{path}``: images decoded, by decode path (nvimgcodec-cpu/-cuda, pillow).
 - ``kimi_prep_decode_fallbacks_total{reason}``: planned fast decodes that fell back to Pillow.
 - ``kimi_prep_errors_total{reason}``: failed requests, by :func:`~kimi_vision_prep.errors.reason_for`.
+- ``kimi_prep_video_frames_decoded_total``: frames the video models decoded (a cancelled stream
+  stops adding to it).
 - ``kimi_prep_stage_seconds_total{stage}``: wall time spent per stage (decode, preprocess, vision: the fused
   decode + preprocess models, patch_embed).
 """
@@ -25,6 +27,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "fallbacks": ("kimi_prep_decode_fallbacks_total", "Planned fast decodes that fell back to Pillow, by reason"),
     "errors": ("kimi_prep_errors_total", "Failed requests, by error reason"),
     "stage_seconds": ("kimi_prep_stage_seconds_total", "Cumulative wall time per stage in seconds"),
+    "video_frames": ("kimi_prep_video_frames_decoded_total", "Video frames decoded (stops when a stream is cancelled)"),
 }
 
 
@@ -73,6 +76,9 @@ class ModelMetrics:
 
     def count_error(self, reason: str) -> None:
         self._increment("errors", "reason", reason, 1)
+
+    def count_video_frames(self, frames: int) -> None:
+        self._increment("video_frames", "model", self._base_labels["model"], frames)
 
     def add_stage_seconds(self, stage: str, seconds: float) -> None:
         self._increment("stage_seconds", "stage", stage, seconds)

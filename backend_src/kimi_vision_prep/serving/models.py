@@ -17,7 +17,7 @@ from .contract import Result, ServingModel
 from .requests import decode_outputs, decoded_from_inputs, pixel_values_from_input
 from .warmup import warmup_decoded
 
-PREPROCESS_INPUTS = ("IMAGE", "MODE", "ORIGINAL_SIZE", "RESAMPLE")
+PREPROCESS_INPUTS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")
 
 
 class DecodeModel(ServingModel):
@@ -43,8 +43,10 @@ class PreprocessModel(ServingModel):
     def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
         super().__init__(pb_utils, args)
         self.preset = preset_from_parameters(self.parameters)
-        # Warmed up from the inputs as this model receives them: the decode model's outputs.
-        warmup = (self.decoded_input(decode_outputs(decoded)) for decoded in warmup_decoded(self.preset))
+        # Warmed up from the inputs as this model receives them: the decode model's outputs, one
+        # image a request and all of them in one.
+        images = warmup_decoded(self.preset)
+        warmup = [self.decoded_input(decode_outputs(batch)) for batch in ([[image] for image in images] + [images])]
         self.preprocessing = ImagePreprocessing(self, self.preset, warmup)
         threads = self.preprocessing.threads or "default"
         self.io.log("info", f"{self.name}: preset {self.preset}, device {self.device}, numba_threads {threads}")
@@ -75,7 +77,7 @@ class FusedVisionModel(ServingModel):
         super().__init__(pb_utils, args)
         self.preset = preset_from_parameters(self.parameters)
         self.decoding = ImageDecoding(self, self.preset)
-        self.preprocessing = ImagePreprocessing(self, self.preset, self.decoding.warmup)
+        self.preprocessing = ImagePreprocessing(self, self.preset, [[image] for image in self.decoding.warmup])
         threads = self.preprocessing.threads or "default"
         settings = self.decoding.settings
         self.io.log("info", f"{self.name}: preset {self.preset}, {self.device}, {settings}, numba_threads {threads}")
@@ -117,23 +119,3 @@ class PatchEmbedModel(ServingModel):
         good = [x for x in inputs if not isinstance(x, BaseException)]
         embeds = iter(embed_patches(self.conv, torch.cat(good)).split([len(x) for x in good]) if good else ())
         return [x if isinstance(x, BaseException) else {"PATCH_EMBEDS": next(embeds)[None]} for x in inputs]
-
-
-def triton_python_model(model_class: type[ServingModel]) -> type:
-    """The ``TritonPythonModel`` class a ``model.py`` exports for ``model_class`` (the Python
-    backend looks the name up in the module and calls ``initialize``/``execute``/``finalize``)."""
-
-    class TritonPythonModel:
-        def initialize(self, args: dict[str, Any]) -> None:
-            import triton_python_backend_utils as pb_utils  # only importable inside the stub
-
-            self.model = model_class(pb_utils, args)
-
-        def execute(self, requests: list[Any]) -> list[Any]:
-            return self.model.execute(requests)
-
-        def finalize(self) -> None:
-            self.model.finalize()
-
-    TritonPythonModel.__qualname__ = f"TritonPythonModel[{model_class.__name__}]"
-    return TritonPythonModel

@@ -1,45 +1,48 @@
 """Request validation and the tensors of the image models, as pure functions.
 
-Tensor shapes as the models see them (``max_batch_size > 0`` and one image per request, so the
-leading dimension is 1):
+A request holds K >= 1 images (``IMAGE_BYTES [1, K]``; the leading 1 is the batch dimension:
+one request per batch element). Tensor shapes as the models see them:
 
 =======================  =========================================  ======================================
 model                    inputs                                     outputs
 =======================  =========================================  ======================================
-``kimi_*_decode``        IMAGE_BYTES bytes ``[1, 1]``               IMAGE uint8 ``[1, H, W, C]``, MODE bytes
-                                                                    ``[1, 1]``, ORIGINAL_SIZE int64 ``[1, 2]``
-                                                                    (width, height), RESAMPLE uint8 ``[1, 1]``
-                                                                    (0 bicubic, 1 nearest), DECODE_PATH bytes
-                                                                    ``[1, 1]``
-``kimi_*_preprocess``    IMAGE, MODE, ORIGINAL_SIZE, RESAMPLE       PIXEL_VALUES float32 ``[1, N, 3, p, p]``,
-                                                                    PIXEL_PATCHES uint8 ``[1, N, 3, p, p]``,
-                                                                    GRID_THW int64 ``[1, 3]``, NUM_TOKENS
-                                                                    int32 ``[1, 1]``; only the requested ones
+``kimi_*_decode``        IMAGE_BYTES bytes ``[1, K]``               IMAGE uint8 ``[1, ΣHWC]``, IMAGE_SHAPES
+                                                                    int64 ``[1, K, 4]``, MODE bytes ``[1, K]``,
+                                                                    RESAMPLE uint8 ``[1, K]`` (0 bicubic,
+                                                                    1 nearest), DECODE_PATH bytes ``[1, K]``
+``kimi_*_preprocess``    IMAGE, IMAGE_SHAPES, MODE, RESAMPLE        PIXEL_VALUES float32 ``[1, ΣN, 3, p, p]``,
+                                                                    PIXEL_PATCHES uint8 ``[1, ΣN, 3, p, p]``,
+                                                                    GRID_THW int64 ``[1, K, 3]``, NUM_TOKENS
+                                                                    int32 ``[1, K]``; only the requested ones
                                                                     are computed
-``kimi_*_vision_fused``  IMAGE_BYTES bytes ``[1, 1]``               those of ``kimi_*_preprocess``
+``kimi_*_vision_fused``  IMAGE_BYTES bytes ``[1, K]``               those of ``kimi_*_preprocess``
 ``kimi_patch_embed``     PIXEL_VALUES float32 ``[1, N, 3, p, p]``   PATCH_EMBEDS float32 ``[1, N, hidden]``
 =======================  =========================================  ======================================
 
-``IMAGE`` has one meaning: the decoded pixels at the stored size ``H x W`` (= ORIGINAL_SIZE), in
-the source mode that ``MODE`` names. ``MODE`` ``RGB`` (C = 3) and ``RGBA`` (C = 4, straight alpha,
-K3 only) are pixel arrays the array kernels resize; any other ``MODE`` (K3's CMYK, I;16, L with a
-transparency key, ...) is a Pillow mode, optionally followed by `` transparency=V[,V...]``, and
-``IMAGE`` then holds that mode's raw bytes (``Image.tobytes()``), ``C`` bytes per pixel, which the
-preprocess step rebuilds with ``Image.frombytes`` for resize's PIL kernel.
+Between decode and preprocess, the K images of different sizes travel as one flat uint8 tensor
+``IMAGE`` and a shape table ``IMAGE_SHAPES`` (row k: height, width, channels, offset into
+``IMAGE``); image k is ``IMAGE[0, offset : offset + h*w*c].reshape(h, w, c)``, a view (one image
+on a GPU: no copy at all). Each image has one meaning: its decoded pixels at the stored size in
+the source mode ``MODE[0, k]`` names: ``RGB`` (c = 3) and ``RGBA`` (c = 4, straight alpha, K3
+only) are pixel arrays the array kernels resize; any other ``MODE`` (K3's CMYK, I;16, L with a
+transparency key, ...) is a Pillow mode, optionally followed by `` transparency=V[,V...]``, and the
+image is that mode's raw bytes (``Image.tobytes()``, c bytes per pixel), which the preprocess step
+rebuilds with ``Image.frombytes`` for resize's PIL kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from ..decode import DecodedImage
-from ..errors import InvalidRequestError
+from ..errors import ImageTooLargeError, InvalidRequestError, PreprocessError
 from ..kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
-from ..pipeline import pixel_values_from_patches, preprocess_decoded
+from ..normalize import concatenate_patches
+from ..pipeline import pixel_values_from_patches, preprocess_decoded, with_index
 from ..presets import Preset
 from ..sizing import navit_target_size
 from .tensors import as_torch, check_dtype, host_array
@@ -55,20 +58,38 @@ PREPROCESS_OUTPUTS = ("PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS")
 PIXEL_SELECTIONS = (("PIXEL_VALUES",), ("PIXEL_PATCHES",), ("PIXEL_VALUES", "PIXEL_PATCHES"))
 
 
-def image_bytes_from_input(array: np.ndarray) -> bytes:
-    """The encoded image of an ``IMAGE_BYTES`` input: object array of shape ``[1, 1]`` holding bytes."""
-    array = np.asarray(array)
-    if array.shape != (1, 1):
+def one_request_row(array: Any, name: str) -> Any:
+    """Row 0 of a ``[1, K, ...]`` input; a batch of several rows is the client's mistake."""
+    if array.ndim < 2 or array.shape[0] != 1:
         raise InvalidRequestError(
-            f"IMAGE_BYTES must have shape [1, 1] (one image per request), got {list(array.shape)}"
+            f"{name} has shape {list(array.shape)}: send one request per batch element ([1, K]) and put "
+            "several images in the second dimension"
         )
-    value = array[0, 0]
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    raise InvalidRequestError(f"IMAGE_BYTES must hold bytes, got {type(value).__name__}")
+    return array[0]
 
 
-# -- MODE: the source mode of IMAGE ---------------------------------------------------------------
+def strings_from_input(array: Any, name: str) -> list[bytes]:
+    """The byte strings of a BYTES input of shape ``[1, K]``, K >= 1."""
+    row = one_request_row(np.asarray(array), name)
+    if row.ndim != 1 or row.shape[0] < 1:
+        raise InvalidRequestError(f"{name} must have shape [1, K] with K >= 1, got {[1, *row.shape]}")
+    values = []
+    for index, value in enumerate(row):
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidRequestError(f"{name}[0, {index}] must hold bytes, got {type(value).__name__}")
+        values.append(bytes(value))
+    return values
+
+
+def images_from_input(array: Any, max_images: int) -> list[bytes]:
+    """The encoded images of an ``IMAGE_BYTES`` input ``[1, K]``, 1 <= K <= ``max_images``."""
+    images = strings_from_input(array, "IMAGE_BYTES")
+    if len(images) > max_images:
+        raise ImageTooLargeError(f"{len(images)} images exceed max_images_per_request={max_images}")
+    return images
+
+
+# -- MODE: the source mode of an image ------------------------------------------------------------
 
 
 def mode_tag(image: Image.Image) -> str:
@@ -81,8 +102,7 @@ def mode_tag(image: Image.Image) -> str:
 
 
 def image_from_tag(raw: np.ndarray, tag: str) -> Image.Image:
-    """Rebuild the Pillow image :func:`decode_outputs` described: raw bytes ``(H, W, bytes per
-    pixel)`` of mode ``tag`` (:func:`mode_tag`)."""
+    """Rebuild a source-mode Pillow image: raw bytes ``(H, W, bytes per pixel)`` of mode ``tag``."""
     mode, _, key = tag.partition(" transparency=")
     height, width = int(raw.shape[0]), int(raw.shape[1])
     try:
@@ -96,7 +116,7 @@ def image_from_tag(raw: np.ndarray, tag: str) -> Image.Image:
 
 
 def image_and_mode(pixels: Any) -> tuple[Any, str]:
-    """``IMAGE`` (uint8 ``(H, W, C)``) and ``MODE`` of decoded pixels, by the kernel for their type."""
+    """uint8 ``(H, W, C)`` pixels and the ``MODE`` of decoded pixels, by the kernel for their type."""
     return get_kernel("image_and_mode", pixels)(pixels)
 
 
@@ -114,68 +134,86 @@ def _raw_bytes_and_mode(image: Image.Image) -> tuple[np.ndarray, str]:
     return raw.reshape(image.height, image.width, -1), mode_tag(image)
 
 
+def _string_row(values: Sequence[str]) -> np.ndarray:
+    return np.array([[value.encode() for value in values]], dtype=np.object_)
+
+
 # -- decode -> preprocess -------------------------------------------------------------------------
 
 
-def decode_outputs(decoded: DecodedImage) -> Outputs:
-    """Outputs of a decode model for one image (numpy or torch ``pixels`` kept as they are)."""
-    image, mode = image_and_mode(decoded.pixels)
+def decode_outputs(decoded: Sequence[DecodedImage]) -> Outputs:
+    """Outputs of a decode model for one request's images (numpy or torch pixels kept as they are:
+    one image's flat IMAGE is a view of its pixels)."""
+    images, modes = zip(*(image_and_mode(d.pixels) for d in decoded), strict=True)
+    sizes = [int(np.prod(image.shape)) for image in images]
+    offsets = np.cumsum([0, *sizes[:-1]])
+    shapes = [[int(i.shape[0]), int(i.shape[1]), int(i.shape[2]), int(o)] for i, o in zip(images, offsets, strict=True)]
     return {
-        "IMAGE": image[None],
-        "MODE": np.array([[mode.encode()]], dtype=np.object_),
-        "ORIGINAL_SIZE": np.array([[decoded.width, decoded.height]], dtype=np.int64),
-        "RESAMPLE": np.array([[RESAMPLE_CODES[decoded.resample]]], dtype=np.uint8),
-        "DECODE_PATH": np.array([[decoded.decode_path.encode()]], dtype=np.object_),
+        "IMAGE": concatenate_patches([image.reshape(-1) for image in images])[None],
+        "IMAGE_SHAPES": np.array([shapes], dtype=np.int64),
+        "MODE": _string_row(modes),
+        "RESAMPLE": np.array([[RESAMPLE_CODES[d.resample] for d in decoded]], dtype=np.uint8),
+        "DECODE_PATH": _string_row([d.decode_path for d in decoded]),
     }
 
 
-def _mode_from_input(mode: Any) -> str:
-    array = np.asarray(mode)
-    if array.shape != (1, 1) or not isinstance(array[0, 0], (bytes, str)):
-        raise InvalidRequestError(f"MODE must be one string of shape [1, 1], got {array.shape}")
-    value = array[0, 0]
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+def decoded_from_inputs(image: Any, shapes: Any, mode: Any, resample: Any, preset: Preset) -> list[DecodedImage]:
+    """Rebuild the images a decode model described, validating what a client sent.
 
-
-def decoded_from_inputs(image: Any, mode: Any, original_size: Any, resample: Any, preset: Preset) -> DecodedImage:
-    """Rebuild the :class:`DecodedImage` a decode model described, validating what a client sent.
-
-    ``image``: uint8 ``[1, H, W, C]`` (numpy or torch, any device); ``mode``: bytes ``[1, 1]``;
-    ``original_size``: int64 ``[1, 2]`` = ``[[W, H]]``; ``resample``: uint8 ``[1, 1]``.
+    ``image``: uint8 ``[1, L]`` (numpy or torch, any device); ``shapes``: int64 ``[1, K, 4]``;
+    ``mode``: bytes ``[1, K]``; ``resample``: uint8 ``[1, K]``.
     """
     check_dtype("IMAGE", image, "uint8")
-    if image.ndim != 4 or image.shape[0] != 1 or image.shape[3] < 1:
-        raise InvalidRequestError(f"IMAGE must have shape [1, H, W, C], got {list(image.shape)}")
-    tag = _mode_from_input(mode)
-    channels = int(image.shape[3])
-    if tag in ARRAY_MODES and ARRAY_MODES[tag] != channels:
-        raise InvalidRequestError(f"IMAGE of MODE {tag} must have C={ARRAY_MODES[tag]}, got C={channels}")
-    if tag != "RGB" and preset.transparency != "chessboard":
-        raise InvalidRequestError(f"preset {preset.name!r} takes RGB images (MODE RGB), got MODE {tag!r}")
-    size = host_array(original_size)
-    check_dtype("ORIGINAL_SIZE", size, "int64")
-    if size.shape != (1, 2) or (size < 1).any():
-        raise InvalidRequestError(f"ORIGINAL_SIZE must be [[width, height]] >= 1, got {size.tolist()}")
-    width, height = int(size[0, 0]), int(size[0, 1])
-    if (int(image.shape[1]), int(image.shape[2])) != (height, width):
-        raise InvalidRequestError(f"IMAGE is {image.shape[2]}x{image.shape[1]} but ORIGINAL_SIZE is {width}x{height}")
+    flat = one_request_row(image, "IMAGE")
+    if flat.ndim != 1:
+        raise InvalidRequestError(f"IMAGE must have shape [1, L] (the images' bytes, flat), got {list(image.shape)}")
+    table = host_array(shapes)
+    check_dtype("IMAGE_SHAPES", table, "int64")
+    rows = one_request_row(table, "IMAGE_SHAPES")
+    if rows.ndim != 2 or rows.shape[1] != 4 or rows.shape[0] < 1:
+        raise InvalidRequestError(f"IMAGE_SHAPES must have shape [1, K, 4], got {list(table.shape)}")
+    tags = _modes_from_input(mode)
     flags = host_array(resample)
     check_dtype("RESAMPLE", flags, "uint8")
-    if flags.shape != (1, 1) or int(flags[0, 0]) not in RESAMPLE_NAMES:
-        raise InvalidRequestError(f"RESAMPLE must be [[0]] (bicubic) or [[1]] (nearest), got {flags.tolist()}")
-    pixels = image[0] if tag in ARRAY_MODES else image_from_tag(host_array(image[0]), tag)
-    return DecodedImage(
-        pixels=pixels,
-        width=width,
-        height=height,
-        resample=RESAMPLE_NAMES[int(flags[0, 0])],  # type: ignore[arg-type]
-        decode_path="upstream",  # type: ignore[arg-type]  # decoded by another model
-    )
+    codes = one_request_row(flags, "RESAMPLE")
+    if len(tags) != rows.shape[0] or codes.shape != (rows.shape[0],):
+        raise InvalidRequestError(f"MODE and RESAMPLE must have shape [1, {rows.shape[0]}] like IMAGE_SHAPES")
+    return [
+        _decoded(flat, rows[k], tags[k], int(codes[k]), preset, k, int(flat.shape[0])) for k in range(rows.shape[0])
+    ]
 
 
-def preprocess_outputs(decoded: DecodedImage, preset: Preset, requested: Collection[str] | None = None) -> Outputs:
-    """Outputs of a preprocess model for one image: the ``requested`` names (None: all of
-    :data:`PREPROCESS_OUTPUTS`), each computed only if asked for.
+def _modes_from_input(mode: Any) -> list[str]:
+    row = one_request_row(np.asarray(mode), "MODE")
+    if row.ndim != 1:
+        raise InvalidRequestError(f"MODE must have shape [1, K], got {[1, *row.shape]}")
+    return [value.decode(errors="replace") if isinstance(value, bytes) else str(value) for value in row]
+
+
+def _decoded(  # noqa: PLR0917
+    flat: Any, row: np.ndarray, tag: str, code: int, preset: Preset, k: int, length: int
+) -> DecodedImage:
+    height, width, channels, offset = (int(v) for v in row)
+    if min(height, width, channels) < 1 or offset < 0 or offset + height * width * channels > length:
+        raise InvalidRequestError(f"IMAGE_SHAPES[0, {k}] = {row.tolist()} is outside IMAGE ({length} bytes)")
+    if tag in ARRAY_MODES and ARRAY_MODES[tag] != channels:
+        raise InvalidRequestError(f"image {k}: IMAGE of MODE {tag} must have C={ARRAY_MODES[tag]}, got C={channels}")
+    if tag != "RGB" and preset.transparency != "chessboard":
+        raise InvalidRequestError(f"image {k}: preset {preset.name!r} takes RGB images (MODE RGB), got MODE {tag!r}")
+    if code not in RESAMPLE_NAMES:
+        raise InvalidRequestError(f"image {k}: RESAMPLE must be 0 (bicubic) or 1 (nearest), got {code}")
+    pixels = flat[offset : offset + height * width * channels].reshape(height, width, channels)
+    if tag not in ARRAY_MODES:
+        pixels = image_from_tag(host_array(pixels), tag)
+    return DecodedImage(pixels, width, height, RESAMPLE_NAMES[code], "upstream")  # type: ignore[arg-type]
+
+
+def preprocess_outputs(
+    decoded: Sequence[DecodedImage], preset: Preset, requested: Collection[str] | None = None
+) -> Outputs:
+    """Outputs of a preprocess model for one request's images: the ``requested`` names (None: all
+    of :data:`PREPROCESS_OUTPUTS`), each computed only if asked for; an image that fails raises
+    its typed error with its index.
 
     PIXEL_VALUES alone: the fused float32 pass. PIXEL_PATCHES: uint8 pad + patchify, and
     PIXEL_VALUES, if asked for as well, expanded from those patches (one resize for both; bit-equal
@@ -186,21 +224,26 @@ def preprocess_outputs(decoded: DecodedImage, preset: Preset, requested: Collect
     outputs: Outputs = {}
     if {"PIXEL_VALUES", "PIXEL_PATCHES"} & wanted:
         output = "pixel_patches" if "PIXEL_PATCHES" in wanted else "pixel_values"
-        result = preprocess_decoded(decoded, preset, output=output)
-        target = result.target
+        results = []
+        for index, image in enumerate(decoded):
+            try:
+                results.append(preprocess_decoded(image, preset, output=output))
+            except PreprocessError as exc:
+                raise with_index(exc, "image", index) from None
+        targets = [result.target for result in results]
+        pixels = concatenate_patches([getattr(result, output) for result in results])
+        del results  # each image's patches live on in the concatenation only
         if "PIXEL_PATCHES" in wanted:
-            outputs["PIXEL_PATCHES"] = result.pixel_patches[None]
+            outputs["PIXEL_PATCHES"] = pixels[None]
         if "PIXEL_VALUES" in wanted:
-            values = result.pixel_values
-            if values is None:
-                values = pixel_values_from_patches(result.pixel_patches, preset)
+            values = pixels if output == "pixel_values" else pixel_values_from_patches(pixels, preset)
             outputs["PIXEL_VALUES"] = values[None]
     else:
-        target = navit_target_size(decoded.width, decoded.height, preset)
+        targets = [navit_target_size(image.width, image.height, preset) for image in decoded]
     if "GRID_THW" in wanted:
-        outputs["GRID_THW"] = np.asarray(target.grid_thw, dtype=np.int64)[None]
+        outputs["GRID_THW"] = np.array([[t.grid_thw for t in targets]], dtype=np.int64)
     if "NUM_TOKENS" in wanted:
-        outputs["NUM_TOKENS"] = np.array([[target.num_tokens]], dtype=np.int32)
+        outputs["NUM_TOKENS"] = np.array([[t.num_tokens for t in targets]], dtype=np.int32)
     return outputs
 
 

@@ -3,6 +3,7 @@
 Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.
 """
 
-from kimi_vision_prep.serving.models import PreprocessModel, triton_python_model
+from kimi_vision_prep.serving.contract import triton_python_model
+from kimi_vision_prep.serving.models import PreprocessModel
 
 TritonPythonModel = triton_python_model(PreprocessModel)

@@ -1,0 +1,121 @@
+"""The rendered configs of the video and token-count models of a served preset (spec sections 8, 9):
+``<prefix>_video`` (decoupled), ``<prefix>_video_chunk`` and ``<prefix>_tokens``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..presets import Preset
+from ..video import VideoLimits
+from . import pbtxt
+from .config import DecoderSettings
+from .render_blocks import (
+    IMAGE_BYTES_INPUT,
+    RAGGED,
+    ModelFiles,
+    RenderOptions,
+    ServingDefaults,
+    decoder_block,
+    numba_block,
+    pixel_outputs,
+    preset_block,
+    python_model,
+)
+
+
+def _chunk_outputs(preset: Preset) -> list[tuple[str, str]]:
+    tensors = pixel_outputs(preset.patch_size)
+    return [
+        ("float32 (T * grid_h * grid_w, 3, p, p): the chunk's frames T-major", tensors["PIXEL_VALUES"][1]),
+        ("uint8, same layout (computed instead when only it is requested)", tensors["PIXEL_PATCHES"][1]),
+        ("int64 (T, grid_h, grid_w)", pbtxt.tensor("GRID_THW", "TYPE_INT64", (3,))),
+        (
+            "int32: tokens of the chunk, whatever T (or fixed_output_tokens)",
+            pbtxt.tensor("NUM_TOKENS", "TYPE_INT32", (1,)),
+        ),
+    ]
+
+
+def _video_block(options: RenderOptions) -> str:
+    limits = VideoLimits()
+    return pbtxt.parameters(
+        {field.name: getattr(limits, field.name) for field in dataclasses.fields(VideoLimits)},
+        "Limits checked before the work they guard (encoded bytes, frame size, frames, sampled frames).",
+    ) + pbtxt.parameters({"decoder_threads": options.threads}, "FFmpeg decoder threads (0: FFmpeg's choice).")
+
+
+def video_model(
+    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
+) -> ModelFiles:
+    name = f"{prefix}_video"
+    summary = (
+        f"{name} ({title}): an encoded video (MP4, MKV, WebM, ...) -> its chunks, streamed: frames sampled\n"
+        "at sample_fps, temporal_merge_kernel_size frames a chunk, each chunk with its prompt and timestamp.\n"
+        "gRPC streaming clients only (decoupled); a cancelled stream stops decoding."
+    )
+    inputs = [("one encoded video", pbtxt.tensor("VIDEO_BYTES", "TYPE_STRING", (1,)))]
+    outputs = [
+        *_chunk_outputs(preset),
+        ("the chunk's prompt: timestamp + video placeholder", pbtxt.tensor("PROMPT", "TYPE_STRING", (1,))),
+        ("the chunk's start as the prompt writes it", pbtxt.tensor("TIMESTAMP", "TYPE_STRING", (1,))),
+        ("int64 (T,): decoded-frame indices of the chunk", pbtxt.tensor("FRAME_INDICES", "TYPE_INT64", (-1,))),
+    ]
+    blocks = [_video_block(options), numba_block(options), preset_block(preset, prefix)]
+    cls = "media_models.VideoModel"
+    return python_model(name, summary, inputs, outputs, blocks, cls, options, defaults, decoupled=True)
+
+
+def video_chunk_model(
+    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
+) -> ModelFiles:
+    name = f"{prefix}_video_chunk"
+    summary = (
+        f"{name} ({title}): T encoded frames -> one video chunk (every frame convert('RGB'), resized to the\n"
+        "first frame's target under the per-frame budget, patchified T-major)."
+    )
+    inputs = [("T encoded frames (JPEG, PNG, ...)", pbtxt.tensor("FRAME_BYTES", "TYPE_STRING", (-1,), RAGGED))]
+    sampled = pbtxt.parameters(
+        {"max_sampled_frames": VideoLimits().max_sampled_frames}, "T of FRAME_BYTES [1, T] at most."
+    )
+    blocks = [decoder_block(options), sampled, numba_block(options), preset_block(preset, prefix)]
+    cls = "media_models.VideoChunkModel"
+    return python_model(name, summary, inputs, _chunk_outputs(preset), blocks, cls, options, defaults)
+
+
+def tokens_model(
+    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
+) -> ModelFiles:
+    name = f"{prefix}_tokens"
+    summary = (
+        f"{name} ({title}): K encoded images -> grid_thw, num_tokens and prompt from the headers alone (no\n"
+        "pixel decoded): equal to full preprocessing's for every image that preprocesses."
+    )
+    outputs = [
+        ("int64 (K, 3)", pbtxt.tensor("GRID_THW", "TYPE_INT64", (-1, 3))),
+        ("int32 (K,)", pbtxt.tensor("NUM_TOKENS", "TYPE_INT32", (-1,))),
+        ("the image placeholder of each image", pbtxt.tensor("PROMPT", "TYPE_STRING", (-1,))),
+    ]
+    settings = DecoderSettings()
+    limits = pbtxt.parameters(
+        {
+            "max_images_per_request": settings.max_images_per_request,
+            "max_encoded_bytes": settings.max_encoded_bytes,
+            "max_pixels": settings.max_pixels,
+        },
+        "Header limits (images per request, encoded bytes, pixels).",
+    )
+    blocks = [limits, preset_block(preset, prefix)]
+    return python_model(
+        name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "media_models.TokensModel", options, defaults
+    )
+
+
+def media_models(
+    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
+) -> list[ModelFiles]:
+    """The video, video-chunk and token-count models of one served preset."""
+    return [
+        video_model(preset, prefix, title, options, defaults),
+        video_chunk_model(preset, prefix, title, options, defaults),
+        tokens_model(preset, prefix, title, options, defaults),
+    ]

@@ -1,0 +1,159 @@
+"""The video and token-count models: ``kimi_*_video`` (decoupled), ``kimi_*_video_chunk``, ``kimi_*_tokens``.
+
+=========================  ===============================  ================================================
+model                      inputs                           outputs (the leading 1 is the batch dimension)
+=========================  ===============================  ================================================
+``kimi_*_video``           VIDEO_BYTES bytes ``[1, 1]``     one response per chunk, as soon as it is ready:
+(decoupled)                                                 PIXEL_VALUES float32 ``[1, T*gh*gw, 3, p, p]``
+                                                            (or PIXEL_PATCHES uint8 when only they are
+                                                            requested), GRID_THW int64 ``[1, 3]``,
+                                                            NUM_TOKENS int32 ``[1, 1]``, PROMPT and
+                                                            TIMESTAMP bytes ``[1, 1]``, FRAME_INDICES int64
+                                                            ``[1, T]``; then an empty response flagged
+                                                            final (an error mid-stream: one error response
+                                                            flagged final, after the chunks sent)
+``kimi_*_video_chunk``     FRAME_BYTES bytes ``[1, T]``     the chunk tensors above (no PROMPT, TIMESTAMP,
+                                                            FRAME_INDICES)
+``kimi_*_tokens``          IMAGE_BYTES bytes ``[1, K]``     GRID_THW int64 ``[1, K, 3]``, NUM_TOKENS int32
+                                                            ``[1, K]``, PROMPT bytes ``[1, K]``, from the
+                                                            headers only
+=========================  ===============================  ================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..decode import ImageDecoder
+from ..errors import PreprocessError, VideoTooLargeError
+from ..pipeline import PreprocessResult, with_index
+from ..presets import preset_from_parameters
+from ..tokens import count_tokens
+from ..video import preprocess_video, preprocess_video_chunk
+from .components import apply_numba_threads
+from .config import decoder_settings, video_settings
+from .contract import Result, ServingModel, StreamingModel
+from .requests import images_from_input, strings_from_input
+
+PIXEL_NAMES = ("PIXEL_VALUES", "PIXEL_PATCHES")
+
+
+def pixel_output(requested: frozenset[str] | None) -> str:
+    """``pixel_patches`` when a request names PIXEL_PATCHES and not PIXEL_VALUES, else ``pixel_values``."""
+    if requested is not None and "PIXEL_PATCHES" in requested and "PIXEL_VALUES" not in requested:
+        return "pixel_patches"
+    return "pixel_values"
+
+
+def chunk_outputs(result: Any) -> dict[str, Any]:
+    """The tensors of one chunk (a :class:`PreprocessResult` or a ``VideoChunkResult``)."""
+    outputs: dict[str, Any] = {
+        "GRID_THW": np.asarray(result.grid_thw, dtype=np.int64)[None],
+        "NUM_TOKENS": np.array([[result.num_tokens]], dtype=np.int32),
+    }
+    if result.pixel_values is not None:
+        outputs["PIXEL_VALUES"] = result.pixel_values[None]
+    if result.pixel_patches is not None:
+        outputs["PIXEL_PATCHES"] = result.pixel_patches[None]
+    return outputs
+
+
+class TokensModel(ServingModel):
+    """``kimi_*_tokens``: grid, tokens and prompt of K images from their headers (no pixels)."""
+
+    stage = "tokens"
+
+    def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
+        super().__init__(pb_utils, args)
+        self.preset = preset_from_parameters(self.parameters)
+        self.settings = decoder_settings(self.parameters)
+        self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.settings}")
+
+    def count(self, request: Any) -> Result:
+        items = images_from_input(self.io.get_input(request, "IMAGE_BYTES"), self.settings.max_images_per_request)
+        counts = []
+        for index, data in enumerate(items):
+            try:
+                counts.append(count_tokens(data, self.preset, limits=self.settings.limits))
+            except PreprocessError as exc:
+                raise with_index(exc, "image", index) from None
+        return {
+            "GRID_THW": np.array([[c.grid_thw for c in counts]], dtype=np.int64),
+            "NUM_TOKENS": np.array([[c.num_tokens for c in counts]], dtype=np.int32),
+            "PROMPT": np.array([[c.prompt.encode() for c in counts]], dtype=np.object_),
+        }
+
+    def handle(self, requests: Sequence[Any]) -> list[Result]:
+        return self.per_request(requests, self.count)
+
+
+class VideoChunkModel(ServingModel):
+    """``kimi_*_video_chunk``: T encoded frames -> one chunk (frames decoded like
+    ``Image.open(...).convert("RGB")`` under every preset, through the routed decoder)."""
+
+    stage = "video_chunk"
+
+    def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
+        super().__init__(pb_utils, args)
+        self.preset = preset_from_parameters(self.parameters)
+        self.settings = decoder_settings(self.parameters)
+        self.video = video_settings(self.parameters)
+        self.decoder = ImageDecoder(
+            self.device,
+            limits=self.settings.limits,
+            strict=self.settings.strict_decode,
+            pool_size=self.settings.decoder_pool_size,
+            decoder_threads=self.settings.decoder_threads,
+        )
+        apply_numba_threads(self.parameters)
+        self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.settings}, {self.video}")
+
+    def chunk(self, request: Any) -> Result:
+        frames = strings_from_input(self.io.get_input(request, "FRAME_BYTES"), "FRAME_BYTES")
+        if len(frames) > self.video.limits.max_sampled_frames:
+            raise VideoTooLargeError(
+                f"{len(frames)} frames exceed max_sampled_frames={self.video.limits.max_sampled_frames}"
+            )
+        output = pixel_output(self.io.requested_outputs(request))
+        result: PreprocessResult = preprocess_video_chunk(frames, self.preset, decoder=self.decoder, output=output)
+        return chunk_outputs(result)
+
+    def handle(self, requests: Sequence[Any]) -> list[Result]:
+        return self.per_request(requests, self.chunk)
+
+
+class VideoModel(StreamingModel):
+    """``kimi_*_video`` (decoupled): one video a request, one response per chunk as it is ready;
+    a cancelled stream stops decoding (``kimi_prep_video_frames_decoded_total`` shows it)."""
+
+    stage = "video"
+
+    def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
+        super().__init__(pb_utils, args)
+        self.preset = preset_from_parameters(self.parameters)
+        self.video = video_settings(self.parameters)
+        apply_numba_threads(self.parameters)
+        self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.video}")
+
+    def stream(self, request: Any) -> Iterator[Result]:
+        (data,) = strings_from_input(self.io.get_input(request, "VIDEO_BYTES"), "VIDEO_BYTES")
+        output = pixel_output(self.io.requested_outputs(request))
+        chunks = preprocess_video(
+            data,
+            self.preset,
+            output=output,
+            limits=self.video.limits,
+            threads=self.video.decoder_threads,
+            on_frame=lambda: self.metrics.count_video_frames(1),
+        )
+        for chunk in chunks:
+            outputs = chunk_outputs(chunk)
+            outputs["PROMPT"] = np.array([[chunk.prompt.encode()]], dtype=np.object_)
+            outputs["TIMESTAMP"] = np.array([[chunk.timestamp.encode()]], dtype=np.object_)
+            outputs["FRAME_INDICES"] = np.array([chunk.frame_indices], dtype=np.int64)
+            yield outputs
+
+

@@ -1,0 +1,220 @@
+"""The building blocks of the rendered model repository: options, serving defaults, config pieces.
+
+``repository.py`` (image models) and ``media_kinds.py`` (video and token-count models) compose
+their configs from these; every value comes from a preset, :class:`~.config.DecoderSettings`'
+defaults, :class:`ServingDefaults` or :class:`RenderOptions`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from ..presets import Preset, preset_parameters
+from . import pbtxt
+from .config import DecoderSettings
+
+InstanceKind = Literal["cpu", "gpu"]
+
+RAGGED = "allow_ragged_batch: true"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Host-dependent knobs of a rendering; the defaults are host-independent (the checked-in copy).
+
+    ``instances``: ``instance_group`` count of every Python model; ``threads``: ``numba_threads``
+    and ``decoder_threads`` of each instance (0: all cores); ``kind``: ``KIND_CPU`` / ``KIND_GPU``,
+    or None to leave it unset (Triton then picks GPU where there is one, CPU elsewhere).
+    """
+
+    instances: int = 1
+    threads: int = 0
+    kind: InstanceKind | None = None
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.kind not in (None, "cpu", "gpu"):
+            raise ValueError(f"kind must be 'cpu' or 'gpu', got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    """Serving settings that are not a preset's: batching, backpressure, the chaining example."""
+
+    max_batch_size: int = 8
+    max_queue_delay_us: int = 1000
+    max_queue_size: int = 128
+    queue_timeout_us: int = 30_000_000
+    embed_preset: str = "kimi-k2.5"
+    embed_hidden_size: int = 1152
+    embed_seed: int = 0
+
+
+HOST_INDEPENDENT = RenderOptions()  # the checked-in repository's options
+SERVING_DEFAULTS = ServingDefaults()
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """One rendered model: ``config.pbtxt`` text, and the Python class its ``model.py`` exports as
+    ``module.Class`` of ``kimi_vision_prep.serving`` (None for an ensemble, whose version folder
+    only holds a ``.gitkeep``)."""
+
+    name: str
+    config: str
+    python_class: str | None
+
+
+# -- blocks of the model kinds --------------------------------------------------------------------
+
+
+def dynamic_batching(defaults: ServingDefaults) -> str:
+    waits = defaults.max_queue_size // defaults.max_batch_size
+    return pbtxt.comment(
+        f"Backpressure (docs/errors.md): at most {defaults.max_queue_size} requests wait ({waits} full batches) "
+        f"and none longer than\n{defaults.queue_timeout_us // 1_000_000} s; beyond either Triton answers "
+        "UNAVAILABLE at once instead of queueing without bound.\n"
+        'A client may ask for a shorter timeout per request (the "timeout" parameter), never a longer one.'
+    ) + (
+        "dynamic_batching {\n"
+        f"  max_queue_delay_microseconds: {defaults.max_queue_delay_us}\n"
+        "  default_queue_policy {\n"
+        f"    max_queue_size: {defaults.max_queue_size}\n"
+        "    timeout_action: REJECT\n"
+        f"    default_timeout_microseconds: {defaults.queue_timeout_us}\n"
+        "    allow_timeout_override: true\n"
+        "  }\n"
+        "}\n"
+    )
+
+
+def instance_group(options: RenderOptions) -> str:
+    if options.kind is None:
+        return (
+            pbtxt.comment("kind unset: KIND_GPU on GPU hosts, KIND_CPU elsewhere (render with --kind to fix it).")
+            + f"instance_group [ {{ count: {options.instances} }} ]\n"
+        )
+    return f"instance_group [ {{ count: {options.instances} kind: KIND_{options.kind.upper()} }} ]\n"
+
+
+def preset_block(preset: Preset, prefix: str) -> str:
+    return pbtxt.parameters(
+        preset_parameters(preset),
+        f"Preset {preset.name}: every field of kimi_vision_prep.Preset (read back by preset_from_parameters);\n"
+        f"rendered from presets.py, the same block in every {prefix}_* Python model.",
+    )
+
+
+def decoder_block(options: RenderOptions) -> str:
+    settings = dataclasses.replace(DecoderSettings(), decoder_threads=options.threads)
+    return (
+        pbtxt.parameters(
+            {"decoder_pool_size": settings.decoder_pool_size, "decoder_threads": settings.decoder_threads},
+            "nvImageCodec decoders alive per instance, and CPU threads per decoder (0: all cores).",
+        )
+        + pbtxt.parameters(
+            {"max_images_per_request": settings.max_images_per_request},
+            "K of IMAGE_BYTES [1, K]: more images in one request are refused (ImageTooLargeError).",
+        )
+        + pbtxt.parameters(
+            {"max_encoded_bytes": settings.max_encoded_bytes, "max_pixels": settings.max_pixels},
+            "Limits checked before any pixel is decoded (encoded bytes; Pillow's bomb threshold).",
+        )
+        + pbtxt.parameters(
+            {"strict_decode": "yes" if settings.strict_decode else "no"},
+            "yes: a failed fast decode is an error instead of a counted, logged Pillow fallback.",
+        )
+    )
+
+
+def numba_block(options: RenderOptions) -> str:
+    return pbtxt.parameters(
+        {"numba_threads": options.threads}, "Threads of the CPU kernels per instance (0: numba's default, all cores)."
+    )
+
+
+def pixel_outputs(p: int) -> dict[str, tuple[str, str]]:
+    """The preprocess outputs by name: ``(comment, tensor)``."""
+    return {
+        "PIXEL_VALUES": (
+            "float32 (grid_h * grid_w, 3, patch_size, patch_size)",
+            pbtxt.tensor("PIXEL_VALUES", "TYPE_FP32", (-1, 3, p, p)),
+        ),
+        "PIXEL_PATCHES": (
+            "uint8, same layout: the patches before the normalise lookup\n"
+            "(PIXEL_VALUES = normalize_table(mean, std)[PIXEL_PATCHES, c]); only requested outputs are computed.",
+            pbtxt.tensor("PIXEL_PATCHES", "TYPE_UINT8", (-1, 3, p, p)),
+        ),
+        "GRID_THW": (
+            "int64 (K, 3): (1, grid_h, grid_w) of each image",
+            pbtxt.tensor("GRID_THW", "TYPE_INT64", (-1, 3)),
+        ),
+        "NUM_TOKENS": ("int32 (K,)", pbtxt.tensor("NUM_TOKENS", "TYPE_INT32", (-1,))),
+    }
+
+
+# K encoded images a request ([1, K]); requests of different K are batched together (ragged).
+IMAGE_BYTES_INPUT = [
+    ("K encoded images, 1 <= K <= max_images_per_request", pbtxt.tensor("IMAGE_BYTES", "TYPE_STRING", (-1,), RAGGED))
+]
+ENSEMBLE_IMAGE_BYTES_INPUT = [("K encoded images", pbtxt.tensor("IMAGE_BYTES", "TYPE_STRING", (-1,)))]
+DECODED_TENSORS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")
+
+
+# -- the model kinds ------------------------------------------------------------------------------
+
+
+def python_model(  # noqa: PLR0917
+    name: str,
+    summary: str,
+    inputs: Iterable[tuple[str, str]],
+    outputs: Iterable[tuple[str, str]],
+    blocks: Iterable[str],
+    python_class: str,
+    options: RenderOptions,
+    defaults: ServingDefaults,
+    decoupled: bool = False,
+) -> ModelFiles:
+    """A Python-backend model: batching and backpressure, tensors, instances, parameters;
+    ``python_class`` is ``module.Class`` under ``kimi_vision_prep.serving``; ``decoupled``: any
+    number of responses a request (a stream)."""
+    policy = (
+        pbtxt.comment("Decoupled: one response per chunk as it is ready, then an empty one flagged final.")
+        + "model_transaction_policy { decoupled: true }\n"
+        if decoupled
+        else ""
+    )
+    config = (
+        pbtxt.head(name, summary, defaults.max_batch_size)
+        + policy
+        + dynamic_batching(defaults)
+        + pbtxt.tensor_list("input", inputs)
+        + pbtxt.tensor_list("output", outputs)
+        + instance_group(options)
+        + "".join(blocks)
+    )
+    return ModelFiles(name, config, python_class)
+
+
+def ensemble_step(model: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> str:
+    maps = [f'      input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items()]
+    maps += [f'      output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items()]
+    return f'    {{\n      model_name: "{model}"\n      model_version: -1\n' + "\n".join(maps) + "\n    }"
+
+
+def ensemble(name: str, summary: str, outputs: list[tuple[str, str]], steps: list[str], batch: int) -> ModelFiles:
+    config = (
+        pbtxt.head(name, summary, batch, backend="ensemble")
+        + pbtxt.tensor_list("input", ENSEMBLE_IMAGE_BYTES_INPUT)
+        + pbtxt.tensor_list("output", outputs)
+        + "ensemble_scheduling {\n  step [\n"
+        + ",\n".join(steps)
+        + "\n  ]\n}\n"
+    )
+    return ModelFiles(name, config, None)

@@ -1,0 +1,180 @@
+"""Videos, several images per request and token counts: side by side in one run (issue 10).
+
+In process, per clip (encoded here with PyAV from a corpus photo, plus the corpus's AV1 clip):
+``preprocess_video`` vs the decode-only floor (PyAV decoding every frame with threads, no RGB
+conversion) vs the plain reference (``tests/reference.py``: every frame decoded and converted,
+Pillow resize, numpy); sampled frames/s and chunks/s; the RSS while streaming the longest clip
+(sampled after every chunk: it stays flat when one chunk is held at a time). Served (an embedded
+tritonserver, gRPC): time to the first chunk vs the whole video; one K=8 request vs 8 single
+requests; ``count_tokens`` (the tokens model) vs full preprocessing of the same images.
+
+    .venv/bin/python benchmarks/bench_media.py [--repeats 3] [--out-dir bench_results] [--no-served]
+
+Writes ``bench_media.json`` and ``bench_media.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import av
+import numpy as np
+from corpus_photos import CORPUS, plain_reference
+from make_inputs import encode_clip, photo_frames
+
+import kimi_vision_prep as kvp
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
+    """min / median seconds of ``repeats`` runs after one warm-up run."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return {"min_s": min(samples), "median_s": statistics.median(samples)}
+
+
+def decode_floor(data: bytes) -> int:
+    """Every frame decoded with FFmpeg's threads, nothing converted: the floor of any exact pipeline."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        return sum(1 for _ in container.decode(stream))
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def clips() -> dict[str, bytes]:
+    photo = "pil__xmp_test.jpg"
+    return {
+        "av1_640x360_125f_25fps.mkv": (CORPUS / "video" / "torchcodec__av1_video.mkv").read_bytes(),
+        "h264_1280x720_250f_25fps.mp4": encode_clip(photo_frames(photo, 1280, 720, 250), 25),
+        "h264_1920x1080_300f_30fps.mp4": encode_clip(photo_frames(photo, 1920, 1080, 300), 30),
+    }
+
+
+def in_process(repeats: int) -> list[dict[str, Any]]:
+    reference = plain_reference()
+    rows = []
+    for name, data in clips().items():
+        chunks = list(kvp.preprocess_video(data, "kimi-k2.5"))
+        sampled = sum(len(c.frame_indices) for c in chunks)
+        row = {
+            "clip": name,
+            "chunks": len(chunks),
+            "sampled_frames": sampled,
+            "ours": timed(lambda d=data: list(kvp.preprocess_video(d, "kimi-k2.5")), repeats),
+            "decode_floor": timed(lambda d=data: decode_floor(d), repeats),
+            "reference": timed(lambda d=data: reference.reference_video(d, "kimi-k2.5"), 1),
+        }
+        ours = row["ours"]["median_s"]
+        row["ours_over_floor"] = ours / row["decode_floor"]["median_s"]
+        row["reference_over_ours"] = row["reference"]["median_s"] / ours
+        row["sampled_frames_per_s"] = sampled / ours
+        row["chunks_per_s"] = len(chunks) / ours
+        print(
+            f"{name:34s} chunks {len(chunks):3d}  ours {ours * 1e3:8.1f} ms  floor "
+            f"{row['decode_floor']['median_s'] * 1e3:8.1f} ms  ours/floor {row['ours_over_floor']:.2f}x  "
+            f"reference/ours {row['reference_over_ours']:.2f}x  {row['sampled_frames_per_s']:.1f} sampled frames/s",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+def streaming_rss() -> dict[str, Any]:
+    """RSS after every chunk of a 60 s 720p clip (K3: 480 sampled frames, 120 chunks)."""
+    long_clip = encode_clip(photo_frames("pil__xmp_test.jpg", 1280, 720, 60 * 25), 25)
+    samples = [rss_mib()]
+    for _ in kvp.preprocess_video(long_clip, "kimi-k3"):
+        samples.append(rss_mib())
+    result = {"chunks": len(samples) - 1, "rss_mib_first_chunk": samples[1], "rss_mib_max": max(samples)}
+    result["rss_mib_growth_after_first_chunk"] = max(samples[1:]) - samples[1]
+    print(f"streaming RSS: {result}", flush=True)
+    return result
+
+
+def served(repeats: int) -> dict[str, Any]:
+    from kimi_vision_client.client import KimiVisionClient
+    from kimi_vision_prep.serving.launcher import EmbeddedServer
+
+    data = clips()["h264_1920x1080_300f_30fps.mp4"]
+    photos = [(CORPUS / n).read_bytes() for n in ("pil__hopper.jpg", "imagers__large_image.jpg", "pil__iptc.jpg")]
+    images = (photos * 3)[:8]
+    out: dict[str, Any] = {}
+    with EmbeddedServer() as server, KimiVisionClient(server.grpc_url, "grpc", "kimi_k25_vision_u8") as client:
+
+        def first_chunk() -> None:
+            chunks = client.preprocess_video(data)
+            next(chunks)
+            chunks.close()
+
+        out["video_first_chunk"] = timed(first_chunk, repeats)
+        out["video_whole"] = timed(lambda: list(client.preprocess_video(data)), repeats)
+        out["k8_one_request"] = timed(lambda: client.preprocess_images(images), repeats)
+        out["k8_eight_requests"] = timed(lambda: client.infer_many(images, concurrency=1), repeats)
+        out["tokens_k8"] = timed(lambda: client.count_tokens(images), repeats)
+    out["full_over_tokens"] = out["k8_one_request"]["median_s"] / out["tokens_k8"]["median_s"]
+    out["whole_over_first_chunk"] = out["video_whole"]["median_s"] / out["video_first_chunk"]["median_s"]
+    out["eight_requests_over_one"] = out["k8_eight_requests"]["median_s"] / out["k8_one_request"]["median_s"]
+    tokens_in_process = timed(lambda: [kvp.count_tokens(d) for d in images], repeats)
+    full_in_process = timed(lambda: kvp.preprocess_images(images), repeats)
+    out["in_process_full_over_tokens"] = full_in_process["median_s"] / tokens_in_process["median_s"]
+    print(json.dumps(out, indent=1), flush=True)
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (key, label) in enumerate((("decode_floor", "decode floor"), ("ours", "ours"), ("reference", "reference"))):
+        ax.bar(x + i * 0.27, [r[key]["median_s"] for r in rows], 0.27, label=label)
+    ax.set_xticks(x + 0.27, [r["clip"] for r in rows], rotation=15, fontsize=7)
+    ax.set_ylabel("median s per video (K2.5)")
+    ax.set_title("bench_media: lower is better")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    parser.add_argument("--no-served", action="store_true", help="in process only")
+    args = parser.parse_args()
+    result: dict[str, Any] = {"in_process": in_process(args.repeats), "streaming": streaming_rss()}
+    if not args.no_served:
+        result["served"] = served(args.repeats)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "bench_media.json").write_text(json.dumps(result, indent=2))
+    plot(result["in_process"], args.out_dir / "bench_media.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
