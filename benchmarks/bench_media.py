@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import av
 import numpy as np
 from corpus_photos import CORPUS, plain_reference
-from make_inputs import encode_clip, photo_frames
+from make_inputs import encode_clip, iter_photo_frames, photo_frames
 
 import kimi_vision_prep as kvp
 
@@ -102,7 +102,7 @@ def in_process(repeats: int) -> list[dict[str, Any]]:
 
 def streaming_rss() -> dict[str, Any]:
     """RSS after every chunk of a 60 s 720p clip (K3: 480 sampled frames, 120 chunks)."""
-    long_clip = encode_clip(photo_frames("pil__xmp_test.jpg", 1280, 720, 60 * 25), 25)
+    long_clip = encode_clip(iter_photo_frames("pil__xmp_test.jpg", 1280, 720, 60 * 25), 25)
     samples = [rss_mib()]
     for _ in kvp.preprocess_video(long_clip, "kimi-k3"):
         samples.append(rss_mib())

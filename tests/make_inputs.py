@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import shutil
 import struct
 import subprocess
 import tempfile
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -179,13 +181,19 @@ def animated(width: int, height: int, fmt: str) -> bytes:
 
 def photo_frames(name: str, width: int, height: int, count: int) -> list[np.ndarray]:
     """``count`` RGB frames ``(height, width, 3)`` panning across a corpus photo (real content)."""
+    return list(iter_photo_frames(name, width, height, count))
+
+
+def iter_photo_frames(name: str, width: int, height: int, count: int) -> Iterator[np.ndarray]:
+    """:func:`photo_frames` one at a time (long clips without holding every frame)."""
     with Image.open(CORPUS / name) as image:
         photo = np.asarray(image.convert("RGB").resize((width + count, height + count // 2 + 1)))
-    return [np.ascontiguousarray(photo[i // 2 : i // 2 + height, i : i + width]) for i in range(count)]
+    for i in range(count):
+        yield np.ascontiguousarray(photo[i // 2 : i // 2 + height, i : i + width])
 
 
 def encode_clip(  # noqa: PLR0917
-    frames: list[np.ndarray],
+    frames: Iterable[np.ndarray],
     fps: object,
     codec: str = "libx264",
     container: str = "mp4",
@@ -196,11 +204,13 @@ def encode_clip(  # noqa: PLR0917
     import av
 
     buffer = io.BytesIO()
+    frames = iter(frames)
+    first = next(frames)
     with av.open(buffer, "w", format=container) as output:
         stream = output.add_stream(codec, rate=fps, options=options or {})
-        stream.height, stream.width = frames[0].shape[:2]
+        stream.height, stream.width = first.shape[:2]
         stream.pix_fmt = pix_fmt
-        for pixels in frames:
+        for pixels in itertools.chain([first], frames):
             for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
                 output.mux(packet)
         for packet in stream.encode():

@@ -50,21 +50,28 @@ IDENTITY_TABLE = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)
 IDENTITY_TABLE.setflags(write=False)
 
 
-def write_patches(image: Any, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int) -> Any:
+def write_patches(image: Any, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int, *, out: Any = None) -> Any:
     """Pad (zeros, bottom/right), look up ``table`` and patchify in one pass.
 
     ``image``: uint8 ``(H, W, 3)`` with ``H <= grid_h*p`` and ``W <= grid_w*p`` (numpy, or torch on
     any device); ``table``: ``(256, 3)``, float32 from :func:`normalize_table` or uint8
     :data:`IDENTITY_TABLE`. Returns ``(grid_h*grid_w, 3, p, p)`` of the table's dtype, of the
-    image's type (float32: the ``pixel_values``).
+    image's type (float32: the ``pixel_values``); written into ``out`` when given (C-contiguous,
+    that shape and dtype: e.g. one frame's rows of a video chunk), else a new array.
     """
-    return get_kernel("write_patches", image)(image, table, grid_h, grid_w, patch_size)
+    return get_kernel("write_patches", image)(image, table, grid_h, grid_w, patch_size, out=out)
 
 
-def patchify(image: Any, grid_h: int, grid_w: int, patch_size: int) -> Any:
+def patchify(image: Any, grid_h: int, grid_w: int, patch_size: int, *, out: Any = None) -> Any:
     """Pad and patchify without normalising: uint8 ``(H, W, 3)`` -> uint8 ``(grid_h*grid_w, 3, p, p)``
-    in the :func:`write_patches` layout; :func:`expand_patches` turns it into ``pixel_values``."""
-    return get_kernel("patchify", image)(image, grid_h, grid_w, patch_size)
+    in the :func:`write_patches` layout (into ``out`` when given); :func:`expand_patches` turns it
+    into ``pixel_values``."""
+    return get_kernel("patchify", image)(image, grid_h, grid_w, patch_size, out=out)
+
+
+def _checked_out(out: Any, shape: tuple[int, ...], dtype: Any) -> None:
+    if tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {dtype} array of shape {shape}, got {out.dtype} {tuple(out.shape)}")
 
 
 def expand_patches(patches: Any, table: np.ndarray) -> Any:
@@ -72,6 +79,23 @@ def expand_patches(patches: Any, table: np.ndarray) -> Any:
     normalised through ``table`` (float32 ``(256, 3)``), bit-equal to :func:`write_patches` on the
     same image."""
     return get_kernel("expand_patches", patches)(patches, table)
+
+
+def empty_patches(like: Any, shape: tuple[int, ...], dtype: type) -> Any:
+    """A new uninitialised array of ``shape`` and numpy ``dtype`` of ``like``'s type (and device)."""
+    return get_kernel("empty", like)(like, shape, dtype)
+
+
+@register_kernel("empty", NUMPY)
+def _empty_numpy(like: np.ndarray, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    return np.empty(shape, dtype=dtype)
+
+
+@register_kernel("empty", TORCH)
+def _empty_torch(like: torch.Tensor, shape: tuple[int, ...], dtype: type) -> torch.Tensor:
+    import torch
+
+    return torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, device=like.device)
 
 
 def concatenate_patches(parts: Sequence[Any]) -> Any:
@@ -118,23 +142,29 @@ def _write_patches(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w
 
 @register_kernel("write_patches", NUMPY)
 def write_patches_numpy(
-    image: np.ndarray, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int
+    image: np.ndarray, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int, *, out: np.ndarray | None = None
 ) -> np.ndarray:
     """:func:`write_patches` for numpy (numba, parallel)."""
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected uint8 (H, W, 3), got {image.dtype} {image.shape}")
     if image.shape[0] > grid_h * patch_size or image.shape[1] > grid_w * patch_size:
         raise ValueError(f"image {image.shape[:2]} larger than the {grid_h}x{grid_w} patch grid")
-    out = np.empty((grid_h * grid_w, 3, patch_size, patch_size), dtype=table.dtype)
+    shape = (grid_h * grid_w, 3, patch_size, patch_size)
+    if out is None:
+        out = np.empty(shape, dtype=table.dtype)
+    elif out.shape != shape or out.dtype != table.dtype or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writable C-contiguous {table.dtype} array of shape {shape}")
     with parallel_kernel(out.size):
         _write_patches(kernel_input(image), kernel_input(table), out, grid_w)
     return out
 
 
 @register_kernel("patchify", NUMPY)
-def patchify_numpy(image: np.ndarray, grid_h: int, grid_w: int, patch_size: int) -> np.ndarray:
+def patchify_numpy(
+    image: np.ndarray, grid_h: int, grid_w: int, patch_size: int, *, out: np.ndarray | None = None
+) -> np.ndarray:
     """:func:`patchify` for numpy: the numba pass with :data:`IDENTITY_TABLE`."""
-    return write_patches_numpy(image, IDENTITY_TABLE, grid_h, grid_w, patch_size)
+    return write_patches_numpy(image, IDENTITY_TABLE, grid_h, grid_w, patch_size, out=out)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -193,20 +223,27 @@ def _torch_table(table: np.ndarray, device: torch.device) -> tuple[torch.Tensor,
 
 @register_kernel("write_patches", TORCH)
 def write_patches_torch(
-    image: torch.Tensor, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int
+    image: torch.Tensor, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int, *, out: Any = None
 ) -> torch.Tensor:
     """:func:`write_patches` for torch: one gather from the table, then a view/permute into
-    patches, on the image's device."""
+    patches, on the image's device (copied into ``out`` when given)."""
     padded = _pad_torch(image, grid_h, grid_w, patch_size)
     lut, channel = _torch_table(table, image.device)
     values = lut[padded.long(), channel]  # (Hp, Wp, 3) of the table's dtype
-    return _to_patches_torch(values, grid_h, grid_w, patch_size)
+    return _into(out, _to_patches_torch(values, grid_h, grid_w, patch_size))
+
+
+def _into(out: Any, result: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return result
+    _checked_out(out, tuple(result.shape), result.dtype)
+    return out.copy_(result)
 
 
 @register_kernel("patchify", TORCH)
-def patchify_torch(image: torch.Tensor, grid_h: int, grid_w: int, patch_size: int) -> torch.Tensor:
-    """:func:`patchify` for torch, on the image's device."""
-    return _to_patches_torch(_pad_torch(image, grid_h, grid_w, patch_size), grid_h, grid_w, patch_size)
+def patchify_torch(image: torch.Tensor, grid_h: int, grid_w: int, patch_size: int, *, out: Any = None) -> torch.Tensor:
+    """:func:`patchify` for torch, on the image's device (copied into ``out`` when given)."""
+    return _into(out, _to_patches_torch(_pad_torch(image, grid_h, grid_w, patch_size), grid_h, grid_w, patch_size))
 
 
 @register_kernel("expand_patches", TORCH)

@@ -18,9 +18,12 @@ Every limit (:class:`VideoLimits`) is checked before the work it guards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import io
+import queue
+import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,7 +34,7 @@ from PIL import Image
 
 from .decode import ImageDecoder, default_decoder
 from .errors import InvalidVideoError, PreprocessError, VideoTooLargeError
-from .normalize import concatenate_patches, normalize_table, patchify, write_patches
+from .normalize import empty_patches, normalize_table, patchify, write_patches
 from .pipeline import PIXEL_OUTPUTS, PixelOutput, PreprocessResult, with_index
 from .presets import Preset, get_preset
 from .resize import resize
@@ -98,14 +101,16 @@ def preprocess_frames(
     height, width = int(frames[0].shape[0]), int(frames[0].shape[1])
     target = chunk_target(width, height, len(frames), preset)
     table = normalize_table(preset.image_mean, preset.image_std)
-    parts = []
-    for frame in frames:
+    per_frame = target.num_patches
+    dtype = np.float32 if output == "pixel_values" else np.uint8
+    pixels = empty_patches(frames[0], (len(frames) * per_frame, 3, preset.patch_size, preset.patch_size), dtype)
+    for t, frame in enumerate(frames):
         rgb = resize(frame, target.new_width, target.new_height, "bicubic")
+        rows = pixels[t * per_frame : (t + 1) * per_frame]  # this frame's patches, written in place
         if output == "pixel_values":
-            parts.append(write_patches(rgb, table, target.grid_h, target.grid_w, preset.patch_size))
+            write_patches(rgb, table, target.grid_h, target.grid_w, preset.patch_size, out=rows)
         else:
-            parts.append(patchify(rgb, target.grid_h, target.grid_w, preset.patch_size))
-    pixels = concatenate_patches(parts)
+            patchify(rgb, target.grid_h, target.grid_w, preset.patch_size, out=rows)
     return PreprocessResult(
         pixel_values=pixels if output == "pixel_values" else None,
         grid_thw=np.array([len(frames), target.grid_h, target.grid_w], dtype=np.int64),
@@ -353,26 +358,88 @@ def _sampled_chunks(
     threads: int,
     on_frame: Callable[[], None] | None,
 ) -> Generator[VideoChunkResult, None, tuple[int, int]]:
-    """Decode, keep the sampled frames of the chunks not yet complete, yield each chunk when
-    complete; the generator's value is ``(frames decoded, chunks yielded)``."""
+    """Decode (in a thread: FFmpeg and numba release the GIL, so a chunk is preprocessed while the
+    next frames decode), keep the sampled frames of the chunk not yet complete, yield each chunk
+    when complete; the generator's value is ``(frames decoded, chunks yielded)``."""
     chunks = chunked(indices, preset.temporal_merge_kernel_size)
-    wanted = {}
+    wanted: dict[int, list[int]] = {}
     for number, chunk in enumerate(chunks):
         for index in chunk:
             wanted.setdefault(index, []).append(number)
+    frames = _FrameProducer(data, threads, limits, set(wanted), on_frame, preset.temporal_merge_kernel_size)
     pending: dict[int, list[np.ndarray]] = {}
     next_chunk = 0
-    decoded = 0
-    for frame_index, frame in enumerate(_decoded_frames(data, threads, limits)):
-        decoded += 1
-        if on_frame is not None:
-            on_frame()
-        for number in wanted.get(frame_index, ()):
-            pending.setdefault(number, []).append(frame.to_ndarray(format="rgb24"))
-        while next_chunk < len(chunks) and len(pending.get(next_chunk, ())) == len(chunks[next_chunk]):
-            yield _chunk_result(pending.pop(next_chunk), chunks[next_chunk], fps, preset, output)
-            next_chunk += 1
-    return decoded, next_chunk
+    with frames:
+        for frame_index, rgb in frames:
+            for number in wanted[frame_index]:
+                pending.setdefault(number, []).append(rgb)
+            while next_chunk < len(chunks) and len(pending.get(next_chunk, ())) == len(chunks[next_chunk]):
+                yield _chunk_result(pending.pop(next_chunk), chunks[next_chunk], fps, preset, output)
+                next_chunk += 1
+    return frames.decoded, next_chunk
+
+
+class _FrameProducer:
+    """Decodes every frame of the video in a thread and hands over the sampled ones as RGB arrays
+    through a queue of ``depth`` frames (so at most a chunk's worth waits); iterate for
+    ``(frame index, rgb)``, read ``decoded`` after. Leaving the ``with`` block stops the thread."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        data: bytes,
+        threads: int,
+        limits: VideoLimits,
+        wanted: set[int],
+        on_frame: Callable[[], None] | None,
+        depth: int,
+    ) -> None:
+        self._args = (data, threads, limits, wanted, on_frame)
+        self._queue: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=max(depth, 1))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kimi-prep video decode", daemon=True)
+        self.decoded = 0
+
+    def __enter__(self) -> _FrameProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _put(self, item: tuple[str, Any, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        data, threads, limits, wanted, on_frame = self._args
+        try:
+            with contextlib.closing(_decoded_frames(data, threads, limits)) as decoded:
+                for index, frame in enumerate(decoded):
+                    if self._stop.is_set():
+                        return
+                    self.decoded += 1
+                    if on_frame is not None:
+                        on_frame()
+                    if index in wanted and not self._put(("frame", index, frame.to_ndarray(format="rgb24"))):
+                        return
+            self._put(("end", None, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(("error", exc, None))
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        while True:
+            kind, first, second = self._queue.get()
+            if kind == "error":
+                raise first
+            if kind == "end":
+                return
+            yield first, second
 
 
 def _chunk_result(

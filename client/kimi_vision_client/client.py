@@ -1,9 +1,9 @@
 """A Triton client for the Kimi vision preprocessing models, one API over HTTP and gRPC.
 
-The models take ``IMAGE_BYTES`` (TYPE_STRING, batch shape ``[1, 1]``) and return
-``PIXEL_VALUES`` float32 ``[1, N, 3, p, p]`` (``kimi_*_vision``) or, on the "uint8 wire"
-(``kimi_*_vision_u8``), ``PIXEL_PATCHES`` uint8 ``[1, N, 3, p, p]``, plus ``GRID_THW`` int64
-``[1, 3]`` and ``NUM_TOKENS`` int32 ``[1, 1]``; the single-model ``kimi_*_vision_fused`` offer
+The models take ``IMAGE_BYTES`` (TYPE_STRING, batch shape ``[1, K]``: K images a request) and
+return ``PIXEL_VALUES`` float32 ``[1, ΣN, 3, p, p]`` (``kimi_*_vision``) or, on the "uint8 wire"
+(``kimi_*_vision_u8``), ``PIXEL_PATCHES`` uint8 ``[1, ΣN, 3, p, p]``, plus ``GRID_THW`` int64
+``[1, K, 3]`` and ``NUM_TOKENS`` int32 ``[1, K]``; the single-model ``kimi_*_vision_fused`` offer
 both pixel outputs and compute the one requested (the client asks for ``PIXEL_PATCHES``).
 :class:`KimiVisionClient` hides the batch dimension, expands uint8 patches into the float32
 ``pixel_values`` with the preset's normalise table (bit-equal to the float32 ensemble:

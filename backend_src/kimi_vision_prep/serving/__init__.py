@@ -1,9 +1,13 @@
-"""Serving the preprocessing on NVIDIA Triton Inference Server.
+"""Serving the preprocessing on NVIDIA Triton Inference Server, split by job.
 
-- :mod:`.config`: Triton model-config parameters -> preset and decoder settings.
-- :mod:`.models`: the request/response logic of every Python-backend model (``model.py`` files
-  in ``model_repository/`` are thin wrappers around these classes).
-- :mod:`.metrics`: custom Prometheus counters through ``pb_utils.MetricFamily``.
-- :mod:`.patch_embed`: the seeded Conv2d of the chaining example.
-- :mod:`.launcher`: find or lay out ``tritonserver``, render the repository, run it.
+- :mod:`.repository` (with :mod:`.render_blocks`, :mod:`.media_kinds`, :mod:`.pbtxt`): the model
+  repository rendered from the presets.
+- :mod:`.config`: Triton model-config parameters -> preset, decoder, video settings.
+- :mod:`.tensors`: tensors in and out, the DLPack hand-off; :mod:`.requests`: request validation
+  and the image models' tensors; :mod:`.warmup`: warm-up inputs.
+- :mod:`.contract`: the execute contract (and its streaming form), the ``pb_utils`` adapter.
+- :mod:`.components`, :mod:`.models`, :mod:`.media_models`: the models, by composition;
+  :mod:`.patch_embed`: the chaining example's Conv2d; :mod:`.metrics`: custom counters.
+- :mod:`.launcher` (with :mod:`.triton_install`, :mod:`.shm_regions`): one start path for
+  ``kimi-prep serve`` and :class:`~.launcher.EmbeddedServer`; :mod:`.watchdog`, :mod:`.probes`.
 """

@@ -11,7 +11,7 @@ from ..errors import PreprocessError
 from ..numba_runtime import set_num_threads
 from ..pipeline import with_index
 from ..presets import Preset
-from .config import decoder_settings, numba_threads
+from .config import DecoderSettings, decoder_settings, numba_threads
 from .contract import ServingModel
 from .requests import PIXEL_SELECTIONS, Outputs, images_from_input, preprocess_outputs
 from .warmup import warmup_images
@@ -31,15 +31,7 @@ class ImageDecoding:
         self.preset = preset
         self.settings = settings = decoder_settings(model.parameters)
         warn = lambda message: model.io.log("warn", f"{model.name}: {message}")  # noqa: E731
-        stats = DecodeStats(warn=warn, on_decode=self._count)
-        self.decoder = ImageDecoder(
-            model.device,
-            limits=settings.limits,
-            strict=settings.strict_decode,
-            pool_size=settings.decoder_pool_size,
-            decoder_threads=settings.decoder_threads,
-            stats=stats,
-        )
+        self.decoder = settings_decoder(settings, model.device, DecodeStats(warn=warn, on_decode=self._count))
         self.warmup: list[DecodedImage] = []
         self._warming_up = True
         images = warmup_images()
@@ -66,6 +58,18 @@ class ImageDecoding:
         return [
             item if isinstance(item, BaseException) else _first_error([next(decoded) for _ in item]) for item in items
         ]
+
+
+def settings_decoder(settings: DecoderSettings, device: str, stats: DecodeStats | None = None) -> ImageDecoder:
+    """The :class:`ImageDecoder` of a model's :class:`~.config.DecoderSettings` on ``device``."""
+    return ImageDecoder(
+        device,
+        limits=settings.limits,
+        strict=settings.strict_decode,
+        pool_size=settings.decoder_pool_size,
+        decoder_threads=settings.decoder_threads,
+        stats=stats,
+    )
 
 
 def apply_numba_threads(parameters: Mapping[str, str]) -> int:

@@ -27,13 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from ..decode import ImageDecoder
 from ..errors import PreprocessError, VideoTooLargeError
 from ..pipeline import PreprocessResult, with_index
 from ..presets import preset_from_parameters
 from ..tokens import count_tokens
 from ..video import preprocess_video, preprocess_video_chunk
-from .components import apply_numba_threads
+from .components import apply_numba_threads, settings_decoder
 from .config import decoder_settings, video_settings
 from .contract import Result, ServingModel, StreamingModel
 from .requests import images_from_input, strings_from_input
@@ -101,13 +100,7 @@ class VideoChunkModel(ServingModel):
         self.preset = preset_from_parameters(self.parameters)
         self.settings = decoder_settings(self.parameters)
         self.video = video_settings(self.parameters)
-        self.decoder = ImageDecoder(
-            self.device,
-            limits=self.settings.limits,
-            strict=self.settings.strict_decode,
-            pool_size=self.settings.decoder_pool_size,
-            decoder_threads=self.settings.decoder_threads,
-        )
+        self.decoder = settings_decoder(self.settings, self.device)
         apply_numba_threads(self.parameters)
         self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.settings}, {self.video}")
 
