@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PreprocessError, VideoTooLargeError
-from ..pipeline import PreprocessResult, with_index
+from ..pipeline import with_index
 from ..presets import preset_from_parameters
 from ..tokens import count_tokens
 from ..video import preprocess_video, preprocess_video_chunk
@@ -36,8 +36,6 @@ from .components import apply_numba_threads, settings_decoder
 from .config import decoder_settings, video_settings
 from .contract import Result, ServingModel, StreamingModel
 from .requests import images_from_input, strings_from_input
-
-PIXEL_NAMES = ("PIXEL_VALUES", "PIXEL_PATCHES")
 
 
 def pixel_output(requested: frozenset[str] | None) -> str:
@@ -48,7 +46,7 @@ def pixel_output(requested: frozenset[str] | None) -> str:
 
 
 def chunk_outputs(result: Any) -> dict[str, Any]:
-    """The tensors of one chunk (a :class:`PreprocessResult` or a ``VideoChunkResult``)."""
+    """The tensors of one chunk (a ``PreprocessResult`` or a ``VideoChunkResult``)."""
     outputs: dict[str, Any] = {
         "GRID_THW": np.asarray(result.grid_thw, dtype=np.int64)[None],
         "NUM_TOKENS": np.array([[result.num_tokens]], dtype=np.int32),
@@ -111,8 +109,7 @@ class VideoChunkModel(ServingModel):
                 f"{len(frames)} frames exceed max_sampled_frames={self.video.limits.max_sampled_frames}"
             )
         output = pixel_output(self.io.requested_outputs(request))
-        result: PreprocessResult = preprocess_video_chunk(frames, self.preset, decoder=self.decoder, output=output)
-        return chunk_outputs(result)
+        return chunk_outputs(preprocess_video_chunk(frames, self.preset, decoder=self.decoder, output=output))
 
     def handle(self, requests: Sequence[Any]) -> list[Result]:
         return self.per_request(requests, self.chunk)
