@@ -15,6 +15,7 @@ from kimi_vision_client import cli
 from kimi_vision_client.samples import sample_images
 from kimi_vision_prep import PreprocessError, concat_results, preprocess_bytes
 
+DEFAULT_KINDS = ("vision", "vision_u8", "decode", "preprocess")
 GOOD = ["pil__hopper.jpg", "pilx__transparent.webp", "pil__iptc.jpg", "pilx__p_trns_single.png"]
 BAD = ["pilx__broken.png", "pil__truncated_jpeg.jpg"]
 # Bad files interleaved with good ones: the good ones must come out unaffected and in order.
@@ -124,12 +125,23 @@ def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPa
     ports = ["--http-port", "9000", "--grpc-port", "9001", "--metrics-port", "9002", "--probe-port", "9003"]
     assert cli.main(["serve", "--model-repository", str(tmp_path), *ports]) == 7
     assert cli.main(["serve", *ports, "--instances", "3", "--threads", "1", "--kind", "cpu"]) == 7
-    given, rendered = calls
+    assert cli.main(["serve", "--all", "--preset", "kimi-k2.6"]) == 7
+    assert cli.main(["serve", "--models", "kimi_k3_tokens", "kimi_k25_vision_embed"]) == 7
+    given, rendered, everything_k25, chosen = calls
     assert given.ports == rendered.ports == launcher.Ports(9000, 9001, 9002, 9003)
-    assert (given.model_repository, given.render) == (tmp_path, None)  # served as it is
+    assert (given.model_repository, given.render, given.models) == (tmp_path, None, None)  # served as it is
     assert (rendered.model_repository, rendered.render) == (None, RenderOptions(3, 1, "cpu"))  # rendered afresh
-    # A given repository is served as it is: render options with it are a usage error.
+    # The default set: the image ensembles (float32 and uint8 wire) of each served preset, with their steps.
+    assert set(rendered.models) == {f"{p}_{k}" for p in ("kimi_k25", "kimi_k3") for k in DEFAULT_KINDS}
+    assert all(name.startswith("kimi_k25_") or name == "kimi_patch_embed" for name in everything_k25.models)
+    assert {"kimi_k25_video", "kimi_k25_tokens", "kimi_patch_embed"} <= set(everything_k25.models)
+    assert set(chosen.models) == {"kimi_k3_tokens", "kimi_k25_vision_embed", "kimi_k25_decode", "kimi_k25_preprocess",
+                                  "kimi_patch_embed"}  # fmt: skip
+    # A given repository is served as it is: render options or a selection with it are a usage error.
     assert cli.main(["serve", "--model-repository", str(tmp_path), "--instances", "2"]) == cli.EXIT_USAGE
+    assert cli.main(["serve", "--model-repository", str(tmp_path), "--all"]) == cli.EXIT_USAGE
+    assert cli.main(["serve", "--models", "kimi_k9_vision"]) == cli.EXIT_USAGE
+    assert cli.main(["serve", "--preset", "kimi-k9"]) == cli.EXIT_USAGE
 
 
 def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

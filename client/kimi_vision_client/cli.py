@@ -265,12 +265,25 @@ def cmd_render_repository(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def served_models(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The models ``serve`` renders: the default set (the image ensembles and their steps),
+    ``--all`` or ``--models``, narrowed by ``--preset``; None when a repository is given as is."""
+    from kimi_vision_prep.serving.repository import default_model_names, repository_models, select_models
+
+    if args.model_repository is not None:
+        if args.all or args.models or args.preset:
+            raise ValueError("--all/--models/--preset select from the rendered repository: drop --model-repository")
+        return None
+    names = None if args.all else (args.models or default_model_names())
+    return tuple(model.name for model in select_models(repository_models(), names, args.preset))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from kimi_vision_prep.serving.launcher import LaunchSpec, Ports, serve
 
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.probe_port)
     try:
-        spec = LaunchSpec(ports, args.model_repository, render_options(args))
+        spec = LaunchSpec(ports, args.model_repository, render_options(args), served_models(args))
     except ValueError as exc:
         print(f"kimi-prep serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -399,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--model-repository", type=Path, default=None, help="serve this repository as is (default: model_repository/)"
     )
+    which = srv.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every model (default: the image ensembles and their steps)")
+    which.add_argument("--models", nargs="+", metavar="NAME", help="exactly these models (ensembles bring their steps)")
+    srv.add_argument("--preset", default=None, help="only this preset's models (kimi-k2.5 / kimi-k2.6, kimi-k3)")
     srv.add_argument("--http-port", type=int, default=8000)
     srv.add_argument("--grpc-port", type=int, default=8001)
     srv.add_argument("--metrics-port", type=int, default=8002)

@@ -55,19 +55,22 @@ class Ports:
 @dataclass(frozen=True)
 class LaunchSpec:
     """What to serve and how. ``model_repository``: served as it is (None: the checked-in
-    ``model_repository/``); ``render``: serve a fresh rendering from the presets with these options
-    instead (exclusive with ``model_repository``). ``extra_args`` go to tritonserver last."""
+    ``model_repository/``); ``render`` and/or ``models``: serve a fresh rendering from the presets
+    with these options (default: host-independent) of these models and their steps (default: all),
+    exclusive with ``model_repository``. ``extra_args`` go to tritonserver last."""
 
     ports: Ports = Ports()
     model_repository: Path | None = None
     render: RenderOptions | None = None
+    models: tuple[str, ...] | None = None
     extra_args: Sequence[str] = ()
     stdout: IO[bytes] | None = None  # None: inherit the launcher's
 
     def __post_init__(self) -> None:
-        if self.model_repository is not None and self.render is not None:
+        if self.model_repository is not None and (self.render is not None or self.models is not None):
             raise ValueError(
-                "--instances/--threads/--kind render a repository from the presets: drop --model-repository"
+                "--instances/--threads/--kind and the model selection render a repository from the presets: "
+                "drop --model-repository"
             )
 
 
@@ -148,9 +151,10 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     shm_prefix = shm_region_prefix()
     stack.callback(remove_shm_regions, shm_prefix)
     repository = Path(spec.model_repository or default_model_repository()).resolve()
-    if spec.render is not None:
+    if spec.render is not None or spec.models is not None:
         rendered = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_repo.")))
-        repository = render_repository(rendered / "model_repository", spec.render)
+        options = spec.render or RenderOptions()
+        repository = render_repository(rendered / "model_repository", options, names=spec.models)
     args = server_args(install, repository, spec.ports, spec.extra_args, shm_prefix)
     process = subprocess.Popen(
         args,
@@ -206,8 +210,8 @@ def _http_ok(url: str) -> bool:
 class EmbeddedServer:
     """A tritonserver subprocess on given or free ports, ready when ``__enter__`` returns.
 
-    ``render`` serves a rendering from the presets (:class:`~.repository.RenderOptions`), else
-    ``model_repository`` (default: the checked-in one) as it is. The server's log goes to
+    ``render`` / ``models`` serve a rendering from the presets (:class:`~.repository.RenderOptions`,
+    a model selection), else ``model_repository`` (default: the checked-in one) as it is. The server's log goes to
     ``log_path`` (kept), else into a temp dir (removed by :meth:`stop`). Ready means
     ``/v2/health/ready`` and every model of the repository ready. ``probe_port`` serves the
     watchdog's probes (``probe_url``).
@@ -218,6 +222,7 @@ class EmbeddedServer:
         model_repository: Path | None = None,
         *,
         render: RenderOptions | None = None,
+        models: Sequence[str] | None = None,
         http_port: int | None = None,
         grpc_port: int | None = None,
         metrics_port: int | None = None,
@@ -228,6 +233,7 @@ class EmbeddedServer:
     ) -> None:
         self.model_repository = model_repository
         self.render = render
+        self.models = tuple(models) if models is not None else None
         self.ports = Ports(http_port or free_port(), grpc_port or free_port(), metrics_port or free_port(), probe_port)
         self.extra_args = tuple(extra_args)
         self.startup_timeout_s = startup_timeout_s
@@ -285,7 +291,7 @@ class EmbeddedServer:
             assert self.log_path is not None
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             log_file = self._stack.enter_context(self.log_path.open("wb"))
-            spec = LaunchSpec(self.ports, self.model_repository, self.render, self.extra_args, log_file)
+            spec = LaunchSpec(self.ports, self.model_repository, self.render, self.models, self.extra_args, log_file)
             self.launched = launch(self._stack, spec)
             self.shm_prefix = self.launched.shm_prefix
             self.wait_ready()

@@ -8,6 +8,7 @@ defaults, :class:`ServingDefaults` or :class:`RenderOptions`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -69,6 +70,7 @@ class ModelFiles:
     name: str
     config: str
     python_class: str | None
+    steps: tuple[str, ...] = ()  # an ensemble's composing models
 
 
 # -- blocks of the model kinds --------------------------------------------------------------------
@@ -217,4 +219,5 @@ def ensemble(name: str, summary: str, outputs: list[tuple[str, str]], steps: lis
         + ",\n".join(steps)
         + "\n  ]\n}\n"
     )
-    return ModelFiles(name, config, None)
+    step_models = tuple(re.findall(r'model_name: "([^"]+)"', "".join(steps)))
+    return ModelFiles(name, config, None, step_models)

@@ -17,7 +17,7 @@ same code when given ``--instances``, ``--threads`` or ``--kind``.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from ..presets import PRESETS, SERVED_PRESETS, Preset, model_prefix, preset_aliases
@@ -42,7 +42,15 @@ from .render_blocks import (
     python_model,
 )
 
-__all__ = ["ModelFiles", "RenderOptions", "ServingDefaults", "render_repository", "repository_models"]
+__all__ = [
+    "ModelFiles",
+    "RenderOptions",
+    "ServingDefaults",
+    "default_model_names",
+    "render_repository",
+    "repository_models",
+    "select_models",
+]
 
 PATCH_EMBED_MODEL = "kimi_patch_embed"
 
@@ -214,6 +222,42 @@ def repository_models(
     return models
 
 
+# What `kimi-prep serve` serves unless told otherwise: each served preset's image ensembles (float32
+# and uint8 wire), which bring their decode and preprocess steps; `--all` serves every model.
+DEFAULT_SERVED_KINDS = ("vision", "vision_u8")
+
+
+def default_model_names() -> tuple[str, ...]:
+    """The models ``kimi-prep serve`` serves by default (their steps come with them)."""
+    return tuple(f"{model_prefix(name)}_{kind}" for name in SERVED_PRESETS for kind in DEFAULT_SERVED_KINDS)
+
+
+def select_models(
+    models: Sequence[ModelFiles], names: Collection[str] | None = None, preset: str | None = None
+) -> list[ModelFiles]:
+    """``models`` narrowed to ``names`` (None: all) and, with ``preset``, to that served preset's
+    models (``kimi-k2.6`` is ``kimi-k2.5``'s), each ensemble with its steps; in rendering order.
+    Raises ValueError for a name or preset that is not served."""
+    by_name = {model.name: model for model in models}
+    wanted = list(by_name) if names is None else list(names)
+    unknown = sorted(set(wanted) - set(by_name))
+    if unknown:
+        raise ValueError(f"not served: {', '.join(unknown)}; served models: {', '.join(by_name)}")
+    if preset is not None:
+        served = [name for name in SERVED_PRESETS if preset in preset_aliases(PRESETS[name])]
+        if not served:
+            raise ValueError(f"preset {preset!r} is not served; served presets: {', '.join(SERVED_PRESETS)}")
+        wanted = [name for name in wanted if name.startswith(f"{model_prefix(served[0])}_")]
+    selected: set[str] = set()
+    stack = list(wanted)
+    while stack:
+        name = stack.pop()
+        if name not in selected:
+            selected.add(name)
+            stack.extend(by_name[name].steps)
+    return [model for model in models if model.name in selected]
+
+
 def model_presets(defaults: ServingDefaults = SERVING_DEFAULTS) -> dict[str, str]:
     """Served model name -> the name of the preset its pixels follow (the image models)."""
     names = {}
@@ -237,14 +281,17 @@ def model_py(name: str, python_class: str) -> str:
 
 
 def render_repository(
-    out: Path, options: RenderOptions = HOST_INDEPENDENT, defaults: ServingDefaults = SERVING_DEFAULTS
+    out: Path,
+    options: RenderOptions = HOST_INDEPENDENT,
+    defaults: ServingDefaults = SERVING_DEFAULTS,
+    names: Collection[str] | None = None,
 ) -> Path:
     """Write the repository into ``out``: ``<model>/config.pbtxt`` and ``<model>/1/model.py`` (an
-    ensemble's ``1/`` gets a ``.gitkeep``); model folders of ``out`` that are no longer rendered are
-    removed. Returns ``out``."""
+    ensemble's ``1/`` gets a ``.gitkeep``) of every model, or of ``names`` and their ensembles'
+    steps; model folders of ``out`` that are no longer rendered are removed. Returns ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    models = repository_models(options, defaults)
+    models = select_models(repository_models(options, defaults), names)
     names = {model.name for model in models}
     for stale in out.glob("*/config.pbtxt"):
         if stale.parent.name not in names:
