@@ -33,6 +33,7 @@ from kimi_vision_prep import (
     InvalidImageError,
     PreprocessError,
     UnsupportedImageError,
+    preprocess_bytes,
 )
 
 PRESET_NAMES = ("kimi-k2.5", "kimi-k3")
@@ -331,3 +332,18 @@ def test_rejected_images_are_freed_without_the_cycle_collector(preset: str) -> N
         assert live_pillow_images() == before
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("name", ["pil__hopper.jpg", "pilx__p_trns_single.png"])
+def test_base64_text_of_an_image_gets_a_hint_not_a_guess(corpus: Path, name: str) -> None:
+    """A JSON client that base64-encodes the file is told so and how to send bytes; the text is
+    never decoded as if it were the image (the reference rejects it too)."""
+    import base64
+
+    text = base64.b64encode((corpus / name).read_bytes())
+    with pytest.raises(InvalidImageError, match="base64 text of an image: send the raw bytes"):
+        preprocess_bytes(text)
+    assert reference_error(text, "kimi-k2.5") is not None
+    with pytest.raises(InvalidImageError) as plain:
+        preprocess_bytes(b"plain text, not base64 of an image!")
+    assert "base64" not in str(plain.value)

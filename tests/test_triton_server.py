@@ -488,3 +488,19 @@ def test_metrics_endpoint_shows_counters(triton_server: Any) -> None:
 
 def test_server_still_ready_after_everything(triton_server: Any) -> None:
     assert_all_ready(grpcclient.InferenceServerClient(triton_server.grpc_url))
+
+
+def test_json_client_sending_base64_is_told_how_to_send_bytes(triton_server: Any, corpus: Path) -> None:
+    """HTTP without the binary-data extension: a base64 string arrives as text; INVALID_ARG says so."""
+    import base64
+
+    text = base64.b64encode(read(corpus, "pil__hopper.jpg"))
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    try:
+        tensor = httpclient.InferInput("IMAGE_BYTES", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[text]], dtype=np.object_), binary_data=False)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("kimi_k25_vision", [tensor])
+        assert is_invalid_arg(info.value) and "base64 text of an image: send the raw bytes" in str(info.value)
+    finally:
+        client.close()

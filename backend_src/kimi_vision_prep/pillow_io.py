@@ -9,6 +9,7 @@ into the RGB/RGBA array the composite and patchify steps take.
 
 from __future__ import annotations
 
+import binascii
 import io
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -37,6 +38,7 @@ def open_with_pillow(data: bytes, max_pixels: int = PILLOW_MAX_PIXELS) -> Image.
     except UnidentifiedImageError:
         raise InvalidImageError(
             f"not a decodable image ({len(data)} bytes, starts with {data[:8]!r}): Pillow cannot identify it"
+            + base64_hint(data)
         ) from None
     except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, struct.error...
         raise InvalidImageError(f"cannot parse image header: {type(exc).__name__}: {exc}") from None
@@ -46,6 +48,29 @@ def open_with_pillow(data: bytes, max_pixels: int = PILLOW_MAX_PIXELS) -> Image.
     if width * height > max_pixels:
         raise ImageTooLargeError(f"image of {width}x{height} = {width * height} pixels exceeds max_pixels={max_pixels}")
     return image
+
+
+# Magic numbers of the formats a JSON client typically base64-encodes by mistake.
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
+_BASE64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=\r\n")
+
+
+def base64_hint(data: bytes) -> str:
+    """A hint for a JSON client that sent an image as base64 text: ``data`` is base64 whose
+    decoded start is an image's magic number (checked, never guessed: the bytes are not decoded)."""
+    head = data[:64]
+    if len(head) < 8 or not set(head) <= _BASE64_ALPHABET:
+        return ""
+    try:
+        decoded = binascii.a2b_base64(head[: len(head) // 4 * 4])
+    except binascii.Error:
+        return ""
+    if not decoded.startswith(_IMAGE_MAGIC):
+        return ""
+    return (
+        "; these bytes are base64 text of an image: send the raw bytes instead (tritonclient's binary tensor "
+        "data, e.g. set_data_from_numpy(..., binary_data=True), or a BYTES element holding the file's bytes)"
+    )
 
 
 def pillow_call(what: str, fn: Callable[..., ResultT], *args: Any) -> ResultT:
