@@ -263,3 +263,72 @@ def test_infer_sends_several_images_per_request_and_streams_videos(
     assert cli.main([*argv, str(video)]) == cli.EXIT_OK
     assert_npz_equal(out, video_npz(video, "kimi-k3"))
     capsys.readouterr()
+
+
+def test_preprocess_on_a_cpu_host_prints_no_codec_errors(corpus: Path, tmp_path: Path) -> None:
+    """On a host without GPUs nvImageCodec loads only its CPU extensions: no red "Failed to load"
+    lines from the GPU ones (host.codec_env); the fast path is still nvImageCodec's."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from kimi_vision_prep.host import cuda_device_count
+
+    if cuda_device_count():
+        pytest.skip("a GPU host loads every extension")
+    env = {k: v for k, v in os.environ.items() if k != "NVIMGCODEC_EXTENSIONS_PATH"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    command = [sys.executable, "-m", "kimi_vision_client.cli", "preprocess", str(corpus / GOOD[0])]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert not re.search(r"\[ERROR\]|Failed to load nv|Traceback", done.stdout + done.stderr), done.stderr
+    assert "nvimgcodec-cpu" in done.stdout
+    links = sorted(p.name for p in (tmp_path / "kimi_vision_prep" / "nvimgcodec-cpu").iterdir())
+    assert any(name.startswith("libjpeg_turbo_ext") for name in links)
+    assert not any(name.startswith(("libnvjpeg", "libnvtiff")) for name in links)
+
+
+@pytest.mark.server
+def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
+    """`kimi-prep serve`: no error-looking line on a healthy CPU-only start and shutdown (the CUDA
+    lines tritonserver cannot avoid are dropped by an explicit list, said once), and it serves."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from kimi_vision_prep.host import cuda_device_count
+    from kimi_vision_prep.serving.launcher import free_port
+
+    if cuda_device_count():
+        pytest.skip("GPU host")
+    ports = [free_port() for _ in range(3)]
+    command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", "kimi_k25_tokens"]
+    command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/models/kimi_k25_tokens/ready", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("kimi-prep serve did not become ready")
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+    noisy = [
+        line
+        for line in output.splitlines()
+        if re.search(r"\[ERROR\]|^E\d{4} |Traceback|Failed to initialize NVML|Failed to load nv", line)
+    ]
+    assert not noisy, noisy
+    assert output.count("CPU-only host: CUDA disabled") == 1
+    assert "stub exit seen" not in output  # a shutdown on purpose is not reported as stub deaths

@@ -13,6 +13,7 @@ layout, and exits non-zero when any image failed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -473,6 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from kimi_vision_prep.host import codec_env
+    from kimi_vision_prep.serving.triton_install import cache_root
+
+    # Before nvImageCodec is first imported: a GPU-less host loads only its CPU extensions.
+    for key, value in codec_env(cache_root()).items():
+        os.environ.setdefault(key, value)
     args = build_parser().parse_args(argv)
     if args.command in ("infer", "bench") and args.url is None:
         args.url = "localhost:8001" if args.protocol == "grpc" else "localhost:8000"

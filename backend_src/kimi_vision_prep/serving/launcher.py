@@ -17,10 +17,13 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ..host import cuda_device_count
 from .probes import ProbeServer
 from .repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
@@ -42,6 +46,15 @@ SHM_GROWTH_BYTES = 64 << 20
 STUB_TIMEOUT_S = 120
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 log = logging.getLogger(__name__)
+# On a host without GPUs: tritonserver flags that keep it from trying CUDA where it can (no pinned
+# host pool, no GPU metrics: no NVML/DCGM), and the lines it prints anyway, which the log relay of
+# `kimi-prep serve` drops (said once instead). Every other line, errors included, is relayed.
+CPU_ONLY_ARGS = ("--pinned-memory-pool-byte-size=0", "--allow-gpu-metrics=false")
+CPU_ONLY_NOISE = (
+    re.compile(r'"CudaDriverHelper has not been initialized\."'),
+    re.compile(r'"unable to create stream for \S+: CUDA driver version is insufficient for CUDA runtime version"'),
+)
+CPU_ONLY_NOTICE = b"kimi-prep: CPU-only host: CUDA disabled (tritonserver's CUDA driver messages are not shown)\n"
 
 
 @dataclass(frozen=True)
@@ -128,7 +141,23 @@ def server_args(
     ]
     if install.backend_directory is not None:
         args.append(f"--backend-directory={install.backend_directory}")
+    if not cuda_device_count():
+        args.extend(CPU_ONLY_ARGS)
     return [*args, *extra_args]
+
+
+def relay_log(source: IO[bytes], sink: IO[bytes], drop: Sequence[re.Pattern[str]]) -> None:
+    """Copy tritonserver's output line by line, dropping lines that match ``drop`` (saying so once)."""
+    noticed = False
+    for line in iter(source.readline, b""):
+        text = line.decode(errors="replace")
+        if any(pattern.search(text) for pattern in drop):
+            if not noticed:
+                sink.write(CPU_ONLY_NOTICE)
+                noticed = True
+            continue
+        sink.write(line)
+        sink.flush()
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
@@ -159,10 +188,15 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     process = subprocess.Popen(
         args,
         env=install.env,
-        stdout=spec.stdout,
-        stderr=subprocess.STDOUT if spec.stdout else None,
+        stdout=spec.stdout or subprocess.PIPE,  # None: relayed to ours, filtered (relay_log)
+        stderr=subprocess.STDOUT,
         preexec_fn=_server_process_setup,  # noqa: PLW1509  (async-signal-safe calls only)
     )
+    if spec.stdout is None:
+        drop = () if cuda_device_count() else CPU_ONLY_NOISE
+        relay = threading.Thread(target=relay_log, args=(process.stdout, sys.stdout.buffer, drop), daemon=True)
+        relay.start()
+        stack.callback(relay.join, 10)
     stack.callback(stop_process, process)
     watchdog = stack.enter_context(StubWatchdog(process, f"127.0.0.1:{spec.ports.http}"))
     if spec.ports.probe is not None:
@@ -180,9 +214,11 @@ def serve(spec: LaunchSpec) -> int:
     """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit code."""
     _log_to_stderr()
     with contextlib.ExitStack() as stack:
-        process = launch(stack, spec).process
+        launched = launch(stack, spec)
+        process = launched.process
 
         def forward(signum: int, _frame: Any) -> None:
+            launched.watchdog.stand_down()  # a shutdown on purpose: its stub exits are no faults
             process.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}

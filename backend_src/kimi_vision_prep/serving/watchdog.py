@@ -210,8 +210,13 @@ class StubWatchdog:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stand_down(self) -> None:
+        """The server is being stopped on purpose: stop watching now (its stubs exiting is expected,
+        not a fault to report); safe from a signal handler."""
         self._stopped.set()
+
+    def stop(self) -> None:
+        self.stand_down()
         if self._thread.is_alive():
             self._thread.join(timeout=self.repository.load_timeout_s)
 
