@@ -137,6 +137,9 @@ def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPa
     assert {"kimi_k25_video", "kimi_k25_tokens", "kimi_patch_embed"} <= set(everything_k25.models)
     assert set(chosen.models) == {"kimi_k3_tokens", "kimi_k25_vision_embed", "kimi_k25_decode", "kimi_k25_preprocess",
                                   "kimi_patch_embed"}  # fmt: skip
+    assert cli.main(["serve", "--models", "kimi_k3_tokens", "--", "--log-verbose=1", "--trace-config=rate=100"]) == 7
+    assert calls[-1].extra_args == ["--log-verbose=1", "--trace-config=rate=100"]  # to tritonserver, as they are
+    assert cli.main(["preprocess", "x.jpg", "--", "--log-verbose=1"]) == cli.EXIT_USAGE
     # A given repository is served as it is: render options or a selection with it are a usage error.
     assert cli.main(["serve", "--model-repository", str(tmp_path), "--instances", "2"]) == cli.EXIT_USAGE
     assert cli.main(["serve", "--model-repository", str(tmp_path), "--all"]) == cli.EXIT_USAGE

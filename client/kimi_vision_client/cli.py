@@ -284,7 +284,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.probe_port)
     try:
-        spec = LaunchSpec(ports, args.model_repository, render_options(args), served_models(args))
+        spec = LaunchSpec(
+            ports, args.model_repository, render_options(args), served_models(args), args.tritonserver_args
+        )
     except ValueError as exc:
         print(f"kimi-prep serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -409,7 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_render_arguments(render)
     render.set_defaults(run=cmd_render_repository)
 
-    srv = sub.add_parser("serve", help="run tritonserver on the model repository")
+    srv = sub.add_parser(
+        "serve",
+        help="run tritonserver on the model repository",
+        description="Arguments after -- go to tritonserver as they are, last (e.g. -- --log-verbose=1).",
+    )
     srv.add_argument(
         "--model-repository", type=Path, default=None, help="serve this repository as is (default: model_repository/)"
     )
@@ -480,7 +486,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before nvImageCodec is first imported: a GPU-less host loads only its CPU extensions.
     for key, value in codec_env(cache_root()).items():
         os.environ.setdefault(key, value)
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `kimi-prep serve [options] -- <tritonserver args>`: the rest goes to tritonserver, last.
+    passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = build_parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if passthrough and args.command != "serve":
+        print("kimi-prep: only serve passes arguments after -- (to tritonserver)", file=sys.stderr)
+        return EXIT_USAGE
+    args.tritonserver_args = passthrough
     if args.command in ("infer", "bench") and args.url is None:
         args.url = "localhost:8001" if args.protocol == "grpc" else "localhost:8000"
     if getattr(args, "concurrency", 1) < 1:
