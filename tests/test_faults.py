@@ -261,3 +261,18 @@ def test_stale_regions_of_dead_launchers_are_removed(tmp_path: Path, monkeypatch
     # A dead pid, and a live pid with another start time (a recycled pid or another container).
     assert sorted(removed) == sorted(regions[1:3])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([own, "kimi_prep_d", "other_e"])
+
+
+def test_readyz_follows_an_operators_explicit_unload_and_load() -> None:
+    """An operator who unloads a model through Triton's repository API takes it out of the set the
+    server is meant to serve: /readyz stays 200; loading it again puts it back (and 200 again)."""
+    models = ("kimi_k25_tokens", "kimi_k3_tokens")
+    with EmbeddedServer(models=models, probe_port=free_port()) as server:
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after start")
+        base = f"http://{server.http_url}/v2/repository/models/kimi_k3_tokens"
+        urllib.request.urlopen(urllib.request.Request(f"{base}/unload", data=b"{}", method="POST"), timeout=60)
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after an explicit unload")
+        status, text = probe(server, "/readyz")
+        assert status == 200, text
+        urllib.request.urlopen(urllib.request.Request(f"{base}/load", data=b"{}", method="POST"), timeout=120)
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after loading it again")

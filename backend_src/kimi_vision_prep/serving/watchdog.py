@@ -41,6 +41,14 @@ from pathlib import Path
 
 STUB_BINARY = "triton_python_backend_stub"
 READY = "READY"
+UNLOADED = "UNLOADED"  # an operator's explicit unload (Triton: UNAVAILABLE, reason "unloaded")
+
+
+def _state(entry: dict[str, str]) -> str:
+    state = entry.get("state", "UNAVAILABLE")
+    return UNLOADED if state == "UNAVAILABLE" and entry.get("reason") == "unloaded" else state
+
+
 PROC = Path("/proc")
 
 log = logging.getLogger(__name__)
@@ -135,9 +143,10 @@ class TritonRepository:
             raise RepositoryError(f"POST {path}: {exc}") from None
 
     def model_states(self) -> dict[str, str]:
-        """``{model: state}`` of every model in the repository (READY, LOADING, UNLOADING, UNAVAILABLE)."""
+        """``{model: state}`` of every model in the repository (READY, LOADING, UNLOADING, UNAVAILABLE;
+        UNLOADED for one an operator unloaded through the repository API)."""
         entries = json.loads(self._post("/repository/index", timeout_s=10) or b"[]")
-        return {entry["name"]: entry.get("state", "UNAVAILABLE") for entry in entries}
+        return {entry["name"]: _state(entry) for entry in entries}
 
     def server_ready(self) -> bool:
         try:
@@ -250,7 +259,9 @@ class StubWatchdog:
             states = self.repository.model_states()
         except RepositoryError as exc:
             return False, str(exc)
-        not_ready = sorted(f"{name} {state}" for name, state in states.items() if state != READY)
+        # An explicit unload takes the model out of the set the server is meant to serve (a load puts
+        # it back); any other state than READY is a reason not to be ready.
+        not_ready = sorted(f"{name} {state}" for name, state in states.items() if state not in (READY, UNLOADED))
         return (False, f"models not ready: {', '.join(not_ready)}") if not_ready else (True, "ready")
 
     # -- the loop --
