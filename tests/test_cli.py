@@ -14,6 +14,7 @@ import pytest
 from kimi_vision_client import cli
 from kimi_vision_client.samples import sample_images
 from kimi_vision_prep import PreprocessError, concat_results, preprocess_bytes
+from kimi_vision_prep.host import host_layout
 
 DEFAULT_KINDS = ("vision", "vision_u8", "decode", "preprocess")
 GOOD = ["pil__hopper.jpg", "pilx__transparent.webp", "pil__iptc.jpg", "pilx__p_trns_single.png"]
@@ -131,6 +132,8 @@ def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPa
     assert given.ports == rendered.ports == launcher.Ports(9000, 9001, 9002, 9003)
     assert (given.model_repository, given.render, given.models) == (tmp_path, None, None)  # served as it is
     assert (rendered.model_repository, rendered.render) == (None, RenderOptions(3, 1, "cpu"))  # rendered afresh
+    layout = host_layout()  # no flags: the host's layout
+    assert everything_k25.render == RenderOptions(layout.instances, layout.threads, layout.kind)
     # The default set: the image ensembles (float32 and uint8 wire) of each served preset, with their steps.
     assert set(rendered.models) == {f"{p}_{k}" for p in ("kimi_k25", "kimi_k3") for k in DEFAULT_KINDS}
     assert all(name.startswith("kimi_k25_") or name == "kimi_patch_embed" for name in everything_k25.models)
@@ -145,6 +148,22 @@ def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPa
     assert cli.main(["serve", "--model-repository", str(tmp_path), "--all"]) == cli.EXIT_USAGE
     assert cli.main(["serve", "--models", "kimi_k9_vision"]) == cli.EXIT_USAGE
     assert cli.main(["serve", "--preset", "kimi-k9"]) == cli.EXIT_USAGE
+
+
+@pytest.mark.parametrize(
+    ("cores", "gpus", "expected"),
+    [
+        (1, 0, (1, 1, "cpu")), (2, 0, (2, 1, "cpu")), (8, 0, (4, 2, "cpu")), (64, 0, (16, 2, "cpu")),
+        (1, 1, (1, 1, "gpu")), (2, 1, (1, 2, "gpu")), (8, 1, (1, 4, "gpu")), (64, 1, (1, 4, "gpu")),
+        (8, 8, (1, 1, "gpu")), (64, 8, (1, 4, "gpu")),
+    ],
+)  # fmt: skip
+def test_host_layout_formula(cores: int, gpus: int, expected: tuple[int, int, str]) -> None:
+    """CPU-only: instances x threads = cores (1 thread up to 4 cores, 2 above; at most 16 instances);
+    GPUs: one KIND_GPU instance per GPU, the cores shared out (at most 4 threads each)."""
+    layout = host_layout(cores, gpus)
+    assert (layout.instances, layout.threads, layout.kind) == expected
+    assert f"{cores} CPU cores, {gpus} GPUs" in layout.describe()
 
 
 def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""What the host has (GPUs), and the nvImageCodec extension set that fits it.
+"""What the host has (CPU cores, GPUs): the serving layout and the nvImageCodec extensions that fit it.
 
 nvImageCodec loads every extension it finds when it is imported; on a host without CUDA the GPU
 ones (nvJPEG, nvJPEG2000, nvTIFF) each print red ``[ERROR] ... Failed to load`` lines. The
@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 # The wheel's extensions that need CUDA libraries (the others run on the CPU).
@@ -48,3 +49,44 @@ def codec_env(cache: Path) -> dict[str, str]:
             with contextlib.suppress(FileExistsError):  # another launcher made it first
                 link.symlink_to(extension)
     return {"NVIMGCODEC_EXTENSIONS_PATH": str(folder)}
+
+
+# The defaults `kimi-prep serve` renders for the host it starts on (flags override each).
+MAX_CPU_INSTANCES = 16  # each instance is a stub process (~150-250 MB): caps memory on big hosts
+MAX_GPU_THREADS = 4  # CPU threads per GPU instance (Pillow routes, nvImageCodec's CPU stages)
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """Instances per model, CPU threads per instance and the instance kind for ``cores`` CPU cores
+    and ``gpus`` GPUs (see :func:`host_layout` for the formula)."""
+
+    cores: int
+    gpus: int
+    instances: int
+    threads: int
+    kind: str
+
+    def describe(self) -> str:
+        per = "per GPU" if self.kind == "gpu" else "per model"
+        return (
+            f"host: {self.cores} CPU cores, {self.gpus} GPUs -> {self.instances} instance(s) {per} x "
+            f"{self.threads} thread(s), KIND_{self.kind.upper()}"
+        )
+
+
+def host_layout(cores: int | None = None, gpus: int | None = None) -> HostLayout:
+    """The serving layout for a host (``None``: this one's ``os.cpu_count()`` / :func:`cuda_device_count`).
+
+    CPU-only: instances x threads = cores, 1 thread an instance up to 4 cores and 2 above (several
+    processes beat threads in one on small hosts: on 2 cores 2 instances x 1 thread served best,
+    BENCHMARKS.md), at most :data:`MAX_CPU_INSTANCES` instances. With GPUs: KIND_GPU, one instance
+    per GPU (Triton's count is per device) and the cores shared out, at most :data:`MAX_GPU_THREADS`
+    threads each; provisional until the GPU check measures HBM per instance (README).
+    """
+    cores = max(1, cores if cores is not None else (os.cpu_count() or 1))
+    gpus = cuda_device_count() if gpus is None else gpus
+    if gpus:
+        return HostLayout(cores, gpus, 1, max(1, min(MAX_GPU_THREADS, cores // gpus)), "gpu")
+    threads = 1 if cores <= 4 else 2
+    return HostLayout(cores, 0, max(1, min(MAX_CPU_INSTANCES, cores // threads)), threads, "cpu")

@@ -279,13 +279,31 @@ def served_models(args: argparse.Namespace) -> tuple[str, ...] | None:
     return tuple(model.name for model in select_models(repository_models(), names, args.preset))
 
 
+def serve_options(args: argparse.Namespace) -> RenderOptions | None:
+    """The rendering ``serve`` uses: the host's layout (:func:`~kimi_vision_prep.host.host_layout`,
+    printed in one line), each of ``--instances`` / ``--threads`` / ``--kind`` overriding its part;
+    None when a repository is served as it is."""
+    from kimi_vision_prep.host import host_layout
+
+    if args.model_repository is not None:
+        return render_options(args)
+    layout = host_layout()
+    options = RenderOptions(
+        instances=layout.instances if args.instances is None else args.instances,
+        threads=layout.threads if args.threads is None else args.threads,
+        kind=args.kind or layout.kind,  # type: ignore[arg-type]
+    )
+    print(f"kimi-prep: {layout.describe()}; serving {options} (flags override)", file=sys.stderr)
+    return options
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from kimi_vision_prep.serving.launcher import LaunchSpec, Ports, serve
 
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.probe_port)
     try:
         spec = LaunchSpec(
-            ports, args.model_repository, render_options(args), served_models(args), args.tritonserver_args
+            ports, args.model_repository, serve_options(args), served_models(args), args.tritonserver_args
         )
     except ValueError as exc:
         print(f"kimi-prep serve: {exc}", file=sys.stderr)
