@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -276,3 +277,19 @@ def test_readyz_follows_an_operators_explicit_unload_and_load() -> None:
         assert status == 200, text
         urllib.request.urlopen(urllib.request.Request(f"{base}/load", data=b"{}", method="POST"), timeout=120)
         wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after loading it again")
+
+
+def test_the_watchdog_says_why_a_stub_died() -> None:
+    """A zombie's wait status (a signal or an exit code), or gone once reaped: what the watchdog logs."""
+    from kimi_vision_prep.serving.watchdog import death_cause
+
+    killed = subprocess.Popen(["sleep", "30"])
+    os.kill(killed.pid, signal.SIGKILL)
+    wait_for(lambda: death_cause(killed.pid).startswith("a zombie"), 10, "the killed child is a zombie")
+    assert death_cause(killed.pid) == "a zombie, killed by SIGKILL (9)"
+    killed.wait()
+    assert death_cause(killed.pid).startswith("gone")
+    exited = subprocess.Popen(["sh", "-c", "exit 3"])
+    wait_for(lambda: death_cause(exited.pid).startswith("a zombie"), 10, "the exited child is a zombie")
+    assert death_cause(exited.pid) == "a zombie, exited with code 3"
+    exited.wait()

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -88,6 +90,26 @@ def process_start_ticks(pid: int) -> int | None:
         return int(_stat_fields(PROC / str(pid))[19])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def death_cause(pid: int) -> str:
+    """Why a stub is gone, as far as ``/proc`` still tells: a zombie's wait status (``exit_code``,
+    field 52 of ``/proc/<pid>/stat``) as a signal or an exit code; else gone (already reaped)."""
+    try:
+        fields = _stat_fields(PROC / str(pid))
+    except (OSError, IndexError):
+        return "gone (reaped by tritonserver)"
+    if fields[0] != "Z" or len(fields) < 50:
+        return "gone (its pid is another process now)" if fields[0] != "Z" else "a zombie"
+    status = int(fields[49])
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"a zombie, killed by {name} ({number})"
+    return f"a zombie, exited with code {os.WEXITSTATUS(status)}"
 
 
 def stub_from_argv(pid: int, fields: list[str], argv: list[str]) -> StubProcess | None:
@@ -318,7 +340,9 @@ class StubWatchdog:
                     continue  # unloading or loading on purpose, or already queued for a reload
                 self._state.deaths[model] += len(model_stubs)
                 self._state.pending[model] = PendingRecovery(detected_at=time.monotonic())
-                instances = ", ".join(f"{stub.instance} (pid {stub.pid})" for stub in model_stubs)
+                instances = ", ".join(
+                    f"{stub.instance} (pid {stub.pid}: {death_cause(stub.pid)})" for stub in model_stubs
+                )
                 log.warning("stub of %s died: %s; reloading the model", model, instances)
 
     def _attempt_recovery(self, model: str) -> None:
