@@ -232,3 +232,15 @@ def test_model_names_referenced_exist_in_the_model_repository() -> None:
     for name, text in deploy_texts().items():
         missing = set(MODEL_NAME.findall(text)) - available
         assert not missing, f"{name} references models not in model_repository/: {sorted(missing)}"
+
+
+def test_k8s_scrapes_both_metrics_endpoints() -> None:
+    """Triton's metrics and the probe port's watchdog metrics, from the pods of the Deployment."""
+    docs = k8s_documents()
+    monitor, deployment = docs["PodMonitor"], docs["Deployment"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    endpoints = {(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert endpoints == {("metrics", "/metrics"), ("probes", "/metrics")}
+    ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert {"metrics", "probes"} <= ports
