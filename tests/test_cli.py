@@ -354,3 +354,29 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
     assert not noisy, noisy
     assert output.count("CPU-only host: CUDA disabled") == 1
     assert "stub exit seen" not in output  # a shutdown on purpose is not reported as stub deaths
+
+
+@pytest.mark.server
+def test_an_installed_wheel_serves_without_a_checkout(triton_server: Any, tmp_path: Path) -> None:
+    """The wheel, installed on its own (no checkout, no ../shared), from another folder: `kimi-prep
+    demo` renders its repository from the presets, serves, and checks the results bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    pip = [sys.executable, "-m", "pip", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(root)],
+                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("kimi_vision_prep-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
+                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", "import kimi_vision_prep, sys; from kimi_vision_client import cli; "
+         "print(kimi_vision_prep.__file__, file=sys.stderr); sys.exit(cli.main(['demo']))"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert str(tmp_path / "site") in done.stderr.splitlines()[0]  # the installed copy, not the checkout
+    assert "all results bit-equal to in-process preprocessing" in done.stderr

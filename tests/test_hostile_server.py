@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import queue
 import re
-import shutil
 import socket
 import urllib.request
 import zipfile
@@ -421,12 +420,9 @@ def test_malformed_requests_are_invalid_arg(
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     """The repository with a queue of one per model and ``max_encoded_bytes`` 20000 (vision ensembles only)."""
-    from kimi_vision_prep.serving.triton_install import default_model_repository
+    from kimi_vision_prep.serving.repository import render_repository
 
-    repository = tmp_path_factory.mktemp("tight") / "model_repository"
-    shutil.copytree(default_model_repository(), repository, ignore=shutil.ignore_patterns("__pycache__"))
-    for extra in ("kimi_patch_embed", "kimi_k25_vision_embed", "kimi_k25_vision_fused", "kimi_k3_vision_fused"):
-        shutil.rmtree(repository / extra)
+    repository = render_repository(tmp_path_factory.mktemp("tight") / "model_repository", names=sorted(ENSEMBLES))
     for config in repository.glob("*/config.pbtxt"):
         text = re.sub(r"max_queue_size: \d+", "max_queue_size: 1", config.read_text())
         text = re.sub(

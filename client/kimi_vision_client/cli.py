@@ -351,7 +351,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     samples = sample_images()
     failed = 0
     print(f"starting tritonserver with {', '.join(samples)} ...", file=sys.stderr)
-    with EmbeddedServer() as server:
+    with EmbeddedServer(models=(args.model,)) as server:  # rendered: works without a checkout
         for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
             with KimiVisionClient(url, protocol, args.model) as client:
                 results = client.infer_many(samples.values(), concurrency=len(samples))

@@ -68,7 +68,8 @@ class Ports:
 @dataclass(frozen=True)
 class LaunchSpec:
     """What to serve and how. ``model_repository``: served as it is (None: the checked-in
-    ``model_repository/``); ``render`` and/or ``models``: serve a fresh rendering from the presets
+    ``model_repository/`` of a checkout; an installed package without one renders it);
+    ``render`` and/or ``models``: serve a fresh rendering from the presets
     with these options (default: host-independent) of these models and their steps (default: all),
     exclusive with ``model_repository``. ``extra_args`` go to tritonserver last."""
 
@@ -179,11 +180,12 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
         log.info("removed stale shared-memory region /dev/shm/%s", region)
     shm_prefix = shm_region_prefix()
     stack.callback(remove_shm_regions, shm_prefix)
-    repository = Path(spec.model_repository or default_model_repository()).resolve()
-    if spec.render is not None or spec.models is not None:
+    repository = spec.model_repository or default_model_repository()
+    if spec.render is not None or spec.models is not None or repository is None:
         rendered = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_repo.")))
         options = spec.render or RenderOptions()
         repository = render_repository(rendered / "model_repository", options, names=spec.models)
+    repository = Path(repository).resolve()
     args = server_args(install, repository, spec.ports, spec.extra_args, shm_prefix)
     process = subprocess.Popen(
         args,
@@ -308,7 +310,9 @@ class EmbeddedServer:
 
     @property
     def repository(self) -> Path:
-        return self.launched.repository if self.launched else Path(self.model_repository or default_model_repository())
+        if self.launched:
+            return self.launched.repository
+        return Path(self.model_repository or default_model_repository() or "model_repository")
 
     @property
     def model_names(self) -> list[str]:

@@ -43,10 +43,11 @@ def cache_dir() -> Path:
     return cache_root() / "triton"
 
 
-def default_model_repository() -> Path:
-    """``model_repository/`` of the source checkout this package runs from, else ``./model_repository``."""
+def default_model_repository() -> Path | None:
+    """``model_repository/`` of the source checkout this package runs from; None for an installed
+    package (the launcher then renders the repository from the presets)."""
     checkout = PACKAGE_ROOT.parents[1] / "model_repository"
-    return checkout if checkout.is_dir() else Path.cwd() / "model_repository"
+    return checkout if (checkout / "kimi_k25_vision" / "config.pbtxt").is_file() else None
 
 
 def _stub_env(env: dict[str, str]) -> None:
