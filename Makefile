@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 CUDA_EXTRA ?= cu12
 STAMP := $(VENV)/.installed-$(CUDA_EXTRA)
 
-.PHONY: setup test serve repository demo lint bench soak fuzz clean
+.PHONY: setup test serve repository demo lint bench perf-analyzer soak fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,11 +35,23 @@ repository: setup
 demo: setup
 	$(VENV)/bin/kimi-prep demo
 
+# NVIDIA's perf_analyzer (the tritonclient 2.41 wheel) in its own venv, so it does not replace the
+# project's tritonclient; it needs Debian's libb64-0d and libcudart.so.12 (a wheel, on LD_LIBRARY_PATH).
+PERF_VENV ?= .venv-perf
+$(PERF_VENV)/bin/perf_analyzer:
+	test -x $(PERF_VENV)/bin/python || python3 -m venv $(PERF_VENV)
+	$(PERF_VENV)/bin/pip install -q "tritonclient[all]==2.41.0" nvidia-cuda-runtime-cu12
+	dpkg -s libb64-0d >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq libb64-0d; }
+
+perf-analyzer: $(PERF_VENV)/bin/perf_analyzer
+
 # Developer benchmarks on the corpus photos (JSON + PNG under bench_results/).
-bench: setup
+bench: setup $(PERF_VENV)/bin/perf_analyzer
+	$(PY) benchmarks/bench_perf_analyzer.py --perf-analyzer $(PERF_VENV)/bin/perf_analyzer --out-dir bench_results
 	$(PY) benchmarks/bench_local_corpus.py --out-dir bench_results
 	$(PY) benchmarks/bench_resize.py --out bench_results/resize.json
 	$(PY) benchmarks/bench_serving.py --out-dir bench_results
+	$(PY) benchmarks/bench_media.py --out-dir bench_results
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -48,7 +60,7 @@ fuzz: setup
 	$(PY) fuzz/fuzz_preprocess.py --seconds 120
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PERF_VENV) .pytest_cache .ruff_cache
 
 SOAK_SECONDS ?= 300
 

@@ -380,3 +380,21 @@ def test_an_installed_wheel_serves_without_a_checkout(triton_server: Any, tmp_pa
     assert done.returncode == 0, done.stderr[-3000:]
     assert str(tmp_path / "site") in done.stderr.splitlines()[0]  # the installed copy, not the checkout
     assert "all results bit-equal to in-process preprocessing" in done.stderr
+
+
+def test_perf_data_is_perf_analyzers_bytes_format(corpus: Path, tmp_path: Path) -> None:
+    """``{"content": {"b64": base64(4-byte LE length + bytes)}, "shape": [1]}`` per request, in order."""
+    import base64
+    import json
+    import struct
+
+    paths = [corpus / name for name in GOOD[:3]]
+    out = tmp_path / "data.json"
+    assert cli.main(["perf-data", "-o", str(out), *map(str, paths)]) == cli.EXIT_OK
+    requests = json.loads(out.read_text())["data"]
+    assert len(requests) == len(paths)
+    for path, request in zip(paths, requests, strict=True):
+        tensor = request["IMAGE_BYTES"]
+        raw = base64.b64decode(tensor["content"]["b64"])
+        (length,) = struct.unpack("<I", raw[:4])
+        assert tensor["shape"] == [1] and raw[4:] == path.read_bytes() and length == len(raw) - 4

@@ -327,6 +327,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_SOME_FAILED if any(level["errors"] for level in result["levels"]) else EXIT_OK
 
 
+def perf_input_data(images: Sequence[bytes], name: str = "IMAGE_BYTES") -> dict[str, object]:
+    """perf_analyzer ``--input-data`` JSON: one single-image request per image. A BYTES tensor's
+    ``b64`` content is the 4-byte little-endian length of each element, then its bytes."""
+    import base64
+    import struct
+
+    return {
+        "data": [
+            {name: {"content": {"b64": base64.b64encode(struct.pack("<I", len(data)) + data).decode()}, "shape": [1]}}
+            for data in images
+        ]
+    }
+
+
+def cmd_perf_data(args: argparse.Namespace) -> int:
+    """Write perf_analyzer ``--input-data`` JSON for the given images."""
+    import json
+
+    inputs = [(outcome, data) for outcome, data in read_inputs(expand_paths(args.images)) if data is not None]
+    args.out.write_text(json.dumps(perf_input_data([data for _, data in inputs])))
+    print(f"{len(inputs)} single-image requests in {args.out} (perf_analyzer --input-data {args.out})")
+    return EXIT_OK
+
+
 def cmd_bench_local(args: argparse.Namespace) -> int:
     """In-process side-by-side timings (``bench_local``)."""
     from kimi_vision_prep.allocator import keep_large_buffers
@@ -478,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="bench_server.json and .png")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(run=cmd_bench)
+
+    perf = sub.add_parser("perf-data", help="write perf_analyzer --input-data JSON for images")
+    perf.add_argument("-o", "--out", type=Path, required=True, help="the JSON file to write")
+    perf.add_argument("images", nargs="+", type=Path, metavar="IMAGE|DIR")
+    perf.set_defaults(run=cmd_perf_data)
 
     local = sub.add_parser("bench-local", help="in-process timings: ours vs the plain reference and the decode floor")
     local.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS))
