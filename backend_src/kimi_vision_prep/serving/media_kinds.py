@@ -14,7 +14,7 @@ from .render_blocks import (
     RAGGED,
     ModelFiles,
     RenderOptions,
-    ServingDefaults,
+    ServedPreset,
     decoder_block,
     numba_block,
     pixel_outputs,
@@ -44,9 +44,8 @@ def _video_block(options: RenderOptions) -> str:
     ) + pbtxt.parameters({"decoder_threads": options.threads}, "FFmpeg decoder threads (0: FFmpeg's choice).")
 
 
-def video_model(
-    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
-) -> ModelFiles:
+def video_model(served: ServedPreset) -> ModelFiles:
+    preset, prefix, title, options, defaults = served.parts
     name = f"{prefix}_video"
     summary = (
         f"{name} ({title}): an encoded video (MP4, MKV, WebM, ...) -> its chunks, streamed: frames sampled\n"
@@ -65,9 +64,8 @@ def video_model(
     return python_model(name, summary, inputs, outputs, blocks, cls, options, defaults, decoupled=True)
 
 
-def video_chunk_model(
-    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
-) -> ModelFiles:
+def video_chunk_model(served: ServedPreset) -> ModelFiles:
+    preset, prefix, title, options, defaults = served.parts
     name = f"{prefix}_video_chunk"
     summary = (
         f"{name} ({title}): T encoded frames -> one video chunk (every frame convert('RGB'), resized to the\n"
@@ -82,9 +80,8 @@ def video_chunk_model(
     return python_model(name, summary, inputs, _chunk_outputs(preset), blocks, cls, options, defaults)
 
 
-def tokens_model(
-    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
-) -> ModelFiles:
+def tokens_model(served: ServedPreset) -> ModelFiles:
+    preset, prefix, title, options, defaults = served.parts
     name = f"{prefix}_tokens"
     summary = (
         f"{name} ({title}): K encoded images -> grid_thw, num_tokens and prompt from the headers alone (no\n"
@@ -110,12 +107,6 @@ def tokens_model(
     )
 
 
-def media_models(
-    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
-) -> list[ModelFiles]:
+def media_models(served: ServedPreset) -> list[ModelFiles]:
     """The video, video-chunk and token-count models of one served preset."""
-    return [
-        video_model(preset, prefix, title, options, defaults),
-        video_chunk_model(preset, prefix, title, options, defaults),
-        tokens_model(preset, prefix, title, options, defaults),
-    ]
+    return [video_model(served), video_chunk_model(served), tokens_model(served)]

@@ -58,6 +58,22 @@ class ServingDefaults:
 
 
 HOST_INDEPENDENT = RenderOptions()  # the checked-in repository's options
+
+
+@dataclass(frozen=True)
+class ServedPreset:
+    """What every model kind of one served preset is rendered from: the preset, its model-name
+    prefix, a title for comments (its names), the render options and the serving defaults."""
+
+    preset: Preset
+    prefix: str
+    title: str
+    options: RenderOptions
+    defaults: ServingDefaults
+
+    @property
+    def parts(self) -> tuple[Preset, str, str, RenderOptions, ServingDefaults]:
+        return self.preset, self.prefix, self.title, self.options, self.defaults
 SERVING_DEFAULTS = ServingDefaults()
 
 

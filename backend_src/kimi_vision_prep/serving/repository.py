@@ -31,6 +31,7 @@ from .render_blocks import (
     SERVING_DEFAULTS,
     ModelFiles,
     RenderOptions,
+    ServedPreset,
     ServingDefaults,
     decoder_block,
     ensemble,
@@ -58,9 +59,8 @@ PATCH_EMBED_MODEL = "kimi_patch_embed"
 # -- the image models -----------------------------------------------------------------------------
 
 
-def decode_model(
-    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
-) -> ModelFiles:
+def decode_model(served: ServedPreset) -> ModelFiles:
+    preset, prefix, title, options, defaults = served.parts
     name = f"{prefix}_decode"
     outputs = [
         (
@@ -89,9 +89,8 @@ def decode_model(
     return python_model(name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.DecodeModel", options, defaults)
 
 
-def preprocess_model(
-    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
-) -> ModelFiles:
+def preprocess_model(served: ServedPreset) -> ModelFiles:
+    preset, prefix, title, options, defaults = served.parts
     name = f"{prefix}_preprocess"
     inputs = [
         ("", pbtxt.tensor("IMAGE", "TYPE_UINT8", (-1,), RAGGED)),
@@ -113,9 +112,8 @@ def preprocess_model(
     return python_model(name, summary, inputs, outputs, blocks, "models.PreprocessModel", options, defaults)
 
 
-def fused_model(
-    preset: Preset, prefix: str, title: str, options: RenderOptions, defaults: ServingDefaults
-) -> ModelFiles:
+def fused_model(served: ServedPreset) -> ModelFiles:
+    preset, prefix, title, options, defaults = served.parts
     name = f"{prefix}_vision_fused"
     summary = (
         f"{name} ({title}): encoded image -> pixel_values / pixel_patches, grid_thw, num_tokens in ONE\n"
@@ -210,12 +208,13 @@ def repository_models(
     for preset_name in SERVED_PRESETS:
         preset, prefix = PRESETS[preset_name], model_prefix(preset_name)
         title = " / ".join(preset_aliases(preset))
+        served = ServedPreset(preset, prefix, title, options, defaults)
         models += [
-            decode_model(preset, prefix, title, options, defaults),
-            preprocess_model(preset, prefix, title, options, defaults),
+            decode_model(served),
+            preprocess_model(served),
             *vision_ensembles(preset, prefix, title, defaults),
-            fused_model(preset, prefix, title, options, defaults),
-            *media_models(preset, prefix, title, options, defaults),
+            fused_model(served),
+            *media_models(served),
         ]
         if preset_name == defaults.embed_preset:
             models += [patch_embed_model(preset, options, defaults), embed_ensemble(preset, prefix, defaults)]
