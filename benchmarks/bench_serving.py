@@ -7,7 +7,7 @@ fused models' ``numba_threads``, the decode and fused models' nvImageCodec ``dec
 with ``bench_server`` over gRPC with and without shared memory, each on three models: the float32
 ``PIXEL_VALUES`` ensemble (``kimi_k25_vision``), the uint8 ``PIXEL_PATCHES`` ensemble
 (``kimi_k25_vision_u8``, expanded into the same float32 ``pixel_values`` by the client, inside the
-measured latency) and ``kimi_k25_vision_fused`` (decode + preprocess in one Python model, no
+measured latency) and ``kimi_k25_vision_fused_u8`` (decode + preprocess in one Python model, no
 ensemble hop; the client reads its uint8 ``PIXEL_PATCHES`` like the uint8 ensemble's). The best level
 is compared with in-process throughput measured right before that sweep (with the server up and
 idle), so both sides of a ratio saw the same load from other processes. Client and server share
@@ -42,7 +42,7 @@ from kimi_vision_prep.serving.repository import RenderOptions
 MODEL, PRESET = "kimi_k25_vision", "kimi-k2.5"
 # The pixels' wire (and, for the fused model, the model kind) -> the model serving it (same preset,
 # same pixel_values on the client).
-WIRES = {"float32": MODEL, "uint8": "kimi_k25_vision_u8", "fused uint8": "kimi_k25_vision_fused"}
+WIRES = {"float32": MODEL, "uint8": "kimi_k25_vision_u8", "fused uint8": "kimi_k25_vision_fused_u8"}
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ ENSEMBLES = {
     "kimi_k25_vision_u8": ("kimi-k2.5", "PIXEL_PATCHES"),
     "kimi_k3_vision_u8": ("kimi-k3", "PIXEL_PATCHES"),
     # The fused models (decode + preprocess in one stub), one per pixel output.
-    "kimi_k25_vision_fused": ("kimi-k2.5", "PIXEL_PATCHES"),
+    "kimi_k25_vision_fused_u8": ("kimi-k2.5", "PIXEL_PATCHES"),
     "kimi_k3_vision_fused": ("kimi-k3", "PIXEL_VALUES"),
 }
 PRESETS = sorted({preset for preset, _ in ENSEMBLES.values()})

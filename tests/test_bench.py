@@ -35,12 +35,12 @@ def test_bench_sweep_writes_json_and_plot(triton_server: Any, corpus: Path, tmp_
         assert level["server"]["kimi_k25_preprocess"]["requests"] == 4
 
 
-@pytest.mark.parametrize("model", ["kimi_k25_vision_u8", "kimi_k25_vision_fused"])
+@pytest.mark.parametrize("model", ["kimi_k25_vision_u8", "kimi_k25_vision_fused_u8"])
 @pytest.mark.parametrize("shm", [False, True], ids=["wire", "shm"])
 def test_bench_u8_counts_the_bytes_received(
     triton_server: Any, corpus: Path, tmp_path: Path, shm: bool, model: str
 ) -> None:
-    """Against ``kimi_k25_vision_u8`` and ``kimi_k25_vision_fused`` "MB/s out" is the uint8 patches
+    """Against ``kimi_k25_vision_u8`` and ``kimi_k25_vision_fused_u8`` "MB/s out" is the uint8 patches
     (plus grid and tokens) actually received, not the float32 pixel_values the client expands them
     into; the fused model runs alone (no decode / preprocess step in the server split)."""
     names = ["pil__iptc.jpg", "sklearn__china.jpg"]
@@ -53,7 +53,7 @@ def test_bench_u8_counts_the_bytes_received(
     per_image = [preprocess_bytes(path.read_bytes()).pixel_values.nbytes // 4 + 3 * 8 + 4 for path in images]
     for level in result["levels"]:
         assert (level["requests"], level["errors"]) == (4, 0)
-        if model == "kimi_k25_vision_fused":
+        if model == "kimi_k25_vision_fused_u8":
             assert set(level["server"]) == {model} and level["server"][model]["requests"] == 4
         else:
             assert {model, "kimi_k25_preprocess"} <= set(level["server"])

@@ -199,10 +199,9 @@ CONFIGS = {
         _preprocess("prep_k3", preset="kimi-k3"),
         _preprocess("prep_custom", preset="kimi-k2.5", image_mean="0.1,0.2,0.3", image_std="0.4,0.5,0.6"),
         _preprocess("prep_bare"),
-        # Single models with both pixel outputs (like kimi_*_vision_fused): their own parameters.
-        _preprocess("kimi_k3_vision_fused", preset="kimi-k3", decoder_threads="1"),
+        # Single models with both pixel outputs (a custom decode + preprocess model): their own parameters.
+        _preprocess("fused_k3", preset="kimi-k3", decoder_threads="1"),
         _preprocess("fused_custom", preset="kimi-k2.5", image_mean="0.1,0.2,0.3", image_std="0.4,0.5,0.6"),
-        _preprocess("kimi_k25_vision_fused"),
         _preprocess("fused_bare"),
     ]
 }
@@ -233,7 +232,7 @@ def test_learn_wire_from_model_configs() -> None:
 
 
 def test_learn_wire_of_a_single_model_with_both_pixel_outputs() -> None:
-    """A model offering PIXEL_PATCHES and PIXEL_VALUES (kimi_*_vision_fused) is read over uint8 with
+    """A single model offering PIXEL_PATCHES and PIXEL_VALUES is read over uint8 with
     the preset of its own parameters (no ensemble to follow); only when no preset is known at all
     does the client fall back to its float32 output rather than guess a table."""
     asked: list[str] = []
@@ -242,12 +241,11 @@ def test_learn_wire_of_a_single_model_with_both_pixel_outputs() -> None:
         asked.append(name)
         return CONFIGS[name]
 
-    assert learn_wire(get_config, "kimi_k3_vision_fused") == Wire(PIXEL_PATCHES, KIMI_K3)
-    assert asked == ["kimi_k3_vision_fused"]
+    assert learn_wire(get_config, "fused_k3") == Wire(PIXEL_PATCHES, KIMI_K3)
+    assert asked == ["fused_k3"]
     custom = learn_wire(get_config, "fused_custom")
     assert custom.pixel_output == PIXEL_PATCHES
     assert (custom.preset.image_mean, custom.preset.image_std) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
-    assert learn_wire(get_config, "kimi_k25_vision_fused") == Wire(PIXEL_VALUES, largest_preset())  # no preset named
     assert learn_wire(get_config, "fused_bare") == Wire(PIXEL_VALUES, largest_preset())
     assert learn_wire(get_config, "fused_bare", KIMI_K3) == Wire(PIXEL_PATCHES, KIMI_K3)
 
@@ -323,13 +321,13 @@ def test_infer_single_image_and_bad_image_message(triton_server: object, corpus:
 @pytest.mark.server
 @pytest.mark.parametrize("shm", [False, True], ids=["wire", "shm"])
 @pytest.mark.parametrize(
-    "model", ["kimi_k25_vision_u8", "kimi_k3_vision_u8", "kimi_k25_vision_fused", "kimi_k3_vision_fused"]
+    "model", ["kimi_k25_vision_u8", "kimi_k3_vision_u8", "kimi_k25_vision_fused_u8", "kimi_k3_vision_fused_u8"]
 )
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_u8_wire_is_learnt_and_receives_a_quarter(
     triton_server: object, corpus: Path, protocol: str, model: str, shm: bool
 ) -> None:
-    """A ``*_u8`` model, and a ``*_vision_fused`` one (it offers both pixel outputs), is served over
+    """A ``*_vision_u8`` ensemble, and a ``*_vision_fused_u8`` model, is served over
     the uint8 wire (learnt from the server): the client receives uint8 patches, a quarter of the
     float32 bytes, and returns the same float32 pixel_values."""
     good = read(corpus, GOOD[:3])

@@ -93,12 +93,14 @@ def test_decode_preprocess_and_fused_configs_carry_the_same_preset(family: str, 
     assert preset_from_parameters(decode) == preset_from_parameters(prep) == preset_from_parameters(fused) == preset
 
 
+@pytest.mark.parametrize(("kind", "pixels"), [("vision_fused", "PIXEL_VALUES"), ("vision_fused_u8", "PIXEL_PATCHES")])
 @pytest.mark.parametrize("family", [f for f, _ in FAMILIES])
-def test_fused_config_carries_the_decode_and_preprocess_settings(family: str) -> None:
-    """The fused model's parameters are the decode model's (preset block and decoder settings, at
-    DecoderSettings' defaults) plus the preprocess model's numba_threads, nothing else; its input
-    and queue policy are the decode model's, its outputs the preprocess model's."""
-    decode, prep, fused = (load_config(f"kimi_{family}_{kind}") for kind in ("decode", "preprocess", "vision_fused"))
+def test_fused_config_carries_the_decode_and_preprocess_settings(family: str, kind: str, pixels: str) -> None:
+    """The fused models' parameters are the decode model's (preset block and decoder settings, at
+    DecoderSettings' defaults) plus the preprocess model's numba_threads, nothing else; their input
+    and queue policy are the decode model's, their outputs the preprocess model's less the other
+    pixel output (float32 for ``_vision_fused``, uint8 for ``_vision_fused_u8``)."""
+    decode, prep, fused = (load_config(f"kimi_{family}_{k}") for k in ("decode", "preprocess", kind))
     decode_params, prep_params, fused_params = (model_parameters(config_dict(c.name)) for c in (decode, prep, fused))
     assert fused_params == decode_params | {"numba_threads": prep_params["numba_threads"]}
     assert DECODER_KEYS <= decode_params.keys(), f"missing decoder settings: {DECODER_KEYS - decode_params.keys()}"
@@ -107,7 +109,7 @@ def test_fused_config_carries_the_decode_and_preprocess_settings(family: str) ->
     assert fused.backend == decode.backend == "python" and fused.max_batch_size == decode.max_batch_size
     assert list(fused.input) == list(decode.input)
     assert fused.dynamic_batching == decode.dynamic_batching
-    assert list(fused.output) == list(prep.output)
+    assert list(fused.output) == [o for o in prep.output if o.name in {pixels, "GRID_THW", "NUM_TOKENS"}]
     assert [(g.count, g.kind) for g in fused.instance_group] == [(1, model_config_pb2.ModelInstanceGroup.KIND_AUTO)]
 
 
@@ -116,7 +118,8 @@ def test_every_config_parses_and_is_consistent() -> None:
     assert set(configs) == {
         "kimi_k25_decode", "kimi_k3_decode", "kimi_k25_preprocess", "kimi_k3_preprocess",
         "kimi_k25_vision", "kimi_k3_vision", "kimi_k25_vision_u8", "kimi_k3_vision_u8",
-        "kimi_k25_vision_fused", "kimi_k3_vision_fused", "kimi_patch_embed", "kimi_k25_vision_embed",
+        "kimi_k25_vision_fused", "kimi_k3_vision_fused", "kimi_k25_vision_fused_u8", "kimi_k3_vision_fused_u8",
+        "kimi_patch_embed", "kimi_k25_vision_embed",
         "kimi_k25_video", "kimi_k3_video", "kimi_k25_video_chunk", "kimi_k3_video_chunk",
         "kimi_k25_tokens", "kimi_k3_tokens",
     }  # fmt: skip
@@ -384,22 +387,24 @@ def test_decode_then_preprocess_equals_library(
         assert outputs["NUM_TOKENS"].dtype == np.int32 and outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
 
 
-@pytest.mark.parametrize("kind", ["preprocess", "fused"])
+@pytest.mark.parametrize("kind", ["preprocess", "vision_fused", "vision_fused_u8"])
 def test_preprocess_computes_only_the_requested_outputs(
     pb: SimpleNamespace, images: dict[str, bytes], monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    """Each request gets exactly the outputs it names (as Triton passes them: an ensemble step its
-    output_map, a client its list or, naming none, all), and only their kernels run; in the
-    preprocess model and in the fused model alike."""
+    """Each request gets exactly the outputs it names among the model's (as Triton passes them: an
+    ensemble step its output_map, a client its list or, naming none, all of the config's), and
+    only their kernels run; in the preprocess model and in the fused models alike (one pixel
+    output each, so naming none computes that one only)."""
     decode = DecodeModel(pb, model_args("kimi_k3_decode"))
-    prep = PreprocessModel(pb, model_args("kimi_k3_preprocess"))
-    fused = FusedVisionModel(pb, model_args("kimi_k3_vision_fused"))
+    model_class = PreprocessModel if kind == "preprocess" else FusedVisionModel
+    model = model_class(pb, model_args(f"kimi_k3_{kind}"))
+    offered = {output["name"] for output in model.config["output"]}
 
     def request(data: bytes, decoded: dict[str, Any], requested: tuple[str, ...] | None) -> Any:
-        if kind == "fused":
-            return fused.execute([bytes_request(data, requested=requested)])[0]
+        if kind != "preprocess":
+            return model.execute([bytes_request(data, requested=requested)])[0]
         inputs = {key: decoded[key] for key in DECODED}
-        return prep.execute([FakeRequest(requested=requested, **inputs)])[0]
+        return model.execute([FakeRequest(requested=requested, **inputs)])[0]
 
     calls: list[str] = []
     for module, name in [
@@ -411,23 +416,25 @@ def test_preprocess_computes_only_the_requested_outputs(
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     everything = ("PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS")
-    selections: list[tuple[tuple[str, ...] | None, list[str]]] = [
+    selections: list[tuple[tuple[str, ...], list[str]]] = [
         (("PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"), ["resize", "write_patches"]),  # kimi_*_vision step
         (("PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"), ["resize", "patchify"]),  # kimi_*_vision_u8 step
         (("PIXEL_VALUES",), ["resize", "write_patches"]),  # kimi_k25_vision_embed step
-        (everything, ["resize", "patchify", "pixel_values_from_patches"]),  # a client naming none
-        (None, ["resize", "patchify", "pixel_values_from_patches"]),  # a request that cannot say
+        (everything, ["resize", "patchify", "pixel_values_from_patches"]),  # kimi_*_preprocess, none named
         (("GRID_THW",), []),  # no pixels asked for: no resize either
     ]
+    asked = [(requested, kernels) for requested, kernels in selections if set(requested) <= offered]
+    # A request that cannot say gets the config's outputs, with the kernels of that selection.
+    asked.append((None, next(kernels for requested, kernels in selections if set(requested) == offered)))
     for name in ("pilx__p_trns_single.png", "imagers__large_image.jpg"):
         data = images[name]
         (decoded,) = [outputs_of(r) for r in decode.execute([bytes_request(data)])]
         expected = preprocess_bytes(data, "kimi-k3")
         patches = preprocess_bytes(data, "kimi-k3", output="pixel_patches").pixel_patches
-        for requested, kernels in selections:
+        for requested, kernels in asked:
             calls.clear()
             outputs = outputs_of(request(data, decoded, requested))
-            assert set(outputs) == set(requested or everything), (name, requested)
+            assert set(outputs) == set(requested or offered), (name, requested)
             assert calls == kernels, (name, requested)
             if "PIXEL_VALUES" in outputs:
                 assert outputs["PIXEL_VALUES"].dtype == np.float32
@@ -496,11 +503,16 @@ def test_preprocess_takes_gpu_input_through_dlpack(pb: SimpleNamespace, images: 
 # -- fused model ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["vision_fused", "vision_fused_u8"])
 @pytest.mark.parametrize(("family", "preset"), [("k25", "kimi-k2.5"), ("k3", "kimi-k3")])
-def test_fused_model_equals_library(pb: SimpleNamespace, images: dict[str, bytes], family: str, preset: str) -> None:
-    """One batch decode per execute, then each image preprocessed: PIXEL_VALUES and PIXEL_PATCHES
-    bit-equal to in-process preprocessing (downscaled JPEG, palette PNG: chessboard under K3, CMYK)."""
-    name = f"kimi_{family}_vision_fused"
+def test_fused_model_equals_library(
+    pb: SimpleNamespace, images: dict[str, bytes], family: str, preset: str, kind: str
+) -> None:
+    """One batch decode per execute, then each image preprocessed: PIXEL_VALUES (``_vision_fused``)
+    or PIXEL_PATCHES (``_u8``), the only pixel output computed when none is named, bit-equal to
+    in-process preprocessing (downscaled JPEG, palette PNG: chessboard under K3, CMYK)."""
+    name = f"kimi_{family}_{kind}"
+    pixels = "PIXEL_PATCHES" if kind.endswith("_u8") else "PIXEL_VALUES"
     model = FusedVisionModel(pb, model_args(name))
     calls: list[int] = []
     real_decode_batch = model.decoding.decoder.decode_batch
@@ -510,10 +522,9 @@ def test_fused_model_equals_library(pb: SimpleNamespace, images: dict[str, bytes
     for data, response in zip(images.values(), responses, strict=True):
         outputs, expected = outputs_of(response), preprocess_bytes(data, preset)
         patches = preprocess_bytes(data, preset, output="pixel_patches").pixel_patches
-        assert set(outputs) == {"PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"}  # none named: all
-        assert outputs["PIXEL_VALUES"].dtype == np.float32 and outputs["PIXEL_PATCHES"].dtype == np.uint8
-        assert np.array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
-        assert np.array_equal(outputs["PIXEL_PATCHES"], patches[None])
+        assert set(outputs) == {pixels, "GRID_THW", "NUM_TOKENS"}  # none named: the config's
+        wanted = patches if pixels == "PIXEL_PATCHES" else expected.pixel_values
+        assert outputs[pixels].dtype == wanted.dtype and np.array_equal(outputs[pixels], wanted[None])
         np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None, None])
         assert outputs["NUM_TOKENS"].dtype == np.int32 and outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
     assert counter("kimi_prep_decodes_total", model=name) == len(images)
@@ -734,9 +745,9 @@ def test_rendering_is_derived_from_the_presets(tmp_path: Path) -> None:
     in the output dims; kimi-k2.6 (kimi-k2.5's preset) is not served twice; the embed chain is K2.5's."""
     configs = {name: load_config(name) for name in all_models()}
     for prefix, preset in (("kimi_k25", KIMI_K25), ("kimi_k3", KIMI_K3)):
-        for kind in ("decode", "preprocess", "vision_fused"):
+        for kind in ("decode", "preprocess", "vision_fused", "vision_fused_u8"):
             assert preset_from_parameters(model_parameters(config_dict(f"{prefix}_{kind}"))) == preset
-        for kind in ("preprocess", "vision", "vision_u8", "vision_fused"):
+        for kind in ("preprocess", "vision", "vision_u8", "vision_fused", "vision_fused_u8"):
             dims = {o.name: list(o.dims) for o in configs[f"{prefix}_{kind}"].output}
             for name in {"PIXEL_VALUES", "PIXEL_PATCHES"} & dims.keys():
                 assert dims[name] == [-1, 3, preset.patch_size, preset.patch_size]
@@ -757,8 +768,8 @@ def test_render_options_change_only_their_fields(tmp_path: Path) -> None:
         for group in original.instance_group:
             group.count, group.kind = 3, model_config_pb2.ModelInstanceGroup.KIND_CPU
         assert config == original, name  # nothing else changed
-    # decoder_threads: decode, fused, video, video_chunk; numba_threads: preprocess, fused, video, video_chunk
-    assert threaded == 16  # x2 presets
+    # decoder_threads: decode, 2 fused, video, video_chunk; numba_threads: preprocess, 2 fused, video, video_chunk
+    assert threaded == 20  # x2 presets
     args = build_parser().parse_args(["serve", "--instances", "2", "--threads", "1", "--kind", "gpu"])
     assert (args.instances, args.threads, args.kind) == (2, 1, "gpu")
     for bad in ({"instances": 0}, {"threads": -1}, {"kind": "tpu"}):

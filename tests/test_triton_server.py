@@ -37,12 +37,15 @@ MODELS = [
     "kimi_k3_vision_u8",
     "kimi_k25_vision_fused",
     "kimi_k3_vision_fused",
+    "kimi_k25_vision_fused_u8",
+    "kimi_k3_vision_fused_u8",
     "kimi_patch_embed",
     "kimi_k25_vision_embed",
 ]
 ENSEMBLES = {"kimi_k25_vision": "kimi-k2.5", "kimi_k3_vision": "kimi-k3"}
 U8_ENSEMBLES = {"kimi_k25_vision_u8": "kimi-k2.5", "kimi_k3_vision_u8": "kimi-k3"}
 FUSED = {"kimi_k25_vision_fused": "kimi-k2.5", "kimi_k3_vision_fused": "kimi-k3"}  # decode + preprocess, one model
+FUSED_U8 = {f"{model}_u8": preset for model, preset in FUSED.items()}  # the same over the uint8 wire
 VISION_OUTPUTS = ["PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"]
 U8_OUTPUTS = ["PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"]
 ALL_OUTPUTS = ["PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"]
@@ -128,9 +131,9 @@ def test_several_images_per_request(triton_server: Any, corpus: Path, protocol: 
     bad = [items[0], read(corpus, "pil__truncated_jpeg.jpg")]
     client = client_for(triton_server, protocol)
     try:
-        for model, preset in {**ENSEMBLES, **U8_ENSEMBLES, **FUSED}.items():
+        for model, preset in {**ENSEMBLES, **U8_ENSEMBLES, **FUSED, **FUSED_U8}.items():
             expected = preprocess_images(items, preset)
-            names = U8_OUTPUTS if model in U8_ENSEMBLES else VISION_OUTPUTS
+            names = U8_OUTPUTS if model in {**U8_ENSEMBLES, **FUSED_U8} else VISION_OUTPUTS
             requested = [PROTOCOLS[protocol].InferRequestedOutput(n) for n in names]
             sizes = (5, 1, 3, 2)
             with ThreadPoolExecutor(len(sizes)) as pool:
@@ -196,27 +199,32 @@ def test_u8_ensemble_expands_bit_equal_to_library(triton_server: Any, corpus: Pa
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
-@pytest.mark.parametrize("model", sorted(FUSED))
+@pytest.mark.parametrize("model", sorted({**FUSED, **FUSED_U8}))
 def test_fused_model_bit_equal_to_library(triton_server: Any, corpus: Path, protocol: str, model: str) -> None:
-    """The fused model: PIXEL_VALUES and PIXEL_PATCHES each bit-equal to in-process preprocessing
-    (downscaled, CMYK, grey, LA / palette / GIF transparency: chessboard under K3); naming outputs
-    returns only those, naming none all four."""
+    """The fused models: PIXEL_VALUES (``_vision_fused``) or PIXEL_PATCHES (``_vision_fused_u8``)
+    bit-equal to in-process preprocessing (downscaled, CMYK, grey, LA / palette / GIF transparency:
+    chessboard under K3); naming no outputs returns that one pixel tensor with grid and tokens,
+    naming some returns only those, and the other pixel output is not offered."""
     client = client_for(triton_server, protocol)
     module = PROTOCOLS[protocol]
+    preset, own = (FUSED_U8[model], U8_OUTPUTS) if model in FUSED_U8 else (FUSED[model], VISION_OUTPUTS)
+    matches_library = assert_u8_matches_library if model in FUSED_U8 else assert_matches_library
     try:
         for name in IMAGES:
             data = read(corpus, name)
-            result = client.infer(model, [bytes_input(protocol, data)])  # no outputs named: all
-            outputs = {n: result.as_numpy(n) for n in ALL_OUTPUTS}
-            assert_matches_library(outputs, data, FUSED[model])
-            assert_u8_matches_library(outputs, data, FUSED[model])
+            result = client.infer(model, [bytes_input(protocol, data)])  # no outputs named: the config's
+            assert [n for n in ALL_OUTPUTS if result.as_numpy(n) is not None] == [n for n in ALL_OUTPUTS if n in own]
+            matches_library({n: result.as_numpy(n) for n in own}, data, preset)
         data = read(corpus, "pilx__p_trns_single.png")
-        for names in (U8_OUTPUTS, VISION_OUTPUTS, ["GRID_THW"]):
+        for names in (own, ["GRID_THW"]):
             requested = [module.InferRequestedOutput(n) for n in names]
             result = client.infer(model, [bytes_input(protocol, data)], outputs=requested)
             assert [n for n in ALL_OUTPUTS if result.as_numpy(n) is not None] == [n for n in ALL_OUTPUTS if n in names]
-        expected = preprocess_bytes(data, FUSED[model])
+        expected = preprocess_bytes(data, preset)
         np.testing.assert_array_equal(result.as_numpy("GRID_THW")[0, 0], expected.grid_thw)
+        other = ({"PIXEL_VALUES", "PIXEL_PATCHES"} - set(own)).pop()
+        with pytest.raises(InferenceServerException, match=other):
+            client.infer(model, [bytes_input(protocol, data)], outputs=[module.InferRequestedOutput(other)])
     finally:
         client.close()
 
@@ -357,7 +365,7 @@ def test_u8_bad_image_fails_alone(triton_server: Any, corpus: Path, protocol: st
     """In the uint8 ensembles and in the fused models (asked for PIXEL_PATCHES, as KimiVisionClient
     does) a bad image gets INVALID_ARG (with the library's message) while the good requests around
     it, in flight at the same time, succeed bit-exactly."""
-    presets = U8_ENSEMBLES if family == "u8" else FUSED
+    presets = U8_ENSEMBLES if family == "u8" else FUSED_U8
     bad = ["pil__truncated_jpeg.jpg", "pilx__broken.png"]
     jobs = [(model, name) for model in sorted(presets) for name in (IMAGES[0], bad[0], IMAGES[1], bad[1])]
     module = PROTOCOLS[protocol]
@@ -478,7 +486,7 @@ def test_metrics_endpoint_shows_counters(triton_server: Any) -> None:
     assert any(line.startswith("kimi_prep_errors_total{") and 'reason="invalid_image"' in line for line in lines)
     assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="preprocess"' in line for line in lines)
     assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="patch_embed"' in line for line in lines)
-    for model in FUSED:  # the fused models count their decodes and errors like the decode models
+    for model in FUSED_U8:  # the fused models count their decodes and errors like the decode models
         fused = [line for line in lines if f'model="{model}"' in line]
         assert any(line.startswith("kimi_prep_decodes_total{") and 'path="nvimgcodec-' in line for line in fused)
         assert any(line.startswith("kimi_prep_decodes_total{") and 'path="pillow"' in line for line in fused)

@@ -3,8 +3,8 @@
 The models take ``IMAGE_BYTES`` (TYPE_STRING, batch shape ``[1, K]``: K images a request) and
 return ``PIXEL_VALUES`` float32 ``[1, ΣN, 3, p, p]`` (``kimi_*_vision``) or, on the "uint8 wire"
 (``kimi_*_vision_u8``), ``PIXEL_PATCHES`` uint8 ``[1, ΣN, 3, p, p]``, plus ``GRID_THW`` int64
-``[1, K, 3]`` and ``NUM_TOKENS`` int32 ``[1, K]``; the single-model ``kimi_*_vision_fused`` offer
-both pixel outputs and compute the one requested (the client asks for ``PIXEL_PATCHES``).
+``[1, K, 3]`` and ``NUM_TOKENS`` int32 ``[1, K]``; the single models ``kimi_*_vision_fused``
+(float32) and ``kimi_*_vision_fused_u8`` (uint8) return the same without an ensemble.
 :class:`KimiVisionClient` hides the batch dimension, expands uint8 patches into the float32
 ``pixel_values`` with the preset's normalise table (bit-equal to the float32 ensemble:
 ``PIXEL_VALUES`` is that table read at ``PIXEL_PATCHES``), and raises server errors as the
@@ -191,7 +191,7 @@ class KimiVisionClient:
     ``url`` is ``host:port`` (a scheme is accepted and ignored); ``protocol`` picks
     tritonclient.http or tritonclient.grpc; ``model`` the ensemble (``kimi_*_vision`` float32, or
     ``kimi_*_vision_u8``: uint8 patches on the wire, expanded here; the result is the same) or
-    the single-model ``kimi_*_vision_fused`` (uint8 patches on the wire too);
+    the single models ``kimi_*_vision_fused`` / ``kimi_*_vision_fused_u8`` (the same two wires);
     ``use_shared_memory`` sends inputs and receives outputs through system shared memory.
     ``preset`` overrides the preset learnt from the server (see :func:`learn_wire`); it sizes the
     output regions and, on the uint8 wire, expands the patches, so it must match the server's.

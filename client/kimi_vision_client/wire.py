@@ -64,7 +64,7 @@ def learn_wire(get_config: Callable[[str], Mapping[str, Any]], model: str, prese
     """Ask the server how ``model`` returns its pixels (``get_config(name)`` is a model-config call).
 
     A model whose outputs include ``PIXEL_PATCHES`` is served over the uint8 wire (also when it
-    offers ``PIXEL_VALUES`` as well, like ``kimi_*_vision_fused``: the patches expand bit-equal and
+    offers ``PIXEL_VALUES`` as well, like ``kimi_*_preprocess``: the patches expand bit-equal and
     are a quarter of the bytes), else it returns ``PIXEL_VALUES``. The preset is ``preset`` if
     given, else the one in the config parameters of the model producing the pixels (the model
     itself, or the ensemble step that yields them), else (float32 only: it just sizes regions) the

@@ -63,7 +63,8 @@ class PreprocessModel(ServingModel):
 
 
 class FusedVisionModel(ServingModel):
-    """``kimi_*_vision_fused``: encoded bytes -> the preprocess outputs in one model, for CPU hosts.
+    """``kimi_*_vision_fused`` / ``_vision_fused_u8``: encoded bytes -> the preprocess outputs of
+    its config (float32 or uint8 pixels, grid, tokens) in one model, for CPU hosts.
 
     The ``kimi_*_vision`` ensembles' work without their hop: no decoded image is copied into the
     stub's shared memory, read back by a second model and sent through a second stub round trip.

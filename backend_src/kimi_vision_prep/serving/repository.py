@@ -1,7 +1,7 @@
 """The model repository, rendered from the presets: every ``config.pbtxt`` and ``model.py``.
 
 ``presets.SERVED_PRESETS`` is the one source: each served preset gets the models
-``<prefix>_decode``, ``_preprocess``, ``_vision``, ``_vision_u8``, ``_vision_fused`` and
+``<prefix>_decode``, ``_preprocess``, ``_vision``, ``_vision_u8``, ``_vision_fused``, ``_vision_fused_u8`` and
 (``media_kinds.py``) ``_video``, ``_video_chunk``, ``_tokens`` (prefix by
 :func:`~kimi_vision_prep.presets.model_prefix`: ``kimi-k2.5`` -> ``kimi_k25``); the preset of
 :attr:`ServingDefaults.embed_preset` also gets the chaining example ``<prefix>_vision_embed`` over
@@ -112,18 +112,30 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
     return python_model(name, summary, inputs, outputs, blocks, "models.PreprocessModel", options, defaults)
 
 
-def fused_model(served: ServedPreset) -> ModelFiles:
+# The two fused models, by name suffix: the one pixel output each offers (so a client naming no
+# outputs gets, and the model computes, exactly one pixel tensor).
+FUSED_PIXEL_OUTPUTS = {"vision_fused": "PIXEL_VALUES", "vision_fused_u8": "PIXEL_PATCHES"}
+
+
+def fused_models(served: ServedPreset) -> list[ModelFiles]:
+    """``<prefix>_vision_fused`` (float32 PIXEL_VALUES) and ``<prefix>_vision_fused_u8`` (uint8
+    PIXEL_PATCHES): decode and preprocess in one Python model each."""
     preset, prefix, title, options, defaults = served.parts
-    name = f"{prefix}_vision_fused"
-    summary = (
-        f"{name} ({title}): encoded image -> pixel_values / pixel_patches, grid_thw, num_tokens in ONE\n"
-        f"Python model: {prefix}_vision's decode and preprocess without the ensemble hop between them (the\n"
-        "decoded image copied through the stub's shared memory twice). For CPU hosts; the ensembles remain\n"
-        "the way to chain further models and to scale decode and preprocess apart, as on a GPU host."
-    )
-    outputs = pixel_outputs(preset.patch_size).values()
+    tensors = pixel_outputs(preset.patch_size)
     blocks = [decoder_block(options), numba_block(options), preset_block(preset, prefix)]
-    return python_model(name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.FusedVisionModel", options, defaults)
+    models = []
+    for suffix, pixels in FUSED_PIXEL_OUTPUTS.items():
+        name = f"{prefix}_{suffix}"
+        summary = (
+            f"{name} ({title}): encoded image -> {pixels}, GRID_THW, NUM_TOKENS\n"
+            f"in ONE Python model: {prefix}_vision's decode and preprocess without the ensemble hop between\n"
+            "them (the decoded image copied through the stub's shared memory twice). For CPU hosts; the\n"
+            "ensembles remain the way to chain further models and to scale decode and preprocess apart."
+        )
+        outputs = [tensors[pixels], tensors["GRID_THW"], tensors["NUM_TOKENS"]]
+        python_class = "models.FusedVisionModel"
+        models.append(python_model(name, summary, IMAGE_BYTES_INPUT, outputs, blocks, python_class, options, defaults))
+    return models
 
 
 def _decode_step(prefix: str) -> str:
@@ -213,7 +225,7 @@ def repository_models(
             decode_model(served),
             preprocess_model(served),
             *vision_ensembles(preset, prefix, title, defaults),
-            fused_model(served),
+            *fused_models(served),
             *media_models(served),
         ]
         if preset_name == defaults.embed_preset:
@@ -262,7 +274,7 @@ def model_presets(defaults: ServingDefaults = SERVING_DEFAULTS) -> dict[str, str
     names = {}
     for preset_name in SERVED_PRESETS:
         prefix = model_prefix(preset_name)
-        for suffix in ("vision", "vision_u8", "vision_fused"):
+        for suffix in ("vision", "vision_u8", *FUSED_PIXEL_OUTPUTS):
             names[f"{prefix}_{suffix}"] = preset_name
     return names
 

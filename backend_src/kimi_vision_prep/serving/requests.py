@@ -15,7 +15,8 @@ model                    inputs                                     outputs
                                                                     GRID_THW int64 ``[1, K, 3]``, NUM_TOKENS
                                                                     int32 ``[1, K]``; only the requested ones
                                                                     are computed
-``kimi_*_vision_fused``  IMAGE_BYTES bytes ``[1, K]``               those of ``kimi_*_preprocess``
+``kimi_*_vision_fused``  IMAGE_BYTES bytes ``[1, K]``               PIXEL_VALUES, GRID_THW, NUM_TOKENS
+``*_vision_fused_u8``   IMAGE_BYTES bytes ``[1, K]``               PIXEL_PATCHES, GRID_THW, NUM_TOKENS
 ``kimi_patch_embed``     PIXEL_VALUES float32 ``[1, N, 3, p, p]``   PATCH_EMBEDS float32 ``[1, N, hidden]``
 =======================  =========================================  ======================================
 
