@@ -97,9 +97,6 @@ class ImagePreprocessing:
     def __init__(self, model: ServingModel, preset: Preset, warmup: Iterable[Sequence[DecodedImage]]) -> None:
         self.model = model
         self.preset = preset
-        # What "all" means when a request cannot name its outputs: this model's outputs, so a
-        # one-pixel-output model (kimi_*_vision_fused) never computes the other.
-        self.config_outputs = frozenset(output["name"] for output in model.config.get("output", ())) or None
         self.threads = apply_numba_threads(model.parameters)
         for images in warmup:
             for requested in PIXEL_SELECTIONS:
@@ -107,5 +104,4 @@ class ImagePreprocessing:
 
     def outputs(self, decoded: Sequence[DecodedImage], request: Any) -> Outputs:
         """The outputs ``request`` asked for (all of the config's when it cannot say) of its images."""
-        requested = self.model.io.requested_outputs(request) or self.config_outputs
-        return preprocess_outputs(decoded, self.preset, requested)
+        return preprocess_outputs(decoded, self.preset, self.model.requested_outputs(request))

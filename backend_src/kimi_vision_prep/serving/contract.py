@@ -52,7 +52,8 @@ class TritonIO:
     @staticmethod
     def requested_outputs(request: Any) -> frozenset[str] | None:
         """The output names the request asked for (``requested_output_names()``); None when the
-        request cannot say, meaning all. Triton fills in every output when a client names none."""
+        request cannot say (:meth:`ServingModel.requested_outputs` reads that as the config's).
+        Triton fills in every output when a client names none."""
         getter = getattr(request, "requested_output_names", None)
         names = getter() if callable(getter) else None
         return frozenset(names) if names else None
@@ -100,12 +101,19 @@ class ServingModel:
         self.config = model_config_from_args(args)
         self.parameters = model_parameters(self.config)
         self.name = str(args.get("model_name") or self.config.get("name", "model"))
+        self.output_names = frozenset(output["name"] for output in self.config.get("output", ())) or None
         self.instance = str(args.get("model_instance_name") or self.name)
         gpu = str(args.get("model_instance_kind", "CPU")).upper() == "GPU"
         self.device = f"cuda:{int(args.get('model_instance_device_id', 0))}" if gpu else "cpu"
         self.metrics = ModelMetrics(pb_utils, self.name, self.instance)
         if self.metrics.error:
             self.io.log("warn", f"{self.name}: {self.metrics.error}")
+
+    def requested_outputs(self, request: Any) -> frozenset[str] | None:
+        """The outputs ``request`` asked for; when it cannot say, every output of this model's
+        config, so a model offering one pixel output (kimi_*_vision_fused) never computes the
+        other (None only for a config that lists no outputs)."""
+        return self.io.requested_outputs(request) or self.output_names
 
     def handle(self, requests: Sequence[Any]) -> list[Result]:
         """One outputs dict or one exception per live request, in order."""

@@ -108,7 +108,7 @@ class VideoChunkModel(ServingModel):
             raise VideoTooLargeError(
                 f"{len(frames)} frames exceed max_sampled_frames={self.video.limits.max_sampled_frames}"
             )
-        output = pixel_output(self.io.requested_outputs(request))
+        output = pixel_output(self.requested_outputs(request))
         return chunk_outputs(preprocess_video_chunk(frames, self.preset, decoder=self.decoder, output=output))
 
     def handle(self, requests: Sequence[Any]) -> list[Result]:
@@ -130,7 +130,7 @@ class VideoModel(StreamingModel):
 
     def stream(self, request: Any) -> Iterator[Result]:
         (data,) = strings_from_input(self.io.get_input(request, "VIDEO_BYTES"), "VIDEO_BYTES")
-        output = pixel_output(self.io.requested_outputs(request))
+        output = pixel_output(self.requested_outputs(request))
         chunks = preprocess_video(
             data,
             self.preset,
