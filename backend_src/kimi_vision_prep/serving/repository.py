@@ -112,9 +112,10 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
     return python_model(name, summary, inputs, outputs, blocks, "models.PreprocessModel", options, defaults)
 
 
-# The two fused models, by name suffix: the one pixel output each offers (so a client naming no
-# outputs gets, and the model computes, exactly one pixel tensor).
-FUSED_PIXEL_OUTPUTS = {"vision_fused": "PIXEL_VALUES", "vision_fused_u8": "PIXEL_PATCHES"}
+# The two pixel wires by model-name suffix: float32 PIXEL_VALUES, or uint8 PIXEL_PATCHES (a quarter
+# of the bytes; clients expand them with the preset's table). The vision ensembles and the fused
+# models offer one each, so a client naming no outputs gets, and pays for, one pixel tensor.
+PIXEL_WIRES = {"": "PIXEL_VALUES", "_u8": "PIXEL_PATCHES"}
 
 
 def fused_models(served: ServedPreset) -> list[ModelFiles]:
@@ -124,8 +125,8 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
     tensors = pixel_outputs(preset.patch_size)
     blocks = [decoder_block(options), numba_block(options), preset_block(preset, prefix)]
     models = []
-    for suffix, pixels in FUSED_PIXEL_OUTPUTS.items():
-        name = f"{prefix}_{suffix}"
+    for wire, pixels in PIXEL_WIRES.items():
+        name = f"{prefix}_vision_fused{wire}"
         summary = (
             f"{name} ({title}): encoded image -> {pixels}, GRID_THW, NUM_TOKENS\n"
             f"in ONE Python model: {prefix}_vision's decode and preprocess without the ensemble hop between\n"
@@ -155,14 +156,14 @@ def vision_ensembles(preset: Preset, prefix: str, title: str, defaults: ServingD
         f"float32 pixel_values bit-equal to {prefix}_vision's (KimiVisionClient does)."
     )
     ensembles = []
-    for suffix, pixels, note in (("vision", "PIXEL_VALUES", ""), ("vision_u8", "PIXEL_PATCHES", uint8_note)):
-        name = f"{prefix}_{suffix}"
+    for wire, pixels in PIXEL_WIRES.items():
+        name = f"{prefix}_vision{wire}"
         outputs = (pixels, "GRID_THW", "NUM_TOKENS")
         summary = f"{name} ({title}): encoded image -> {pixels.lower()}, grid_thw, num_tokens; decode -> preprocess."
+        summary += uint8_note if wire else ""
         steps = [_decode_step(prefix), _preprocess_step(prefix, {o: o for o in outputs})]
-        ensembles.append(
-            ensemble(name, summary + note, [("", tensors[o][1]) for o in outputs], steps, defaults.max_batch_size)
-        )
+        tensor_list = [("", tensors[o][1]) for o in outputs]
+        ensembles.append(ensemble(name, summary, tensor_list, steps, defaults.max_batch_size))
     return ensembles
 
 
@@ -274,8 +275,9 @@ def model_presets(defaults: ServingDefaults = SERVING_DEFAULTS) -> dict[str, str
     names = {}
     for preset_name in SERVED_PRESETS:
         prefix = model_prefix(preset_name)
-        for suffix in ("vision", "vision_u8", *FUSED_PIXEL_OUTPUTS):
-            names[f"{prefix}_{suffix}"] = preset_name
+        for kind in ("vision", "vision_fused"):
+            for wire in PIXEL_WIRES:
+                names[f"{prefix}_{kind}{wire}"] = preset_name
     return names
 
 
