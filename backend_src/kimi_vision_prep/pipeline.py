@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 import numpy as np
 
@@ -175,6 +175,22 @@ def with_index(exc: PreprocessError, what: str, index: int) -> PreprocessError:
     return detached(type(exc)(f"{what} {index}: {exc}"))
 
 
+Item = TypeVar("Item")
+Mapped = TypeVar("Mapped")
+
+
+def map_indexed(fn: Callable[[Item], Mapped], items: Iterable[Item], what: str) -> list[Mapped]:
+    """``[fn(item) for item in items]``; the first :class:`PreprocessError` is raised again with its
+    item's index (:func:`with_index`): one list, one verdict."""
+    results = []
+    for index, item in enumerate(items):
+        try:
+            results.append(fn(item))
+        except PreprocessError as exc:
+            raise with_index(exc, what, index) from None
+    return results
+
+
 def preprocess_images(
     images: Sequence[bytes],
     preset: str | Preset = "kimi-k2.5",
@@ -191,15 +207,13 @@ def preprocess_images(
     if len(images) > max_images_per_request:
         raise ImageTooLargeError(f"{len(images)} images exceed max_images_per_request={max_images_per_request}")
     decoded = (decoder or default_decoder()).decode_batch(images, preset)
-    results = []
-    for index, item in enumerate(decoded):
+
+    def preprocess_item(item: DecodedImage | PreprocessError) -> PreprocessResult:
         if isinstance(item, PreprocessError):
-            raise with_index(item, "image", index)
-        try:
-            results.append(preprocess_decoded(item, preset, output=output))
-        except PreprocessError as exc:
-            raise with_index(exc, "image", index) from None
-    return stack_results(results, preset, output)
+            raise item
+        return preprocess_decoded(item, preset, output=output)
+
+    return stack_results(map_indexed(preprocess_item, decoded, "image"), preset, output)
 
 
 class HasPixelValues(Protocol):

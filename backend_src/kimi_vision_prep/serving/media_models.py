@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PreprocessError, VideoTooLargeError
-from ..pipeline import with_index
+from ..errors import VideoTooLargeError
+from ..pipeline import map_indexed
 from ..presets import preset_from_parameters
 from ..tokens import count_tokens
 from ..video import preprocess_video, preprocess_video_chunk
@@ -71,12 +71,7 @@ class TokensModel(ServingModel):
 
     def count(self, request: Any) -> Result:
         items = images_from_input(self.io.get_input(request, "IMAGE_BYTES"), self.settings.max_images_per_request)
-        counts = []
-        for index, data in enumerate(items):
-            try:
-                counts.append(count_tokens(data, self.preset, limits=self.settings.limits))
-            except PreprocessError as exc:
-                raise with_index(exc, "image", index) from None
+        counts = map_indexed(lambda data: count_tokens(data, self.preset, limits=self.settings.limits), items, "image")
         return {
             "GRID_THW": np.array([[c.grid_thw for c in counts]], dtype=np.int64),
             "NUM_TOKENS": np.array([[c.num_tokens for c in counts]], dtype=np.int32),

@@ -40,10 +40,10 @@ import numpy as np
 from PIL import Image
 
 from ..decode import DecodedImage
-from ..errors import ImageTooLargeError, InvalidRequestError, PreprocessError
+from ..errors import ImageTooLargeError, InvalidRequestError
 from ..kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
 from ..normalize import concatenate_patches
-from ..pipeline import pixel_values_from_patches, preprocess_decoded, with_index
+from ..pipeline import map_indexed, pixel_values_from_patches, preprocess_decoded
 from ..presets import Preset
 from ..sizing import navit_target_size
 from .tensors import as_torch, check_dtype, host_array
@@ -225,12 +225,7 @@ def preprocess_outputs(
     outputs: Outputs = {}
     if {"PIXEL_VALUES", "PIXEL_PATCHES"} & wanted:
         output = "pixel_patches" if "PIXEL_PATCHES" in wanted else "pixel_values"
-        results = []
-        for index, image in enumerate(decoded):
-            try:
-                results.append(preprocess_decoded(image, preset, output=output))
-            except PreprocessError as exc:
-                raise with_index(exc, "image", index) from None
+        results = map_indexed(lambda image: preprocess_decoded(image, preset, output=output), decoded, "image")
         targets = [result.target for result in results]
         pixels = concatenate_patches([getattr(result, output) for result in results])
         del results  # each image's patches live on in the concatenation only
