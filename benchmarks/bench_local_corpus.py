@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus_photos import corpus_photos, plain_reference
+from photos import benchmark_photos, plain_reference
 
 from kimi_vision_client import bench_local
 from kimi_vision_prep.allocator import keep_large_buffers
@@ -32,7 +32,7 @@ def main() -> int:
     if not args.default_allocator and keep_large_buffers():
         allocator = "large buffers kept on the heap (kimi_vision_prep.allocator)"
     reference = plain_reference().reference_preprocess
-    bench_local.run(args.preset, args.repeats, args.out_dir, allocator, corpus_photos(), reference)
+    bench_local.run(args.preset, args.repeats, args.out_dir, allocator, benchmark_photos(), reference)
     return 0
 
 

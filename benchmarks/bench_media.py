@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import av
 import numpy as np
-from corpus_photos import CORPUS, plain_reference
 from make_inputs import encode_clip, iter_photo_frames, photo_frames
+from photos import CORPUS, plain_reference
 
 import kimi_vision_prep as kvp
 

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus_photos import corpus_photos
+from photos import benchmark_photos
 
 from kimi_vision_client import bench_local
 from kimi_vision_client.cli import perf_input_data
@@ -100,7 +100,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
-    images = bench_local.bench_images("kimi-k2.5", corpus_photos())
+    images = bench_local.bench_images("kimi-k2.5", benchmark_photos())
     layout = host_layout()
     options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
     print(f"{layout.describe()}; {len(images)} photos", flush=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus_photos import corpus_photos
+from photos import benchmark_photos
 
 from kimi_vision_client import bench_local, bench_server
 from kimi_vision_client.cli import positive_int_list
@@ -140,7 +140,7 @@ def main() -> None:
     if any(i > len(SETTINGS) for i in args.settings):
         parser.error(f"--settings: there are {len(SETTINGS)} settings")
 
-    images = bench_local.bench_images(PRESET, corpus_photos())
+    images = bench_local.bench_images(PRESET, benchmark_photos())
     settings = [SETTINGS[i - 1] for i in args.settings]
     concurrency = tuple(args.concurrency)
     rows = [row for s in settings for row in measure(s, images, args.duration, args.rounds, concurrency)]

@@ -1,4 +1,5 @@
-"""The developer benchmarks' photos: real photos of ``../shared/corpus`` and 2x upscales of some.
+"""The developer benchmarks' photos: real photos of ``../shared/corpus``, 2x upscales of some, and the
+camera photos of public test suites under ``benchmarks/data/`` (sources and licences in its README).
 
 The corpus is the project's test corpus (a checkout with ``shared/`` beside it); the installed
 ``kimi-prep bench-local`` / ``bench`` default to generated photos instead.
@@ -16,6 +17,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
+CAMERA_PHOTOS = ROOT / "benchmarks" / "data"
 
 # Real photos of the corpus (MANIFEST category "photo"/"edge", Pillow accepts them), chosen to cover
 # both classes for K2.5; upscaled copies of the second group make the synthetic downscale set.
@@ -46,6 +48,16 @@ def corpus_photos() -> list[tuple[str, bytes]]:
         raise FileNotFoundError(f"the developer benchmarks need the test corpus at {CORPUS}")
     photos = [(name, (CORPUS / name).read_bytes()) for name in REAL_PHOTOS]
     return photos + [(f"{name}@2x", upscale_2x((CORPUS / name).read_bytes())) for name in UPSCALED_PHOTOS]
+
+
+def camera_photos() -> list[tuple[str, bytes]]:
+    """(``suite/name``, encoded bytes) of the camera photos under ``benchmarks/data/`` (1.9-12 MP)."""
+    return [(str(path.relative_to(CAMERA_PHOTOS)), path.read_bytes()) for path in sorted(CAMERA_PHOTOS.glob("*/*.jpg"))]
+
+
+def benchmark_photos() -> list[tuple[str, bytes]]:
+    """The corpus photos, then the camera photos: what every developer benchmark of photos runs on."""
+    return corpus_photos() + camera_photos()
 
 
 def plain_reference() -> ModuleType:
