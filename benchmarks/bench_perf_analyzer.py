@@ -1,16 +1,21 @@
 """NVIDIA's perf_analyzer against the server as `kimi-prep serve` starts it, next to in-process (issue 11).
 
-The server: the default model set (the four image ensembles and their steps) rendered with the
-host's layout (``host_layout``: what `kimi-prep serve` prints at start). perf_analyzer (from the
-``tritonclient==2.41.0`` wheel in its own venv, ``make perf-analyzer``) sends the corpus photos
-(``kimi-prep perf-data``), gRPC, at ``--concurrency`` (default 4), with and without system shared
-memory, to ``kimi_k25_vision`` (float32) and ``kimi_k25_vision_u8``. In-process: the library on 2
-threads producing the same output, measured right before each row (same load on the host).
+The server: the default model set (the four image ensembles and their steps) plus K2.5's fused
+models, rendered with the host's layout (``host_layout``: what `kimi-prep serve` prints at start),
+plus the peer a Triton user would write instead: the plain reference processor in a Python model
+(``peer_model.py``, same batching and instances) as ``reference_k25_vision``, in the same
+bench-only repository. perf_analyzer (from the ``tritonclient==2.41.0`` wheel in its own venv,
+``make perf-analyzer``) sends the benchmark photos (``photos.benchmark_photos``, ``kimi-prep
+perf-data``), gRPC, at ``--concurrency`` (default 4), with and without system shared memory, to
+each model. In-process: the library on 2 threads producing the same output, measured right before
+each row (same load on the host). Triton's statistics of each model the request passes (the
+ensemble and its steps) split the server time into queue / compute_input / compute_infer /
+compute_output per request.
 
     .venv/bin/python benchmarks/bench_perf_analyzer.py --perf-analyzer .venv-perf/bin/perf_analyzer
-        [--concurrency 4] [--seconds 5] [--out-dir bench_results]
+        [--concurrency 4] [--seconds 5] [--models ...] [--out-dir bench_results]
 
-Writes ``bench_perf_analyzer.json`` and ``.png`` and prints a Markdown table.
+Writes ``bench_perf_analyzer.json`` and ``.png`` and prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -19,23 +24,37 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from photos import benchmark_photos
+from photos import ROOT, benchmark_photos
 
 from kimi_vision_client import bench_local
 from kimi_vision_client.cli import perf_input_data
 from kimi_vision_prep.host import host_layout
+from kimi_vision_prep.presets import get_preset
 from kimi_vision_prep.serving.launcher import EmbeddedServer
-from kimi_vision_prep.serving.repository import RenderOptions, default_model_names
+from kimi_vision_prep.serving.render_blocks import IMAGE_BYTES_INPUT, SERVING_DEFAULTS, pixel_outputs, python_model
+from kimi_vision_prep.serving.repository import RenderOptions, default_model_names, render_repository, repository_models
 
-MODELS = {"kimi_k25_vision": "pixel_values", "kimi_k25_vision_u8": "pixel_patches"}
+PEER = "reference_k25_vision"
+# model -> the in-process output it is compared with (the peer: with ours producing the same float32).
+MODELS = {
+    "kimi_k25_vision": "pixel_values",
+    "kimi_k25_vision_u8": "pixel_patches",
+    "kimi_k25_vision_fused": "pixel_values",
+    "kimi_k25_vision_fused_u8": "pixel_patches",
+    PEER: "pixel_values",
+}
+STAT_PARTS = ("queue", "compute_input", "compute_infer", "compute_output")
 OUTPUT_SHM_BYTES = 48 << 20  # the largest K2.5 output (16,900 patches of float32) fits
 
 
@@ -49,6 +68,24 @@ def cudart_dir(perf_analyzer: Path) -> str:
 def run_perf_analyzer(  # noqa: PLR0917
     perf_analyzer: Path, url: str, model: str, data: Path, concurrency: int, shm: bool, seconds: float
 ) -> dict[str, float]:
+    """perf_analyzer's row for ``model``; a slow model (the peer) that is not stable within six
+    windows of ``seconds`` gets windows twice, then four times as long (a few requests a window
+    cannot be stable)."""
+    for window_s in (seconds, 2 * seconds, 4 * seconds):
+        try:
+            return perf_analyzer_row(perf_analyzer, url, model, data, concurrency, shm, window_s)
+        except UnstableMeasurement:
+            print(f"{model}: not stable with {window_s:.0f} s windows", flush=True)
+    raise UnstableMeasurement(f"{model}: no stable measurement with windows up to {4 * seconds:.0f} s")
+
+
+class UnstableMeasurement(RuntimeError):
+    pass
+
+
+def perf_analyzer_row(  # noqa: PLR0917
+    perf_analyzer: Path, url: str, model: str, data: Path, concurrency: int, shm: bool, seconds: float
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.csv"
         command = [
@@ -60,6 +97,8 @@ def run_perf_analyzer(  # noqa: PLR0917
             command += ["--shared-memory", "system", "--output-shared-memory-size", str(OUTPUT_SHM_BYTES)]
         env = {**os.environ, "LD_LIBRARY_PATH": cudart_dir(perf_analyzer)}
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+        if "Failed to obtain stable measurement" in done.stdout + done.stderr:
+            raise UnstableMeasurement(model)
         if done.returncode != 0:
             raise RuntimeError(f"perf_analyzer failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
         (row,) = list(csv.DictReader(report.open()))
@@ -76,7 +115,6 @@ def run_perf_analyzer(  # noqa: PLR0917
 
 def in_process(images: list[bench_local.BenchImage], output: str) -> float:
     """Images/s of the library on 2 threads producing ``output`` (best of 3 rounds)."""
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     from kimi_vision_prep import ImageDecoder, preprocess_bytes
@@ -93,11 +131,45 @@ def in_process(images: list[bench_local.BenchImage], output: str) -> float:
     return best
 
 
+def bench_repository(out: Path, options: RenderOptions) -> Path:
+    """The default set and K2.5's fused models rendered with ``options``, plus the peer."""
+    render_repository(out, options, names=[*default_model_names(), "kimi_k25_vision_fused", "kimi_k25_vision_fused_u8"])
+    tensors = pixel_outputs(get_preset("kimi-k2.5").patch_size)
+    outputs = [tensors["PIXEL_VALUES"], tensors["GRID_THW"], tensors["NUM_TOKENS"]]
+    summary = f"{PEER}: the plain reference processor (tests/reference.py) in a Python model, the peer"
+    peer = python_model(PEER, summary, IMAGE_BYTES_INPUT, outputs, [], "peer.Model", options, SERVING_DEFAULTS)
+    (out / PEER / "1").mkdir(parents=True)
+    (out / PEER / "config.pbtxt").write_text(peer.config)
+    shutil.copy(ROOT / "benchmarks" / "peer_model.py", out / PEER / "1" / "model.py")
+    shutil.copy(ROOT / "tests" / "reference.py", out / PEER / "1" / "reference.py")
+    return out
+
+
+def chain(model: str, options: RenderOptions) -> list[str]:
+    """``model`` and, for an ensemble, its steps: the models whose statistics a request adds to."""
+    rendered = {files.name: files for files in repository_models(options)}
+    return [model, *(rendered[model].steps if model in rendered else ())]
+
+
+def model_stats(http_url: str, model: str) -> dict[str, tuple[int, int]]:
+    """Triton's ``(count, ns)`` of each :data:`STAT_PARTS` and ``success`` for ``model``."""
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as answer:
+        stats = json.load(answer)["model_stats"][0]["inference_stats"]
+    return {part: (int(stats[part]["count"]), int(stats[part]["ns"])) for part in ("success", *STAT_PARTS)}
+
+
+def per_request_ms(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, float]:
+    """Mean ms per request of each part between two :func:`model_stats` snapshots."""
+    requests = max(after["success"][0] - before["success"][0], 1)
+    return {part: (after[part][1] - before[part][1]) / requests / 1e6 for part in STAT_PARTS}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--perf-analyzer", type=Path, default=Path(".venv-perf/bin/perf_analyzer"))
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     images = bench_local.bench_images("kimi-k2.5", benchmark_photos())
@@ -105,19 +177,33 @@ def main() -> int:
     options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
     print(f"{layout.describe()}; {len(images)} photos", flush=True)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedServer(render=options, models=default_model_names()) as server:
+    with tempfile.TemporaryDirectory() as tmp:
+        repository = bench_repository(Path(tmp) / "repository", options)
         data = Path(tmp) / "data.json"
         data.write_text(json.dumps(perf_input_data([im.data for im in images])))
-        for model, output in MODELS.items():
-            for shm in (False, True):
-                local = in_process(images, output)
-                served = run_perf_analyzer(
-                    args.perf_analyzer, server.grpc_url, model, data, args.concurrency, shm, args.seconds
-                )
-                row = {"model": model, "shm": shm, "in_process_img_s": local, **served}
-                row["served_over_in_process"] = served["inferences_s"] / local
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+        with EmbeddedServer(repository) as server:
+            for model in args.models:
+                for shm in (False, True):
+                    local = in_process(images, MODELS[model])
+                    models = chain(model, options)
+                    before = {m: model_stats(server.http_url, m) for m in models}
+                    served = run_perf_analyzer(
+                        args.perf_analyzer, server.grpc_url, model, data, args.concurrency, shm, args.seconds
+                    )
+                    steps = {m: per_request_ms(before[m], model_stats(server.http_url, m)) for m in models}
+                    row = {"model": model, "shm": shm, "in_process_img_s": local, **served, "steps": steps}
+                    row["served_over_in_process"] = served["inferences_s"] / local
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    print_tables(rows)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"layout": layout.describe(), "concurrency": args.concurrency, "photos": len(images), "rows": rows}
+    (args.out_dir / "bench_perf_analyzer.json").write_text(json.dumps(result, indent=2))
+    plot(rows, args.out_dir / "bench_perf_analyzer.png")
+    return 0
+
+
+def print_tables(rows: list[dict[str, Any]]) -> None:
     print("\n| model | shm | perf_analyzer img/s | in-process img/s | served / in-process | p50 / p99 ms |")
     print("|---|---|---:|---:|---:|---:|")
     for r in rows:
@@ -126,11 +212,12 @@ def main() -> int:
             f"{r['in_process_img_s']:.1f} | {r['served_over_in_process']:.2f}x | "
             f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} |"
         )
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"layout": layout.describe(), "concurrency": args.concurrency, "rows": rows}
-    (args.out_dir / "bench_perf_analyzer.json").write_text(json.dumps(result, indent=2))
-    plot(rows, args.out_dir / "bench_perf_analyzer.png")
-    return 0
+    print("\n| model | shm | step | " + " | ".join(f"{part} ms" for part in STAT_PARTS) + " |")
+    print("|---|---|---|" + "---:|" * len(STAT_PARTS))
+    for r in rows:
+        for step, parts in r["steps"].items():
+            values = " | ".join(f"{parts[part]:.1f}" for part in STAT_PARTS)
+            print(f"| {r['model']} | {'system' if r['shm'] else 'no'} | {step} | {values} |")
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -140,7 +227,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     labels = [f"{r['model'].removeprefix('kimi_k25_')}\n{'shm' if r['shm'] else 'no shm'}" for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
     ax.bar(labels, [r["served_over_in_process"] for r in rows])
     ax.axhline(0.8, color="grey", linestyle="--", label="0.8x target")
     ax.set_ylabel("perf_analyzer img/s / in-process img/s")

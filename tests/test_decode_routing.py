@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,13 @@ from kimi_vision_prep import (
 )
 from kimi_vision_prep import decode as decode_module
 
+# This module tests nvImageCodec's pool, fallbacks and batching: its decoders take only that route
+# (simplejpeg, the default first CPU route, is covered by test_exactness.py and below).
 FAST = "nvimgcodec-cpu"
+
+
+def nvimgcodec_decoder(**kwargs: object) -> ImageDecoder:
+    return ImageDecoder(cpu_routes=(FAST,), **kwargs)  # type: ignore[arg-type]
 
 
 def assert_exact(result: PreprocessResult, data: bytes, preset: str = "kimi-k2.5") -> None:
@@ -99,7 +106,7 @@ def probed_decoder(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Image
             return holder["probe"].factory()
 
         monkeypatch.setattr(ImageDecoder, "_make_decoder", make)
-        decoder = ImageDecoder(**kwargs)
+        decoder = nvimgcodec_decoder(**kwargs)
         holder["probe"] = DecoderProbe(lambda: real_make(decoder))
         return decoder, holder["probe"]
 
@@ -110,7 +117,7 @@ def probed_decoder(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Image
 
 
 def test_pool_is_lazy() -> None:
-    decoder = ImageDecoder(pool_size=2)
+    decoder = nvimgcodec_decoder(pool_size=2)
     assert decoder.pool.created == 0
     kimi_vision_prep.preprocess_bytes(png_mode(20, 20, "RGB"), decoder=decoder)  # Pillow route
     assert decoder.pool.created == 0
@@ -124,7 +131,7 @@ def test_pool_is_lazy() -> None:
 
 
 def test_pool_reuses_last_returned_first() -> None:
-    decoder = ImageDecoder(pool_size=2)
+    decoder = nvimgcodec_decoder(pool_size=2)
     pool = decoder.pool
     with pool.borrow() as first, pool.borrow() as second:
         assert first is not second
@@ -137,7 +144,7 @@ def test_pool_reuses_last_returned_first() -> None:
 
 
 def test_pool_discards_decoder_whose_block_raised() -> None:
-    pool = ImageDecoder(pool_size=2).pool
+    pool = nvimgcodec_decoder(pool_size=2).pool
     with pytest.raises(ValueError), pool.borrow() as broken:
         raise ValueError("boom")
     assert (pool.created, pool.discarded, pool.idle) == (0, 1, 0)
@@ -196,7 +203,7 @@ def test_raising_decoder_with_strict_raises_fallback_error(
 
 
 def test_busy_pool_times_out() -> None:
-    decoder = ImageDecoder(pool_size=1, pool_timeout_s=0.2)
+    decoder = nvimgcodec_decoder(pool_size=1, pool_timeout_s=0.2)
     outcome: dict[str, object] = {}
 
     def other_request() -> None:
@@ -232,7 +239,7 @@ def make_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_unavailable_nvimgcodec_strict_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     make_unavailable(monkeypatch)
-    decoder = ImageDecoder(strict=True)
+    decoder = nvimgcodec_decoder(strict=True)
     with pytest.raises(FallbackError, match="ImportError"):
         kimi_vision_prep.preprocess_bytes(jpeg_rgb(40, 30), decoder=decoder)
     # Images planned to Pillow anyway are not fallbacks.
@@ -244,7 +251,7 @@ def test_unavailable_nvimgcodec_strict_raises(monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.parametrize("preset", ["kimi-k2.5", "kimi-k3"])
 def test_unavailable_nvimgcodec_falls_back_loudly(monkeypatch: pytest.MonkeyPatch, preset: str) -> None:
     make_unavailable(monkeypatch)
-    decoder = ImageDecoder(strict=False)
+    decoder = nvimgcodec_decoder(strict=False)
     inputs = [jpeg_rgb(40, 30), jpeg_grey(33, 17), jpeg_rgb(45, 45, progressive=True)]
     for data in inputs:
         result = kimi_vision_prep.preprocess_bytes(data, preset, decoder=decoder)
@@ -267,7 +274,7 @@ def test_strict_keeps_pillow_verdict_for_corrupt_clean_looking_jpeg() -> None:
         reference_preprocess(bytes(data), "kimi-k2.5")
     assert reference_error.value is not None
     with pytest.raises(InvalidImageError):
-        kimi_vision_prep.preprocess_bytes(bytes(data), decoder=ImageDecoder(strict=True))
+        kimi_vision_prep.preprocess_bytes(bytes(data), decoder=nvimgcodec_decoder(strict=True))
 
 
 # --- batches ------------------------------------------------------------------------------------
@@ -286,7 +293,7 @@ def test_batch_mixed_good_and_bad_in_order(preset: str) -> None:
         (jpeg_grey(17, 90), None),
         (good_jpeg, None),
     ]
-    decoder = ImageDecoder(limits=kimi_vision_prep.DecodeLimits(max_pixels=70 * 50))
+    decoder = nvimgcodec_decoder(limits=kimi_vision_prep.DecodeLimits(max_pixels=70 * 50))
     items.append((jpeg_rgb(71, 50), ImageTooLargeError))
     results = kimi_vision_prep.preprocess_batch([data for data, _ in items], preset, decoder=decoder)
     assert len(results) == len(items)
@@ -301,3 +308,33 @@ def test_batch_mixed_good_and_bad_in_order(preset: str) -> None:
     pixel_values, grid_thws = kimi_vision_prep.concat_results([r for r in results if isinstance(r, PreprocessResult)])
     assert grid_thws.dtype == np.int64 and grid_thws.shape == (5, 3)
     assert pixel_values.shape[0] == int(grid_thws[:, 1].astype(np.int64) @ grid_thws[:, 2])
+
+
+# --- the simplejpeg route (the default first CPU route) -----------------------------------------
+
+
+def test_strict_simplejpeg_refusal_takes_nvimgcodec_not_a_fallback(corpus: Path) -> None:
+    """A file libjpeg only warns about (extraneous bytes) is refused by simplejpeg's strict mode and
+    decoded by nvImageCodec: a planned route, no fallback reason, Pillow's pixels."""
+    data = (corpus / "imagers__extraneous-data.jpg").read_bytes()
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=ImageDecoder())
+    assert (result.decode_path, result.fallback_reason) == ("nvimgcodec-cpu", None)
+    assert_exact(result, data)
+    clean = kimi_vision_prep.preprocess_bytes(jpeg_rgb(40, 30), decoder=ImageDecoder())
+    assert (clean.decode_path, clean.fallback_reason) == ("simplejpeg", None)
+
+
+def test_cpu_routes_are_checked() -> None:
+    with pytest.raises(ValueError, match="cpu_routes"):
+        ImageDecoder(cpu_routes=("nvjpeg",))  # type: ignore[arg-type]
+
+
+def test_decode_outside_a_pipeline_call_returns_owned_pixels() -> None:
+    """simplejpeg writes into the thread's scratch arena only inside a pipeline call: pixels that
+    ImageDecoder.decode returns are the caller's and survive the next decode."""
+    decoder, preset = ImageDecoder(), kimi_vision_prep.get_preset("kimi-k2.5")
+    first = decoder.decode(jpeg_rgb(64, 48, seed=1), preset)
+    kept = np.array(first.pixels)
+    decoder.decode(jpeg_rgb(64, 48, seed=2), preset)
+    kimi_vision_prep.preprocess_bytes(jpeg_rgb(64, 48, seed=3), decoder=decoder)
+    assert first.decode_path == "simplejpeg" and np.array_equal(first.pixels, kept)

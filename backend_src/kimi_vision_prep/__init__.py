@@ -6,6 +6,7 @@ knob is a function argument or a settings object with a documented default.
 
 from __future__ import annotations
 
+from .buffers import buffer_stats, configure_buffers
 from .decode import DecodedImage, DecodeLimits, ImageDecoder, default_decoder
 from .errors import (
     CancelledError,
@@ -72,7 +73,9 @@ __all__ = [
     "VideoChunkResult",
     "VideoLimits",
     "VideoTooLargeError",
+    "buffer_stats",
     "concat_results",
+    "configure_buffers",
     "count_tokens",
     "default_decoder",
     "get_preset",

@@ -6,9 +6,12 @@ Routing (spec section 2; "Pillow's verdict, Pillow's pixels"):
 2. ``PIL.Image.open`` parses the header only (no pixel allocation). Its exceptions *are* the
    reference verdict for the header (unknown format, zero size, decompression bomb); the pixel
    count is then checked against ``max_pixels``.
-3. A JPEG (or MPO first frame) in mode L/RGB whose :func:`scan_jpeg` is clean goes to nvImageCodec
-   with ``:fancy_upsampling=1`` and no EXIF rotation: ``nvimgcodec-cpu`` (exact) or
-   ``nvimgcodec-cuda`` (a CUDA tensor via DLPack; near-exact, different IDCT).
+3. A JPEG (or MPO first frame) in mode L/RGB whose :func:`scan_jpeg` is clean takes the fast route.
+   On the CPU that is ``simplejpeg`` first (libjpeg-turbo 3 with SIMD, the same accurate integer
+   IDCT and fancy upsampling as Pillow's libjpeg-turbo, in strict mode: a file libjpeg would only
+   warn about raises and goes on), then nvImageCodec's CPU backend (``nvimgcodec-cpu``, exact)
+   for what simplejpeg refused. On a GPU it is nvImageCodec with ``:fancy_upsampling=1`` and no
+   EXIF rotation (``nvimgcodec-cuda``: a CUDA tensor via DLPack; near-exact, different IDCT).
 4. Everything else (CMYK/YCCK, lossless, 12-bit, damaged streams, PNG/GIF/WebP/BMP/TIFF) takes the
    planned ``pillow`` route: Pillow decodes and gives the verdict, by definition exact.
 5. If the planned fast decoder is unavailable or returns no image, the image is decoded by Pillow
@@ -31,8 +34,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import simplejpeg
 from PIL import Image
 
+from .buffers import scratch
 from .decode_pool import DecodePool
 from .errors import FallbackError, ImageTooLargeError, InvalidImageError, PreprocessError, detached
 from .jpeg_scan import JpegScan, scan_jpeg
@@ -44,8 +49,9 @@ log = logging.getLogger("kimi_vision_prep.decode")
 DEFAULT_MAX_ENCODED_BYTES = 64 << 20
 FANCY_UPSAMPLING_OPTIONS = ":fancy_upsampling=1"
 
-DecodePath = Literal["nvimgcodec-cpu", "nvimgcodec-cuda", "pillow"]
+DecodePath = Literal["simplejpeg", "nvimgcodec-cpu", "nvimgcodec-cuda", "pillow"]
 Resample = Literal["bicubic", "nearest"]
+CPU_ROUTES: tuple[DecodePath, ...] = ("simplejpeg", "nvimgcodec-cpu")
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,19 @@ class DecodeStats:
             return {"paths": dict(self.paths), "fallbacks": dict(self.fallbacks)}
 
 
+def decode_simplejpeg(data: bytes, width: int, height: int) -> np.ndarray | None:
+    """uint8 ``(height, width, 3)`` RGB of a JPEG by simplejpeg, bit-equal to Pillow's decode
+    (accurate integer IDCT, fancy upsampling; greyscale replicated like ``convert("RGB")``), or
+    None where its strict mode refuses the file (libjpeg warnings: corrupt data, extraneous bytes).
+    Written into :func:`~.buffers.scratch` (arena memory inside a scope); releases the GIL."""
+    out = scratch((height, width, 3))
+    try:
+        simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, buffer=out, strict=True)
+    except ValueError:
+        return None
+    return out
+
+
 def _import_nvimgcodec() -> Any:
     from nvidia import nvimgcodec
 
@@ -141,7 +160,9 @@ class ImageDecoder:
     scratch memory; on a GPU, device memory), ``pool_timeout_s`` bounds the wait for one.
     ``decoder_threads`` is nvImageCodec's CPU thread count per decoder (0: all cores).
     ``stats`` records every decode (default: a fresh :class:`DecodeStats` logging to this module's
-    logger).
+    logger). ``cpu_routes``: the fast CPU decoders a clean JPEG may take, in order (default both:
+    simplejpeg, then nvImageCodec for what it refuses; the benchmark and the exactness tests run
+    each alone), every one exact.
     """
 
     def __init__(
@@ -154,7 +175,11 @@ class ImageDecoder:
         pool_timeout_s: float = 30.0,
         decoder_threads: int = 0,
         stats: DecodeStats | None = None,
+        cpu_routes: Sequence[DecodePath] = CPU_ROUTES,
     ) -> None:
+        if unknown := set(cpu_routes) - set(CPU_ROUTES):
+            raise ValueError(f"cpu_routes must be among {CPU_ROUTES}, got {sorted(unknown)}")
+        self.cpu_routes = tuple(cpu_routes)
         self.device = device
         self.device_kind, self.device_index = _parse_device(device)
         self.limits = limits or DecodeLimits()
@@ -229,7 +254,20 @@ class ImageDecoder:
         return _Plan(data, image, scan, fast)
 
     def _decode_fast(self, plans: list[_Plan]) -> None:
-        """Decode the fast-route plans in one nvImageCodec batch call; mark failures for fallback."""
+        """Decode the fast-route plans: on the CPU each by simplejpeg, the ones it refuses in one
+        nvImageCodec batch call (each as far as ``cpu_routes`` allows: what neither may take is
+        planned to Pillow); mark failures for fallback."""
+        if self.device_kind == "cpu":
+            if "simplejpeg" in self.cpu_routes:
+                for plan in plans:
+                    pixels = decode_simplejpeg(plan.data, plan.image.width, plan.image.height)
+                    if pixels is not None:
+                        plan.result = DecodedImage(pixels, plan.image.width, plan.image.height, "bicubic", "simplejpeg")
+            plans = [plan for plan in plans if plan.result is None]
+            if "nvimgcodec-cpu" not in self.cpu_routes:
+                for plan in plans:
+                    plan.fast = False
+                return
         if not plans:
             return
         codec = self._nvimgcodec()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import njit, prange
 
+from .buffers import empty_output
 from .kernels import NUMPY, TORCH, get_kernel, register_kernel
 from .numba_runtime import kernel_input, parallel_kernel
 
@@ -88,7 +89,7 @@ def empty_patches(like: Any, shape: tuple[int, ...], dtype: type) -> Any:
 
 @register_kernel("empty", NUMPY)
 def _empty_numpy(like: np.ndarray, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-    return np.empty(shape, dtype=dtype)
+    return empty_output(shape, dtype)
 
 
 @register_kernel("empty", TORCH)
@@ -151,7 +152,7 @@ def write_patches_numpy(
         raise ValueError(f"image {image.shape[:2]} larger than the {grid_h}x{grid_w} patch grid")
     shape = (grid_h * grid_w, 3, patch_size, patch_size)
     if out is None:
-        out = np.empty(shape, dtype=table.dtype)
+        out = empty_output(shape, table.dtype)
     elif out.shape != shape or out.dtype != table.dtype or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"out must be a writable C-contiguous {table.dtype} array of shape {shape}")
     with parallel_kernel(out.size):
@@ -185,7 +186,7 @@ def expand_patches_numpy(patches: np.ndarray, table: np.ndarray) -> np.ndarray:
         raise ValueError(f"expected a (256, 3) table, got {table.shape}")
     flat = kernel_input(patches).reshape(patches.shape[0], 3, -1)
     table = kernel_input(np.asarray(table, dtype=np.float32))
-    out = np.empty(flat.shape, dtype=table.dtype)
+    out = empty_output(flat.shape, table.dtype)
     with parallel_kernel(out.size):
         _expand(flat, table, out)
     return out.reshape(patches.shape)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, get_args
 
 import numpy as np
 
+from .buffers import scratch_scope
 from .composite import composite_on_chessboard
 from .decode import DecodedImage, ImageDecoder, default_decoder
 from .errors import ImageTooLargeError, PreprocessError, detached
@@ -62,7 +64,7 @@ def resize_to_target(decoded: DecodedImage, target: TargetSize, preset: Preset) 
 
 
 def preprocess_decoded(
-    decoded: DecodedImage, preset: str | Preset = "kimi-k2.5", *, output: PixelOutput = "pixel_values"
+    decoded: DecodedImage, preset: str | Preset = "kimi-k2.5", *, output: PixelOutput = "pixel_values", out: Any = None
 ) -> PreprocessResult:
     """Resize, pad, normalise and patchify one decoded image (each op by the kernel for the pixels'
     type: numba for numpy, tensor ops for torch on its device, Pillow for a source-mode image).
@@ -70,18 +72,23 @@ def preprocess_decoded(
     ``output="pixel_values"`` (default): float32 ``pixel_values`` in one fused pass.
     ``output="pixel_patches"``: uint8 ``pixel_patches`` only (pad + patchify, no normalisation; 4x
     smaller, e.g. to send over a wire and expand with :func:`pixel_values_from_patches` there).
+    ``out``: the caller's array to write them into (C-contiguous, writable, ``(N, 3, p, p)`` of
+    that dtype, of the pixels' type; ``N`` from :func:`~.sizing.navit_target_size` or
+    :func:`~.tokens.count_tokens`), else a new one; a mismatch raises ValueError.
+    Resize intermediates come from this thread's scratch arena (:mod:`.buffers`).
     """
     if output not in PIXEL_OUTPUTS:
         raise ValueError(f"output must be one of {PIXEL_OUTPUTS}, got {output!r}")
     preset = get_preset(preset)
     target = navit_target_size(decoded.width, decoded.height, preset)
-    rgb = resize_to_target(decoded, target, preset)
     pixel_values = pixel_patches = None
-    if output == "pixel_values":
-        table = normalize_table(preset.image_mean, preset.image_std)
-        pixel_values = write_patches(rgb, table, target.grid_h, target.grid_w, preset.patch_size)
-    else:
-        pixel_patches = patchify(rgb, target.grid_h, target.grid_w, preset.patch_size)
+    with scratch_scope():
+        rgb = resize_to_target(decoded, target, preset)
+        if output == "pixel_values":
+            table = normalize_table(preset.image_mean, preset.image_std)
+            pixel_values = write_patches(rgb, table, target.grid_h, target.grid_w, preset.patch_size, out=out)
+        else:
+            pixel_patches = patchify(rgb, target.grid_h, target.grid_w, preset.patch_size, out=out)
     return PreprocessResult(
         pixel_values=pixel_values,
         grid_thw=np.asarray(target.grid_thw, dtype=np.int64),
@@ -106,12 +113,15 @@ def preprocess_bytes(
     *,
     decoder: ImageDecoder | None = None,
     output: PixelOutput = "pixel_values",
+    out: Any = None,
 ) -> PreprocessResult:
     """Encoded image bytes -> :class:`PreprocessResult`; raises a typed :class:`PreprocessError`.
-    ``output`` as for :func:`preprocess_decoded`."""
+    ``output`` and ``out`` as for :func:`preprocess_decoded`; the decoded pixels live in this
+    thread's scratch arena for the call."""
     preset = get_preset(preset)
-    decoded = (decoder or default_decoder()).decode(data, preset)
-    return preprocess_decoded(decoded, preset, output=output)
+    with scratch_scope():
+        decoded = (decoder or default_decoder()).decode(data, preset)
+        return preprocess_decoded(decoded, preset, output=output, out=out)
 
 
 def preprocess_batch(
@@ -153,14 +163,17 @@ class ImagesResult:
     pixel_patches: Any = None
 
 
-def stack_results(results: Sequence[PreprocessResult], preset: Preset, output: PixelOutput) -> ImagesResult:
+def stack_results(
+    results: Sequence[PreprocessResult], preset: Preset, output: PixelOutput, pixels: Any = None
+) -> ImagesResult:
     """Single results (images or video chunks) as one :class:`ImagesResult`; empty arrays of the
-    right shapes and dtypes for none."""
+    right shapes and dtypes for none. ``pixels``: the results' pixels already in one array (they
+    were written into its rows), else they are concatenated."""
     p = preset.patch_size
     attribute = output  # "pixel_values" or "pixel_patches": the field that holds the pixels
-    if results:
+    if pixels is None and results:
         pixels = concatenate_patches([getattr(r, attribute) for r in results])
-    else:
+    elif pixels is None:
         pixels = np.zeros((0, 3, p, p), np.float32 if output == "pixel_values" else np.uint8)
     grid_thws = np.array([r.grid_thw for r in results], dtype=np.int64).reshape(-1, 3)
     num_tokens = np.array([r.num_tokens for r in results], dtype=np.int64)
@@ -198,22 +211,43 @@ def preprocess_images(
     decoder: ImageDecoder | None = None,
     output: PixelOutput = "pixel_values",
     max_images_per_request: int = DEFAULT_MAX_IMAGES_PER_REQUEST,
+    out: Any = None,
 ) -> ImagesResult:
     """A list of encoded images -> one :class:`ImagesResult`, the concatenation of the single-image
     results (``[]``: empty arrays). Like the reference, one call has one verdict: the first bad
     image raises its typed error, its index in the message. More than ``max_images_per_request``
-    (default 16) raises :class:`ImageTooLargeError` before anything is decoded."""
+    (default 16) raises :class:`ImageTooLargeError` before anything is decoded. ``out``: the
+    caller's ``(ΣN, 3, p, p)`` array (as for :func:`preprocess_decoded`; ``ΣN`` from
+    :func:`~.tokens.count_tokens`), each image written into its rows without a concatenation."""
     preset = get_preset(preset)
     if len(images) > max_images_per_request:
         raise ImageTooLargeError(f"{len(images)} images exceed max_images_per_request={max_images_per_request}")
     decoded = (decoder or default_decoder()).decode_batch(images, preset)
+    rows = out_rows(decoded, preset, out)
 
-    def preprocess_item(item: DecodedImage | PreprocessError) -> PreprocessResult:
+    def preprocess_item(pair: tuple[DecodedImage | PreprocessError, Any]) -> PreprocessResult:
+        item, rows_of_item = pair
         if isinstance(item, PreprocessError):
             raise item
-        return preprocess_decoded(item, preset, output=output)
+        return preprocess_decoded(item, preset, output=output, out=rows_of_item)
 
-    return stack_results(map_indexed(preprocess_item, decoded, "image"), preset, output)
+    results = map_indexed(preprocess_item, zip(decoded, rows, strict=True), "image")
+    return stack_results(results, preset, output, pixels=out)
+
+
+def out_rows(decoded: Sequence[DecodedImage | PreprocessError], preset: Preset, out: Any) -> list[Any]:
+    """Each decoded image's rows of ``out`` (None each without ``out``); ValueError when ``out``
+    does not have the ΣN rows the images need."""
+    if out is None:
+        return [None] * len(decoded)
+    counts = [
+        0 if isinstance(item, PreprocessError) else navit_target_size(item.width, item.height, preset).num_patches
+        for item in decoded
+    ]
+    if out.shape[0] != sum(counts):
+        raise ValueError(f"out has {out.shape[0]} rows, the images need {sum(counts)}")
+    offsets = np.cumsum([0, *counts])
+    return [out[int(start) : int(end)] for start, end in itertools.pairwise(offsets)]
 
 
 class HasPixelValues(Protocol):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit, prange
 
+from .buffers import scratch
 from .kernels import NUMPY, register_kernel
 from .numba_runtime import kernel_input, parallel_kernel
 from .resample import (
@@ -164,7 +165,7 @@ def _unpremultiply(pixels: np.ndarray, table: np.ndarray) -> None:
 
 def premultiply_numpy(rgba: np.ndarray) -> np.ndarray:
     """uint8 ``(H, W, 4)`` straight alpha -> premultiplied (Pillow's RGBA -> RGBa), a new array."""
-    out = np.empty(rgba.shape, dtype=np.uint8)
+    out = scratch(rgba.shape)
     with parallel_kernel(out.size):
         _premultiply(kernel_input(rgba).view(np.uint32).reshape(-1), out.view(np.uint32).reshape(-1))
     return out
@@ -182,7 +183,7 @@ def _horizontal_pass_numpy(
 ) -> np.ndarray:
     """uint8 C-contiguous ``(H, W, C)`` -> uint8 ``(H, len(bounds), C)``; ``premultiply`` (C = 4)
     converts RGBA -> RGBa while loading the source."""
-    out = np.empty((image.shape[0], bounds.shape[0], image.shape[2]), dtype=np.uint8)
+    out = scratch((image.shape[0], bounds.shape[0], image.shape[2]))
     with parallel_kernel(out.size):
         _resample_horizontal(kernel_input(image), kernel_input(bounds), coef, out, premultiply)
     return out
@@ -190,7 +191,7 @@ def _horizontal_pass_numpy(
 
 def _vertical_pass_numpy(image: np.ndarray, bounds: np.ndarray, coef: np.ndarray) -> np.ndarray:
     """uint8 C-contiguous ``(H, W, C)`` -> uint8 ``(len(bounds), W, C)``."""
-    out = np.empty((bounds.shape[0], *image.shape[1:]), dtype=np.uint8)
+    out = scratch((bounds.shape[0], *image.shape[1:]))
     with parallel_kernel(out.size):
         rows = kernel_input(image).reshape(image.shape[0], -1)
         _resample_vertical(rows, kernel_input(bounds), coef, out.reshape(out.shape[0], -1))

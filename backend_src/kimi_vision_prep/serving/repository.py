@@ -77,7 +77,7 @@ def decode_model(served: ServedPreset) -> ModelFiles:
             pbtxt.tensor("MODE", "TYPE_STRING", (-1,)),
         ),
         ("0 bicubic, 1 nearest (palette and 1-bit sources under K3)", pbtxt.tensor("RESAMPLE", "TYPE_UINT8", (-1,))),
-        ("nvimgcodec-cpu, nvimgcodec-cuda or pillow", pbtxt.tensor("DECODE_PATH", "TYPE_STRING", (-1,))),
+        ("simplejpeg, nvimgcodec-cpu, nvimgcodec-cuda or pillow", pbtxt.tensor("DECODE_PATH", "TYPE_STRING", (-1,))),
     ]
     summary = (
         f"{name} ({title}): encoded image bytes -> pixels with Pillow's verdict. All requests of one\n"

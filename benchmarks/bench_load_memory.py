@@ -1,0 +1,181 @@
+"""Memory of `kimi-prep serve` under load: PSS of tritonserver and its stubs at concurrency 16 (issue 11).
+
+For each served selection (``kimi_k25_vision kimi_k25_vision_u8``, the default set, ``--all``) at
+this host's layout (``host_layout``), a fresh rendering is started and kept at ``--concurrency``
+gRPC requests in flight on ``kimi_k25_vision``: the benchmark photos (``photos.benchmark_photos``)
+mixed with bad payloads (one in four: truncated photos, random bytes, text), which must fail with
+INVALID_ARG while the good ones succeed. After ``--warmup`` seconds the PSS
+(``/proc/PID/smaps_rollup``, shared pages counted once) of the whole process tree is sampled every
+``--every`` seconds for ``--seconds``. Reported: the peak, the median, and the growth (peak of the
+last third minus peak of the first third: a working set swings with what is in flight, a leak
+raises every later peak). The first selection runs twice: with the launcher's malloc-retention
+setting (``allocator.allocator_env``, the default) and with glibc's own defaults, so the setting's
+cost in memory and its gain in throughput are measured at the same load.
+
+    .venv/bin/python benchmarks/bench_load_memory.py [--seconds 60] [--warmup 20] [--out-dir bench_results]
+
+Writes ``bench_load_memory.json`` and ``.png`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_idle_memory import process_tree, pss_kib
+from photos import benchmark_photos
+
+from kimi_vision_prep.host import host_layout
+from kimi_vision_prep.serving import triton_install
+from kimi_vision_prep.serving.launcher import EmbeddedServer
+from kimi_vision_prep.serving.repository import RenderOptions, default_model_names
+
+KIB = 1024
+LOADED_MODEL = "kimi_k25_vision"
+SELECTIONS: dict[str, tuple[str, ...] | None] = {
+    "kimi_k25_vision kimi_k25_vision_u8": ("kimi_k25_vision", "kimi_k25_vision_u8"),
+    "default": default_model_names(),
+    "--all": None,
+}
+
+
+def payloads() -> list[tuple[bytes, bool]]:
+    """(encoded bytes, good?): every benchmark photo, and a bad payload after every third."""
+    rng = np.random.default_rng(0)
+    good = [data for _, data in benchmark_photos()]
+    bad = [data[: len(data) // 3] for data in good[::3]]
+    bad += [rng.integers(0, 256, 4096, dtype=np.uint8).tobytes(), b"not an image at all"]
+    items = [(data, True) for data in good]
+    for i, data in enumerate(bad):
+        items.insert(4 * i + 3, (data, False))
+    return items
+
+
+def keep_loaded(url: str, concurrency: int, stop: threading.Event, tally: Counter[str]) -> None:
+    """``concurrency`` requests in flight on :data:`LOADED_MODEL` until ``stop``; tallies outcomes."""
+    client = grpcclient.InferenceServerClient(url)
+    slots = threading.Semaphore(concurrency)
+    items = payloads()
+    i = 0
+    while not stop.is_set():
+        data, good = items[i % len(items)]
+        i += 1
+        slots.acquire()
+        tensor = grpcclient.InferInput("IMAGE_BYTES", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+
+        def done(result: object, error: object, good: bool = good) -> None:
+            tally[f"{'good' if good else 'bad'} {'failed' if error else 'ok'}"] += 1
+            slots.release()
+
+        client.async_infer(LOADED_MODEL, [tensor], done)
+    for _ in range(concurrency):  # the last responses
+        slots.acquire()
+    client.close()
+
+
+def loaded_pss(options: RenderOptions, models: tuple[str, ...] | None, args: argparse.Namespace) -> dict[str, Any]:
+    with EmbeddedServer(render=options, models=models) as server:
+        assert server.process is not None
+        stop, tally = threading.Event(), Counter[str]()
+        load = threading.Thread(target=keep_loaded, args=(server.grpc_url, args.concurrency, stop, tally))
+        load.start()
+        time.sleep(args.warmup)
+        start, served_before = time.monotonic(), sum(tally.values())
+        samples, times = [], []
+        while time.monotonic() - start < args.seconds:
+            samples.append(sum(pss_kib(pid) for pid in process_tree(server.process.pid)) / KIB)
+            times.append(time.monotonic() - start)
+            time.sleep(args.every)
+        rate = (sum(tally.values()) - served_before) / (time.monotonic() - start)
+        stop.set()
+        load.join()
+        third = max(len(samples) // 3, 1)
+        return {
+            "models": len(server.model_names),
+            "processes": len(process_tree(server.process.pid)),
+            "peak_pss_mib": max(samples),
+            "median_pss_mib": statistics.median(samples),
+            "growth_mib": max(samples[-third:]) - max(samples[:third]),
+            "requests_s": rate,
+            "outcomes": dict(tally),
+            "samples_mib": samples,
+            "sample_times_s": times,
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--warmup", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--every", type=float, default=1.0)
+    parser.add_argument("--selections", nargs="+", choices=list(SELECTIONS), default=list(SELECTIONS))
+    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    args = parser.parse_args()
+    layout = host_layout()
+    options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
+    print(f"{layout.describe()}; concurrency {args.concurrency} on {LOADED_MODEL}", flush=True)
+    runs = [(selection, "retention") for selection in args.selections]
+    runs.insert(1, (args.selections[0], "glibc defaults"))
+    rows = []
+    if set(triton_install.allocator_env()) & set(os.environ):
+        raise SystemExit("unset MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_: they override both runs")
+    for selection, allocator in runs:
+        # glibc's defaults: the launcher's environment without its two malloc variables.
+        without = mock.patch.object(triton_install, "allocator_env", dict) if allocator == "glibc defaults" else None
+        with without or contextlib.nullcontext():
+            row = {"selection": selection, "allocator": allocator, **loaded_pss(options, SELECTIONS[selection], args)}
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith("sample")}), flush=True)
+        rows.append(row)
+    print("\n| served | malloc | models | processes | peak PSS MiB | median | growth MiB | requests/s | outcomes |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(r["outcomes"].items()))
+        print(
+            f"| {r['selection']} | {r['allocator']} | {r['models']} | {r['processes']} | {r['peak_pss_mib']:.0f} | "
+            f"{r['median_pss_mib']:.0f} | {r['growth_mib']:+.0f} | {r['requests_s']:.1f} | {outcomes} |"
+        )
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"layout": layout.describe(), "concurrency": args.concurrency, "every_s": args.every, "rows": rows}
+    (args.out_dir / "bench_load_memory.json").write_text(json.dumps(result, indent=2))
+    plot(rows, args.out_dir / "bench_load_memory.png")
+    return 0
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in rows:
+        ax.plot(r["sample_times_s"], r["samples_mib"], label=f"{r['selection']} ({r['allocator']})")
+    ax.axhline(1500 * 1000**2 / 1024**2, color="grey", linestyle="--", label="1.5 GB")
+    ax.set_xlabel("seconds after warm-up")
+    ax.set_ylabel("PSS, MiB (tritonserver + stubs)")
+    ax.set_title(f"kimi-prep serve under load on {LOADED_MODEL}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
