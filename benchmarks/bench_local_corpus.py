@@ -1,7 +1,7 @@
 """``kimi-prep bench-local`` on the corpus photos against ``tests/reference.py`` (developer benchmark).
 
     .venv/bin/python benchmarks/bench_local_corpus.py [--preset kimi-k2.5] [--repeats 5] [--out-dir bench_results]
-        [--default-allocator]
+        [--keep-large-buffers]
 
 The same timings, ratios, JSON and PNG as the installed command (``kimi_vision_client.bench_local``),
 on the real photos BENCHMARKS.md reports, with the test suite's plain reference as the baseline.
@@ -26,10 +26,10 @@ def main() -> int:
     parser.add_argument("--preset", default="kimi-k2.5")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
-    parser.add_argument("--default-allocator", action="store_true", help="leave glibc's malloc defaults")
+    parser.add_argument("--keep-large-buffers", action="store_true", help="the served models' malloc settings")
     args = parser.parse_args()
-    allocator = "glibc default"
-    if not args.default_allocator and keep_large_buffers():
+    allocator = "glibc default"  # as a caller's process has it (issue 12)
+    if args.keep_large_buffers and keep_large_buffers():
         allocator = "large buffers kept on the heap (kimi_vision_prep.allocator)"
     reference = plain_reference().reference_preprocess
     bench_local.run(args.preset, args.repeats, args.out_dir, allocator, benchmark_photos(), reference)

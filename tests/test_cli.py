@@ -301,11 +301,13 @@ def test_preprocess_on_a_cpu_host_prints_no_codec_errors(corpus: Path, tmp_path:
         pytest.skip("a GPU host loads every extension")
     env = {k: v for k, v in os.environ.items() if k != "NVIMGCODEC_EXTENSIONS_PATH"}
     env["XDG_CACHE_HOME"] = str(tmp_path)
-    command = [sys.executable, "-m", "kimi_vision_client.cli", "preprocess", str(corpus / GOOD[0])]
+    # A clean JPEG (simplejpeg) and one simplejpeg's strict mode refuses (nvImageCodec's CPU backend).
+    files = [str(corpus / GOOD[0]), str(corpus / "imagers__extraneous-data.jpg")]
+    command = [sys.executable, "-m", "kimi_vision_client.cli", "preprocess", *files]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert not re.search(r"\[ERROR\]|Failed to load nv|Traceback", done.stdout + done.stderr), done.stderr
-    assert "nvimgcodec-cpu" in done.stdout
+    assert "simplejpeg" in done.stdout and "nvimgcodec-cpu" in done.stdout
     links = sorted(p.name for p in (tmp_path / "kimi_vision_prep" / "nvimgcodec-cpu").iterdir())
     assert any(name.startswith("libjpeg_turbo_ext") for name in links)
     assert not any(name.startswith(("libnvjpeg", "libnvtiff")) for name in links)

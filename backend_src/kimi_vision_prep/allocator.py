@@ -11,8 +11,8 @@ The cost: a process keeps its peak heap (about one batch of its largest requests
 returning it between requests. These are process-wide settings, so the library never applies
 them on import: the launcher passes :func:`allocator_env` to tritonserver (and so to the
 Python-backend stubs), and a process dedicated to preprocessing may call
-:func:`keep_large_buffers` once at startup (``kimi-prep bench-local`` does, unless
-``--default-allocator``).
+:func:`keep_large_buffers` once at startup (``kimi-prep bench-local --keep-large-buffers``).
+The library no longer needs it in process: :mod:`.buffers` reuses its large buffers itself.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ _caps = _Caps()
 
 
 def configure_buffers(*, scratch_cap_bytes: int | None = None, recycle_cap_bytes: int | None = None) -> None:
-    """Set the caps (bytes; 0 turns that reuse off); later requests follow them, and a lowered
-    recycle cap drops free blocks at once."""
+    """Set the caps (bytes; 0 turns that reuse off); later requests follow them. A lowered recycle
+    cap drops free blocks at once, a lowered scratch cap a thread's arena when it next opens a scope."""
     for value in (scratch_cap_bytes, recycle_cap_bytes):
         if value is not None and value < 0:
             raise ValueError(f"caps must be >= 0, got {value}")
@@ -98,6 +98,8 @@ def scratch_scope() -> Iterator[None]:
     if arena.position is not None:
         yield
         return
+    if arena.held_bytes > _caps.scratch_bytes:  # the cap was lowered: none of them is in use now
+        arena.buffers.clear()
     arena.position = 0
     try:
         yield

@@ -1,10 +1,14 @@
 """``kimi-prep bench-local``: in-process, side-by-side timings in one run.
 
-For each image: ours (``preprocess_bytes``), the plain pipeline (:func:`plain_preprocess`: Pillow
-decode + Pillow bicubic + numpy normalize/pad/patchify, what a user would write), the decode floor
-(Pillow decode to an RGB array) and, when installed, DALI's CPU pipeline (decode, antialiased cubic
-resize to the same size, normalize). Every number is min/median of ``repeats`` runs; ratios
-compare medians measured in the same process. Images fall in two classes: ``no-resize`` (within
+For each image: ours (``preprocess_bytes`` exactly as a caller gets it), the plain pipeline
+(:func:`plain_preprocess`: Pillow decode + Pillow bicubic + numpy normalize/pad/patchify, what a
+user would write), the floor (:func:`fastest_exact_decode`: the fastest exact decoder alone), the
+Pillow decode and, when installed, DALI's CPU pipeline (decode, antialiased cubic resize to the
+same size, normalize). Then batch throughput (``preprocess_batch`` over the set: single-thread =
+1 worker, 1 numba and 1 decoder thread, against the defaults) and a profile (decode, resize,
+patchify, the rest: allocation and page faults) of the images nearest 1080p, 9 MP and 12 MP.
+Every number is min/median of ``repeats`` runs; ratios compare medians measured in the same
+process. Images fall in two classes: ``no-resize`` (within
 the preset's patch budget) and ``downscale``. The default images are generated
 (:func:`~.samples.bench_photos`), so the command needs no checkout; ``--images`` takes real
 photos, and ``benchmarks/bench_local_corpus.py`` runs it on the test corpus against
@@ -23,10 +27,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
+import simplejpeg
 from PIL import Image
 
-from kimi_vision_prep import ImageDecoder, get_preset, navit_target_size, preprocess_bytes
+from kimi_vision_prep import ImageDecoder, get_preset, navit_target_size, preprocess_batch, preprocess_bytes
+from kimi_vision_prep.buffers import scratch_scope
+from kimi_vision_prep.normalize import normalize_table, write_patches
+from kimi_vision_prep.pipeline import resize_to_target
 
 from .samples import bench_photos
 
@@ -75,6 +84,15 @@ def plain_preprocess(data: bytes, preset_name: str) -> np.ndarray:
     padded *= 1.0 / np.asarray(preset.image_std)
     patches = padded.reshape(target.grid_h, p, target.grid_w, p, 3).transpose(0, 2, 4, 1, 3)
     return np.ascontiguousarray(patches).reshape(-1, 3, p, p)
+
+
+def fastest_exact_decode(data: bytes) -> np.ndarray:
+    """The floor: RGB pixels by the fastest decoder exact for the file (simplejpeg in strict mode,
+    else Pillow), nothing else."""
+    try:
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, strict=True)
+    except ValueError:
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
 def bench_images(preset_name: str, sources: Sequence[tuple[str, bytes]] | None = None) -> list[BenchImage]:
@@ -134,6 +152,70 @@ def throughput(images: list[BenchImage], preset_name: str, threads: int, rounds:
     return best
 
 
+def batch_throughput(images: list[BenchImage], preset_name: str, rounds: int) -> dict[str, float]:
+    """Images/s of one ``preprocess_batch`` over the set (best of rounds): ``single_thread`` (1
+    worker, 1 numba thread, 1 decoder thread) and ``default`` (the library's defaults)."""
+    items = [im.data for im in images]
+    threads = numba.get_num_threads()
+    runs = {"single_thread": (ImageDecoder(decoder_threads=1), 1, 1), "default": (ImageDecoder(), None, threads)}
+    result = {}
+    for name, (decoder, workers, numba_threads) in runs.items():
+        numba.set_num_threads(numba_threads)
+        try:
+            preprocess_batch(items, preset_name, decoder=decoder, workers=workers)
+            best = 0.0
+            for _ in range(rounds):
+                start = time.perf_counter()
+                preprocess_batch(items, preset_name, decoder=decoder, workers=workers)
+                best = max(best, len(items) / (time.perf_counter() - start))
+        finally:
+            numba.set_num_threads(threads)
+        result[f"{name}_img_s"] = best
+    result["default_over_single_thread"] = result["default_img_s"] / result["single_thread_img_s"]
+    return result
+
+
+PROFILE_PIXELS = {"1080p": 1920 * 1080, "9 MP": 9_000_000, "12 MP": 12_000_000}
+
+
+def profile(images: list[BenchImage], preset_name: str, repeats: int) -> list[dict[str, Any]]:
+    """For the images nearest each :data:`PROFILE_PIXELS` size: the full call and its stages
+    (decode, resize, patchify into a warm buffer), median ms; ``rest`` = full - stages (the
+    allocation and first touch of the output, bookkeeping)."""
+    preset, decoder = get_preset(preset_name), ImageDecoder()
+    table = normalize_table(preset.image_mean, preset.image_std)
+    rows = []
+    for label, pixels in PROFILE_PIXELS.items():
+        im = min(images, key=lambda im: abs(im.width * im.height - pixels))
+        decoded = decoder.decode(im.data, preset)
+        target = navit_target_size(im.width, im.height, preset)
+        rgb = np.array(resize_to_target(decoded, target, preset))
+        out = np.empty((target.num_patches, 3, preset.patch_size, preset.patch_size), np.float32)
+
+        def decode(im: BenchImage = im) -> None:
+            with scratch_scope():
+                decoder.decode(im.data, preset)
+
+        def resize(decoded: Any = decoded, target: Any = target) -> None:
+            with scratch_scope():
+                resize_to_target(decoded, target, preset)
+
+        def patchify(rgb: np.ndarray = rgb, target: Any = target, out: np.ndarray = out) -> None:
+            write_patches(rgb, table, target.grid_h, target.grid_w, preset.patch_size, out=out)
+
+        stages = {
+            "full": time_call(lambda im=im: preprocess_bytes(im.data, preset_name, decoder=decoder), repeats),
+            "decode": time_call(decode, repeats),
+            "resize": time_call(resize, repeats),
+            "patchify": time_call(patchify, repeats),
+        }
+        row = {"size": label, "image": im.name, "width": im.width, "height": im.height, "path": decoded.decode_path}
+        row |= {f"{k}_ms": v.median_ms for k, v in stages.items()}
+        row["rest_ms"] = row["full_ms"] - row["decode_ms"] - row["resize_ms"] - row["patchify_ms"]
+        rows.append(row)
+    return rows
+
+
 def run(  # noqa: PLR0917
     preset_name: str = "kimi-k2.5",
     repeats: int = 5,
@@ -155,6 +237,7 @@ def run(  # noqa: PLR0917
         row: dict[str, Any] = {"image": asdict(im) | {"data": len(im.data)}}
         row["ours"] = time_call(lambda im=im: preprocess_bytes(im.data, preset_name, decoder=decoder), repeats)
         row["reference"] = time_call(lambda im=im: reference(im.data, preset_name), repeats)
+        row["floor"] = time_call(lambda im=im: fastest_exact_decode(im.data), repeats)
         row["pillow_decode"] = time_call(
             lambda im=im: np.asarray(Image.open(io.BytesIO(im.data)).convert("RGB")), repeats
         )
@@ -171,17 +254,21 @@ def run(  # noqa: PLR0917
         print(_format_row(row), flush=True)
     summary = _summarise(rows)
     summary["throughput_2_threads_img_s"] = throughput(images, preset_name, 2, 3)
+    summary["batch"] = batch_throughput(images, preset_name, 3)
+    profiles = profile(images, preset_name, repeats)
     result = {
         "preset": preset_name,
         "repeats": repeats,
         "allocator": allocator,
         "rows": _jsonable(rows),
         "summary": summary,
+        "profile": profiles,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench_local.json").write_text(json.dumps(result, indent=2))
     _plot(rows, out_dir / "bench_local.png", preset_name)
     _print_summary(summary)
+    _print_profile(profiles)
     return result
 
 
@@ -192,11 +279,11 @@ def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _format_row(row: dict[str, Any]) -> str:
     im = row["image"]
     parts = [f"{im['name'][:44]:44s} {im['width']}x{im['height']:<5d} {im['image_class']:9s}"]
-    for key in ("ours", "reference", "pillow_decode", "dali"):
+    for key in ("ours", "reference", "floor", "pillow_decode", "dali"):
         if key in row:
             parts.append(f"{key}={row[key].median_ms:7.1f}ms")
     parts.append(f"ref/ours={row['reference'].median_ms / row['ours'].median_ms:5.2f}x")
-    parts.append(f"ours/floor={row['ours'].median_ms / row['pillow_decode'].median_ms:4.2f}x")
+    parts.append(f"ours/floor={row['ours'].median_ms / row['floor'].median_ms:4.2f}x")
     return "  ".join(parts)
 
 
@@ -216,6 +303,7 @@ def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         entry = {
             "images": len(group),
             "reference_over_ours": _class_ratio(group, "reference", "ours"),
+            "ours_over_floor": _class_ratio(group, "ours", "floor"),
             "ours_over_pillow_decode": _class_ratio(group, "ours", "pillow_decode"),
         }
         if all("dali" in r for r in group):
@@ -226,16 +314,30 @@ def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    print("\nclass       images  reference/ours  ours/decode-floor  dali/ours  dali max err")
+    print("\nclass       images  reference/ours  ours/floor  ours/Pillow-decode  dali/ours  dali max err")
     for name in ("all", "no-resize", "downscale"):
         if name in summary:
             e = summary[name]
             dali = f"{e['dali_over_ours']:8.2f}x" if "dali_over_ours" in e else "       -"
             print(
-                f"{name:10s}  {e['images']:6d}  {e['reference_over_ours']:13.2f}x"
-                f"  {e['ours_over_pillow_decode']:16.2f}x  {dali}  {e.get('dali_max_abs_error', '-')}"
+                f"{name:10s}  {e['images']:6d}  {e['reference_over_ours']:13.2f}x  {e['ours_over_floor']:9.2f}x"
+                f"  {e['ours_over_pillow_decode']:17.2f}x  {dali}  {e.get('dali_max_abs_error', '-')}"
             )
     print(f"in-process throughput on 2 threads: {summary['throughput_2_threads_img_s']:.1f} img/s")
+    batch = summary["batch"]
+    print(
+        f"preprocess_batch: {batch['single_thread_img_s']:.1f} img/s single-thread, {batch['default_img_s']:.1f} img/s "
+        f"default ({batch['default_over_single_thread']:.2f}x)"
+    )
+
+
+def _print_profile(profiles: list[dict[str, Any]]) -> None:
+    print("\nsize    image                                    size       path        full  decode  resize  patchify")
+    for r in profiles:
+        print(
+            f"{r['size']:6s}  {r['image'][:40]:40s} {r['width']}x{r['height']:<5d} {r['path']:10s} {r['full_ms']:6.1f} "
+            f"{r['decode_ms']:6.1f}  {r['resize_ms']:6.1f}  {r['patchify_ms']:8.1f}  rest {r['rest_ms']:5.1f} ms"
+        )
 
 
 def _plot(rows: list[dict[str, Any]], path: Path, preset_name: str) -> None:
@@ -245,7 +347,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, preset_name: str) -> None:
     import matplotlib.pyplot as plt
 
     names = [r["image"]["name"][:28] for r in rows]
-    keys = [k for k in ("ours", "pillow_decode", "reference", "dali") if all(k in r for r in rows)]
+    keys = [k for k in ("ours", "floor", "pillow_decode", "reference", "dali") if all(k in r for r in rows)]
     x = np.arange(len(rows))
     width = 0.8 / len(keys)
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 5))

@@ -358,7 +358,7 @@ def cmd_bench_local(args: argparse.Namespace) -> int:
     from . import bench_local
 
     allocator = "glibc default"
-    if not args.default_allocator and keep_large_buffers():
+    if args.keep_large_buffers and keep_large_buffers():
         allocator = "large buffers kept on the heap (kimi_vision_prep.allocator)"
     print(f"allocator: {allocator}")
     sources = [(str(path), path.read_bytes()) for path in expand_paths(args.images)] if args.images else None
@@ -514,9 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--images", nargs="+", type=Path, metavar="FILE|DIR", help="default: generated photos")
     local.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="bench_local.json and .png")
     local.add_argument(
-        "--default-allocator",
+        "--keep-large-buffers",
         action="store_true",
-        help="leave glibc's defaults (by default the process keeps large buffers on the heap, as served models do)",
+        help="apply the malloc settings served models get (default: glibc's, as an inference engine's process has)",
     )
     local.set_defaults(run=cmd_bench_local)
 
