@@ -106,9 +106,9 @@ def test_fused_config_carries_the_decode_and_preprocess_settings(family: str, ki
     assert DECODER_KEYS <= decode_params.keys(), f"missing decoder settings: {DECODER_KEYS - decode_params.keys()}"
     assert decoder_settings(fused_params) == decoder_settings(decode_params) == DecoderSettings()
     assert numba_threads(fused_params) == numba_threads(prep_params) == 0
-    assert fused.backend == decode.backend == "python" and fused.max_batch_size == decode.max_batch_size
+    assert fused.backend == decode.backend == "python" and fused.max_batch_size == prep.max_batch_size == 1
     assert list(fused.input) == list(decode.input)
-    assert fused.dynamic_batching == decode.dynamic_batching
+    assert fused.dynamic_batching == decode.dynamic_batching == prep.dynamic_batching
     assert list(fused.output) == [o for o in prep.output if o.name in {pixels, "GRID_THW", "NUM_TOKENS"}]
     assert [(g.count, g.kind) for g in fused.instance_group] == [(1, model_config_pb2.ModelInstanceGroup.KIND_AUTO)]
 

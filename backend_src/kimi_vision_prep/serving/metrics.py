@@ -13,6 +13,9 @@ Exposed on the metrics endpoint (``:8002/metrics``):
 - ``kimi_prep_errors_total{reason}``: failed requests, by :func:`~kimi_vision_prep.errors.reason_for`.
 - ``kimi_prep_video_frames_decoded_total``: frames the video models decoded (a cancelled stream
   stops adding to it).
+- ``kimi_prep_image_inputs_total{device}``: decoded images a preprocess model received, by the memory
+  they arrived in (``cpu``, ``cuda:N``): ``cuda`` means the decode step's tensor came through
+  DLPack without a host copy (the GPU check asserts it).
 - ``kimi_prep_stage_seconds_total{stage}``: wall time spent per stage (decode, preprocess, vision: the fused
   decode + preprocess models, patch_embed).
 """
@@ -28,6 +31,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "errors": ("kimi_prep_errors_total", "Failed requests, by error reason"),
     "stage_seconds": ("kimi_prep_stage_seconds_total", "Cumulative wall time per stage in seconds"),
     "video_frames": ("kimi_prep_video_frames_decoded_total", "Video frames decoded (stops when a stream is cancelled)"),
+    "image_inputs": ("kimi_prep_image_inputs_total", "Decoded images a preprocess model received, by memory"),
 }
 
 
@@ -79,6 +83,9 @@ class ModelMetrics:
 
     def count_video_frames(self, frames: int) -> None:
         self._increment("video_frames", "model", self._base_labels["model"], frames)
+
+    def count_image_input(self, device: str) -> None:
+        self._increment("image_inputs", "device", device, 1)
 
     def add_stage_seconds(self, stage: str, seconds: float) -> None:
         self._increment("stage_seconds", "stage", stage, seconds)

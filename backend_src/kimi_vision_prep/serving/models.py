@@ -15,6 +15,7 @@ from .components import ImageDecoding, ImagePreprocessing
 from .config import parse_int
 from .contract import Result, ServingModel
 from .requests import decode_outputs, decoded_from_inputs, pixel_values_from_input
+from .tensors import cuda_device
 from .warmup import warmup_decoded
 
 PREPROCESS_INPUTS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")
@@ -48,6 +49,7 @@ class PreprocessModel(ServingModel):
         images = warmup_decoded(self.preset)
         warmup = [self.decoded_input(decode_outputs(batch)) for batch in ([[image] for image in images] + [images])]
         self.preprocessing = ImagePreprocessing(self, self.preset, warmup)
+        self._logged_device_input = False
         threads = self.preprocessing.threads or "default"
         self.io.log("info", f"{self.name}: preset {self.preset}, device {self.device}, numba_threads {threads}")
 
@@ -55,8 +57,18 @@ class PreprocessModel(ServingModel):
         return decoded_from_inputs(*(inputs[name] for name in PREPROCESS_INPUTS), self.preset)
 
     def process(self, request: Any) -> Result:
-        decoded = self.decoded_input({name: self.io.get_input(request, name) for name in PREPROCESS_INPUTS})
-        return self.preprocessing.outputs(decoded, request)
+        inputs = {name: self.io.get_input(request, name) for name in PREPROCESS_INPUTS}
+        self.note_image_memory(inputs["IMAGE"])
+        return self.preprocessing.outputs(self.decoded_input(inputs), request)
+
+    def note_image_memory(self, image: Any) -> None:
+        """Count the memory the IMAGE input arrived in; log the first device tensor's pointer (the
+        zero-copy hand-off, checked on a GPU machine)."""
+        device = cuda_device(image)
+        self.metrics.count_image_input(device or "cpu")
+        if device is not None and not self._logged_device_input:
+            self._logged_device_input = True
+            self.io.log("info", f"{self.name}: IMAGE input on {device} (is_cpu false), data_ptr {image.data_ptr():#x}")
 
     def handle(self, requests: Sequence[Any]) -> list[Result]:
         return self.per_request(requests, self.process)

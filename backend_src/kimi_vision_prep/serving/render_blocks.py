@@ -46,9 +46,19 @@ class RenderOptions:
 
 @dataclass(frozen=True)
 class ServingDefaults:
-    """Serving settings that are not a preset's: batching, backpressure, the chaining example."""
+    """Serving settings that are not a preset's: batching, backpressure, the chaining example.
+
+    ``max_batch_size``: requests one execute of a decode (nvImageCodec decodes them in one batch
+    call), tokens, video or patch-embed model takes. ``pixel_batch_size``: the same for the models
+    that return pixels (preprocess, fused) and the ensembles through them (an ensemble may not
+    batch more than a step): every output of a batch lives in the stub at once, twice (numpy, then
+    its shared memory; float32 is up to 37 MiB a request), so 1 caps an instance's working set at
+    one request; the images a request carries (K) are unaffected. Measured: BENCHMARKS.md, memory
+    under load.
+    """
 
     max_batch_size: int = 8
+    pixel_batch_size: int = 1
     max_queue_delay_us: int = 1000
     max_queue_size: int = 128
     queue_timeout_us: int = 30_000_000
@@ -92,8 +102,8 @@ class ModelFiles:
 # -- blocks of the model kinds --------------------------------------------------------------------
 
 
-def dynamic_batching(defaults: ServingDefaults) -> str:
-    waits = defaults.max_queue_size // defaults.max_batch_size
+def dynamic_batching(defaults: ServingDefaults, batch: int) -> str:
+    waits = defaults.max_queue_size // batch
     return pbtxt.comment(
         f"Backpressure (docs/errors.md): at most {defaults.max_queue_size} requests wait ({waits} full batches) "
         f"and none longer than\n{defaults.queue_timeout_us // 1_000_000} s; beyond either Triton answers "
@@ -198,10 +208,13 @@ def python_model(  # noqa: PLR0917
     options: RenderOptions,
     defaults: ServingDefaults,
     decoupled: bool = False,
+    batch: int | None = None,
 ) -> ModelFiles:
     """A Python-backend model: batching and backpressure, tensors, instances, parameters;
     ``python_class`` is ``module.Class`` under ``kimi_vision_prep.serving``; ``decoupled``: any
-    number of responses a request (a stream)."""
+    number of responses a request (a stream); ``batch``: its ``max_batch_size`` (default
+    ``defaults.max_batch_size``)."""
+    batch = defaults.max_batch_size if batch is None else batch
     policy = (
         pbtxt.comment("Decoupled: one response per chunk as it is ready, then an empty one flagged final.")
         + "model_transaction_policy { decoupled: true }\n"
@@ -209,9 +222,9 @@ def python_model(  # noqa: PLR0917
         else ""
     )
     config = (
-        pbtxt.head(name, summary, defaults.max_batch_size)
+        pbtxt.head(name, summary, batch)
         + policy
-        + dynamic_batching(defaults)
+        + dynamic_batching(defaults, batch)
         + pbtxt.tensor_list("input", inputs)
         + pbtxt.tensor_list("output", outputs)
         + instance_group(options)

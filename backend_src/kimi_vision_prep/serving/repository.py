@@ -109,7 +109,8 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
         numba_block(options),
         preset_block(preset, prefix),
     ]
-    return python_model(name, summary, inputs, outputs, blocks, "models.PreprocessModel", options, defaults)
+    python_class, batch = "models.PreprocessModel", defaults.pixel_batch_size
+    return python_model(name, summary, inputs, outputs, blocks, python_class, options, defaults, batch=batch)
 
 
 # The two pixel wires by model-name suffix: float32 PIXEL_VALUES, or uint8 PIXEL_PATCHES (a quarter
@@ -134,8 +135,11 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
             "ensembles remain the way to chain further models and to scale decode and preprocess apart."
         )
         outputs = [tensors[pixels], tensors["GRID_THW"], tensors["NUM_TOKENS"]]
-        python_class = "models.FusedVisionModel"
-        models.append(python_model(name, summary, IMAGE_BYTES_INPUT, outputs, blocks, python_class, options, defaults))
+        model = python_model(
+            name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.FusedVisionModel", options, defaults,
+            batch=defaults.pixel_batch_size,
+        )  # fmt: skip
+        models.append(model)
     return models
 
 
@@ -163,7 +167,7 @@ def vision_ensembles(preset: Preset, prefix: str, title: str, defaults: ServingD
         summary += uint8_note if wire else ""
         steps = [_decode_step(prefix), _preprocess_step(prefix, {o: o for o in outputs})]
         tensor_list = [("", tensors[o][1]) for o in outputs]
-        ensembles.append(ensemble(name, summary, tensor_list, steps, defaults.max_batch_size))
+        ensembles.append(ensemble(name, summary, tensor_list, steps, defaults.pixel_batch_size))
     return ensembles
 
 
@@ -210,7 +214,7 @@ def embed_ensemble(preset: Preset, prefix: str, defaults: ServingDefaults) -> Mo
         ensemble_step(PATCH_EMBED_MODEL, {"PIXEL_VALUES": "pixel_values"}, {"PATCH_EMBEDS": "PATCH_EMBEDS"}),
     ]
     summary = f"{name}: chaining example: decode -> preprocess -> patch_embed (pixel_values never leave the server)."
-    return ensemble(name, summary, outputs, steps, defaults.max_batch_size)
+    return ensemble(name, summary, outputs, steps, defaults.pixel_batch_size)
 
 
 def repository_models(

@@ -1,0 +1,147 @@
+"""Pack what the served GPU check needs on the device machine into ``tests/gpu/served/`` (git-ignored).
+
+The device machine (Python 3.12, torch, numpy 2, grpcio, protobuf; no network, no tritonserver, no
+nvImageCodec) gets the work tree plus the carried paths, at most 64 MiB in all. The served check
+needs more than fits in one run, so it is packed in two parts, carried by two runs issued back
+to back (the machine stays warm 30 s, and ``/tmp`` with it):
+
+* ``site.tar.xz`` (part A, ``run_device_checks.sh served-site``): the Python packages, unpacked
+  from their cp312 wheels and trimmed: numpy 1.26 (the 2.51 stub needs numpy < 2, so it goes
+  first on the stubs' and the check's path), nvImageCodec cu13 (this interpreter's binding, the
+  nvJPEG and libjpeg-turbo extensions only), nvJPEG, Pillow 13, simplejpeg, tritonclient (pure
+  Python; its gRPC needs the machine's grpcio and protobuf).
+* ``tritonserver.tar.xz`` (part B, ``run_device_checks.sh served``): ``nvidia-pytriton``'s
+  tritonserver laid out as the launcher expects it (``pytriton/tritonserver/bin``, the Python
+  backend, the 3.12 stub, ``nvidia_pytriton.libs`` without libpython 3.13), an empty
+  ``pytriton/__init__.py`` (the launcher only needs the folder).
+
+    .venv/bin/python tests/gpu/pack_served.py [--out tests/gpu/served]
+
+Prints each part's size next to the work tree's and exits 1 when a run would carry more than
+:data:`DEVICE_LIMIT_BYTES`. ``--dry-run`` of ``run_device_checks.sh`` runs this (so the layout and
+the sizes are checked in ``make test``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICE_LIMIT_BYTES = 64 << 20  # work tree + carried paths, per run
+SITE_WHEELS = (
+    "numpy==1.26.4",
+    "nvidia-nvimgcodec-cu13==0.9.0.20",
+    "nvidia-nvjpeg==13.0.4.44",
+    "pillow==13.0.0",
+    "simplejpeg==1.9.0",
+)
+PURE_WHEELS = ("tritonclient==2.51.0",)
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+STUB_PYTHON = "3.12"
+# nvImageCodec parts the served check does not load: other interpreters' bindings, codecs it never meets.
+NVIMGCODEC_UNUSED = ("nvimgcodec_impl.cpython-", "libopencv_ext", "libnvjpeg2k_ext", "libnvtiff_ext", "libtiff_ext")
+
+
+def download(wheels: tuple[str, ...], dest: Path, pure: bool) -> list[Path]:
+    """cp312 manylinux wheels (or pure-Python ones) of ``wheels`` into ``dest``."""
+    target = ["--platform", "any"] if pure else [f"--platform={p}" for p in PLATFORMS]
+    command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
+    command += ["--python-version", STUB_PYTHON, "--implementation", "cp", *target, *wheels]
+    subprocess.run(command, check=True)
+    names = [w.split("==")[0].replace("-", "_").lower() for w in wheels]
+    return sorted(p for p in dest.glob("*.whl") if p.name.lower().split("-")[0] in names)
+
+
+def unpack_site(wheels: list[Path], site: Path) -> None:
+    """Unzip the wheels into one site folder (what ``pip install --target`` does for these) and trim."""
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(site)
+    tag = f"cpython-{STUB_PYTHON.replace('.', '')}-"
+    for path in (site / "nvidia" / "nvimgcodec").rglob("*"):
+        unused = any(path.name.startswith(prefix) for prefix in NVIMGCODEC_UNUSED) and tag not in path.name
+        if path.is_file() and unused:
+            path.unlink()
+    unused_dirs = [*site.glob("*.dist-info"), *site.rglob("__pycache__"), *(site / "numpy").rglob("tests")]
+    for path in unused_dirs:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def layout_tritonserver(dest: Path) -> None:
+    """The slim tritonserver tree of the installed ``nvidia-pytriton`` under ``dest``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or spec.origin is None:
+        raise SystemExit("nvidia-pytriton is not installed (make setup)")
+    source = Path(spec.origin).parent
+    server = source / "tritonserver"
+    files = {
+        "pytriton/tritonserver/bin/tritonserver": server / "bin" / "tritonserver",
+        "pytriton/tritonserver/backends/python/libtriton_python.so": server / "backends/python/libtriton_python.so",
+        "pytriton/tritonserver/backends/python/triton_python_backend_utils.py": server
+        / "backends/python/triton_python_backend_utils.py",
+        f"pytriton/tritonserver/python_backend_stubs/{STUB_PYTHON}/triton_python_backend_stub": server
+        / "python_backend_stubs"
+        / STUB_PYTHON
+        / "triton_python_backend_stub",
+    }
+    for lib in (source.parent / "nvidia_pytriton.libs").iterdir():
+        if not lib.name.startswith("libpython3"):  # the stub loads the machine's libpython3.12
+            files[f"nvidia_pytriton.libs/{lib.name}"] = lib
+    for name, path in files.items():
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest / name)
+    (dest / "pytriton" / "__init__.py").write_text('"""nvidia-pytriton\'s tritonserver, slimmed."""\n')
+
+
+def compress(folder: Path, archive: Path) -> int:
+    """``folder``'s contents as ``archive`` (tar, xz preset 9e); returns its size in bytes."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with lzma.open(archive, "wb", preset=9 | lzma.PRESET_EXTREME) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
+        for path in sorted(folder.iterdir()):
+            tar.add(path, arcname=path.name)
+    return archive.stat().st_size
+
+
+def work_tree_bytes() -> int:
+    """What travels besides the carry: tracked and untracked-not-ignored files."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, check=True, capture_output=True,
+    ).stdout  # fmt: skip
+    return sum((ROOT / name).stat().st_size for name in listed.decode().split("\0") if name and (ROOT / name).is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "gpu" / "served")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        downloads, site, server = Path(tmp) / "wheels", Path(tmp) / "site", Path(tmp) / "tritonserver"
+        wheels = download(SITE_WHEELS, downloads, pure=False) + download(PURE_WHEELS, downloads, pure=True)
+        unpack_site(wheels, site)
+        layout_tritonserver(server)
+        sizes = {"site.tar.xz": compress(site, args.out / "site.tar.xz")}
+        sizes["tritonserver.tar.xz"] = compress(server, args.out / "tritonserver.tar.xz")
+    tree = work_tree_bytes()
+    over = False
+    print(f"work tree: {tree / 2**20:.1f} MiB (travels with every run)")
+    for name, size in sizes.items():
+        total = tree + size
+        over |= total > DEVICE_LIMIT_BYTES
+        verdict = "over" if total > DEVICE_LIMIT_BYTES else "fits"
+        print(f"{name}: {size / 2**20:.1f} MiB; with the work tree {total / 2**20:.1f} MiB of 64: {verdict}")
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
