@@ -10,7 +10,8 @@ reused, in two bounded ways:
   the simplejpeg route, the resize passes) come from a per-thread arena inside a
   :func:`scratch_scope`. The i-th request of a scope gets the arena's i-th buffer, grown when too
   small, so the next image's requests land on pages already faulted in. Outside a scope
-  :func:`scratch` is ``np.empty``: a public op never returns arena memory.
+  :func:`scratch` is :func:`empty_output`: a public op never returns arena memory (a served
+  decode model's pixels, which leave it as a response, reuse recycled blocks instead).
 * **Outputs** (:func:`empty_output`): arrays handed to the caller are the caller's, but a large
   one's block goes back to a process-wide free list when the array and every view of it are gone,
   and the next output of a fitting size reuses it.
@@ -109,13 +110,13 @@ def scratch_scope() -> Iterator[None]:
 
 def scratch(shape: tuple[int, ...], dtype: type | np.dtype = np.uint8) -> np.ndarray:
     """An uninitialised C-contiguous ``(shape, dtype)`` array: inside a :func:`scratch_scope` a
-    view of this thread's arena (valid until the scope exits), else a new one."""
+    view of this thread's arena (valid until the scope exits), else :func:`empty_output`."""
     dtype = np.dtype(dtype)
     nbytes = prod(shape) * dtype.itemsize
     arena = _arena()
     index = arena.position
     if index is None:
-        return np.empty(shape, dtype)
+        return empty_output(shape, dtype)
     replaced = arena.buffers[index].nbytes if index < len(arena.buffers) else 0
     if arena.held_bytes - replaced + max(nbytes, replaced) > _caps.scratch_bytes:
         return np.empty(shape, dtype)
