@@ -8,9 +8,11 @@ INVALID_ARG while the good ones succeed. After ``--warmup`` seconds the PSS
 (``/proc/PID/smaps_rollup``, shared pages counted once) of the whole process tree is sampled every
 ``--every`` seconds for ``--seconds``. Reported: the peak, the median, and the growth (peak of the
 last third minus peak of the first third: a working set swings with what is in flight, a leak
-raises every later peak). The first selection runs twice: with the launcher's malloc-retention
-setting (``allocator.allocator_env``, the default) and with glibc's own defaults, so the setting's
-cost in memory and its gain in throughput are measured at the same load.
+raises every later peak). The first selection runs twice: as the launcher starts it (glibc's
+malloc defaults) and with the malloc-retention setting (``allocator.allocator_env`` in the
+environment: large buffers kept on the heap), so the setting's cost in memory and its gain in
+throughput are measured at the same load. ``--photos corpus`` loads with the corpus photos and
+their upscales only (smaller outputs than the camera photos, which all reach the patch cap).
 
     .venv/bin/python benchmarks/bench_load_memory.py [--seconds 60] [--warmup 20] [--out-dir bench_results]
 
@@ -20,7 +22,6 @@ Writes ``bench_load_memory.json`` and ``.png`` and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -30,7 +31,6 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -38,10 +38,10 @@ import tritonclient.grpc as grpcclient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_idle_memory import process_tree, pss_kib
-from photos import benchmark_photos
+from photos import benchmark_photos, corpus_photos
 
+from kimi_vision_prep.allocator import allocator_env
 from kimi_vision_prep.host import host_layout
-from kimi_vision_prep.serving import triton_install
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.repository import RenderOptions, default_model_names
 
@@ -54,10 +54,13 @@ SELECTIONS: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def payloads() -> list[tuple[bytes, bool]]:
-    """(encoded bytes, good?): every benchmark photo, and a bad payload after every third."""
+PHOTO_SETS = {"benchmark": benchmark_photos, "corpus": corpus_photos}
+
+
+def payloads(photos: str) -> list[tuple[bytes, bool]]:
+    """(encoded bytes, good?): every photo of the set, and a bad payload after every third."""
     rng = np.random.default_rng(0)
-    good = [data for _, data in benchmark_photos()]
+    good = [data for _, data in PHOTO_SETS[photos]()]
     bad = [data[: len(data) // 3] for data in good[::3]]
     bad += [rng.integers(0, 256, 4096, dtype=np.uint8).tobytes(), b"not an image at all"]
     items = [(data, True) for data in good]
@@ -66,11 +69,13 @@ def payloads() -> list[tuple[bytes, bool]]:
     return items
 
 
-def keep_loaded(url: str, concurrency: int, stop: threading.Event, tally: Counter[str]) -> None:
-    """``concurrency`` requests in flight on :data:`LOADED_MODEL` until ``stop``; tallies outcomes."""
+def keep_loaded(
+    url: str, concurrency: int, stop: threading.Event, tally: Counter[str], items: list[tuple[bytes, bool]]
+) -> None:
+    """``concurrency`` requests of ``items`` in flight on :data:`LOADED_MODEL` until ``stop``;
+    tallies outcomes."""
     client = grpcclient.InferenceServerClient(url)
     slots = threading.Semaphore(concurrency)
-    items = payloads()
     i = 0
     while not stop.is_set():
         data, good = items[i % len(items)]
@@ -93,7 +98,8 @@ def loaded_pss(options: RenderOptions, models: tuple[str, ...] | None, args: arg
     with EmbeddedServer(render=options, models=models) as server:
         assert server.process is not None
         stop, tally = threading.Event(), Counter[str]()
-        load = threading.Thread(target=keep_loaded, args=(server.grpc_url, args.concurrency, stop, tally))
+        items = payloads(args.photos)
+        load = threading.Thread(target=keep_loaded, args=(server.grpc_url, args.concurrency, stop, tally, items))
         load.start()
         time.sleep(args.warmup)
         start, served_before = time.monotonic(), sum(tally.values())
@@ -125,22 +131,26 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--every", type=float, default=1.0)
+    parser.add_argument("--photos", choices=list(PHOTO_SETS), default="benchmark")
     parser.add_argument("--selections", nargs="+", choices=list(SELECTIONS), default=list(SELECTIONS))
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     layout = host_layout()
     options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
     print(f"{layout.describe()}; concurrency {args.concurrency} on {LOADED_MODEL}", flush=True)
-    runs = [(selection, "retention") for selection in args.selections]
-    runs.insert(1, (args.selections[0], "glibc defaults"))
+    runs = [(selection, "glibc defaults") for selection in args.selections]
+    runs.insert(1, (args.selections[0], "retention"))
     rows = []
-    if set(triton_install.allocator_env()) & set(os.environ):
-        raise SystemExit("unset MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_: they override both runs")
+    if set(allocator_env()) & set(os.environ):
+        raise SystemExit("unset MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_: they would apply to every run")
     for selection, allocator in runs:
-        # glibc's defaults: the launcher's environment without its two malloc variables.
-        without = mock.patch.object(triton_install, "allocator_env", dict) if allocator == "glibc defaults" else None
-        with without or contextlib.nullcontext():
+        retention = allocator_env() if allocator == "retention" else {}
+        os.environ.update(retention)  # the launcher passes its environment to tritonserver and the stubs
+        try:
             row = {"selection": selection, "allocator": allocator, **loaded_pss(options, SELECTIONS[selection], args)}
+        finally:
+            for name in retention:
+                del os.environ[name]
         print(json.dumps({k: v for k, v in row.items() if not k.startswith("sample")}), flush=True)
         rows.append(row)
     print("\n| served | malloc | models | processes | peak PSS MiB | median | growth MiB | requests/s | outcomes |")
@@ -152,7 +162,7 @@ def main() -> int:
             f"{r['median_pss_mib']:.0f} | {r['growth_mib']:+.0f} | {r['requests_s']:.1f} | {outcomes} |"
         )
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"layout": layout.describe(), "concurrency": args.concurrency, "every_s": args.every, "rows": rows}
+    result = {"layout": layout.describe(), "concurrency": args.concurrency, "photos": args.photos, "rows": rows}
     (args.out_dir / "bench_load_memory.json").write_text(json.dumps(result, indent=2))
     plot(rows, args.out_dir / "bench_load_memory.png")
     return 0

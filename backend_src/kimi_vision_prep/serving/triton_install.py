@@ -18,7 +18,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..allocator import allocator_env
 from ..host import codec_env
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../kimi_vision_prep
@@ -93,10 +92,11 @@ def _layout_embedded_backends(pytriton_dir: Path) -> Path:
 
 def find_tritonserver() -> TritonInstall:
     """``tritonserver`` on PATH (NGC container), else the embedded one from ``nvidia-pytriton``."""
-    # Big buffers stay on the heap in tritonserver and the stubs (allocator.py), and a GPU-less host
-    # loads only nvImageCodec's CPU extensions (host.py: no red "Failed to load" lines); operator
-    # values win.
-    env = {**allocator_env(), **codec_env(cache_root()), **os.environ}
+    # A GPU-less host loads only nvImageCodec's CPU extensions (host.py: no red "Failed to load"
+    # lines); operator values win. glibc's malloc defaults stay: the stubs reuse their large
+    # buffers themselves (buffers.py), and keeping the peak heap (allocator.py) cost ~930 MiB under
+    # load for no throughput (BENCHMARKS.md, memory under load).
+    env = {**codec_env(cache_root()), **os.environ}
     _stub_env(env)
     on_path = shutil.which("tritonserver", path=os.environ.get("PATH"))
     if on_path:
