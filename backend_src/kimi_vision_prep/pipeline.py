@@ -140,9 +140,10 @@ def preprocess_batch(
 
     On the CPU, ``workers`` threads (default :func:`batch_workers`) each take whole images, so one
     image's decode (simplejpeg and nvImageCodec release the GIL) overlaps another's resize and
-    patchify; each worker's kernels run on ``numba threads // workers`` threads (at least 1), so
-    decoders and kernels share the cores without oversubscribing them. On a GPU the images are
-    decoded in one nvImageCodec batch call, then processed in order."""
+    patchify. The kernels keep the caller's numba threads: they run one at a time anyway
+    (:data:`~.numba_runtime.numba_lock`), and on the 2-core host splitting the threads between
+    the workers measured slower (21 vs 24 img/s, BENCHMARKS.md). On a GPU the images are decoded
+    in one nvImageCodec batch call, then processed in order."""
     preset = get_preset(preset)
     decoder = decoder or default_decoder()
     if decoder.device_kind == "cuda":
@@ -150,10 +151,10 @@ def preprocess_batch(
     workers = min(workers or batch_workers(), len(items))
     if workers <= 1:
         return [_decode_and_preprocess(data, preset, decoder, output) for data in items]
-    kernel_threads = max(1, numba.get_num_threads() // workers)
+    kernel_threads = numba.get_num_threads()  # numba's setting is per thread: the workers take the caller's
 
     def work(data: bytes) -> PreprocessResult | PreprocessError:
-        numba.set_num_threads(kernel_threads)  # per calling thread
+        numba.set_num_threads(kernel_threads)
         return _decode_and_preprocess(data, preset, decoder, output)
 
     with ThreadPoolExecutor(workers, thread_name_prefix="kimi-prep-batch") as pool:

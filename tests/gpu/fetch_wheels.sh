@@ -8,12 +8,13 @@
 #   nvidia-nvimgcodec-cu13  nvImageCodec (its CUDA 13 build)
 #   nvidia-nvjpeg           nvJPEG for CUDA 13, 13.0.x to match the machine's CUDA 13.0 driver
 #   pillow==13.0.0          the reference build (the machine's Pillow may be another version)
+#   simplejpeg==1.9.0       the CPU fast route decode.py imports
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 DEST=tests/gpu/wheels
 LIMIT_MIB=60  # the device run carries at most 64 MiB with the work tree
-WHEELS=(nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.0.4.44 pillow==13.0.0)
+WHEELS=(nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.0.4.44 pillow==13.0.0 simplejpeg==1.9.0)
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
 PYTHON=${PYTHON:-.venv/bin/python}
 CORPUS=${KIMI_PREP_CORPUS:-../shared/corpus}

@@ -1,5 +1,11 @@
 #!/usr/bin/env bash
-# The GPU checks, on the lent GPU machine, from the repo root (see tests/gpu/README.md):
+# The GPU checks, on the lent GPU machine, from the repo root (see tests/gpu/README.md).
+#
+#   bash tests/gpu/run_device_checks.sh            # library checks; carry tests/gpu/wheels
+#   bash tests/gpu/run_device_checks.sh served     # served checks;  carry tests/gpu/served
+#   bash tests/gpu/run_device_checks.sh --dry-run  # here, in make test: pack + served checks on KIND_CPU
+#
+# Library checks:
 #   1. what the machine has (GPU, driver, Python packages);
 #   2. the carried wheels (tests/gpu/wheels, filled by fetch_wheels.sh) installed into a target
 #      folder put first on PYTHONPATH: the machine's torch, numpy, numba and pytest are reused
@@ -7,16 +13,54 @@
 #      project is not pip-installed (its numpy<2 pin is for the Triton stub only);
 #   3. pytest tests/gpu, JUnit XML and log into $OUT;
 #   4. tests/gpu/gpu_report.py, JSON and log into $OUT.
-# Every step has a timeout; the GPU is never reset. Exit status: 0 when tests and report passed.
+# Served checks (tests/gpu/served, filled here by tests/gpu/pack_served.py): the carried site and
+# slimmed tritonserver unpacked into one folder put first on PYTHONPATH (numpy 1.26 for the 2.51
+# stub), the 3.12 stub's libpython and numba's import checked, then tests/gpu/served_check.py
+# --kind gpu: a KIND_GPU kimi_k25_vision over HTTP and gRPC, zero-copy, HBM, throughput.
+# Every step has a timeout; the GPU is never reset. Exit status: 0 when every check passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
+MODE=${1:-library}
 OUT=${OUT:-/tmp/kimi-gpu-checks}
 CARRY=tests/gpu/wheels
 SITE=/tmp/kimi-gpu-site
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+
+if [ "$MODE" = "--dry-run" ]; then
+    # Here, not on the device: the carry is packed and sized, then the served checks run against
+    # the embedded tritonserver with KIND_CPU (no NVML, no HBM step), time-boxed.
+    PY=${PYTHON:-.venv/bin/python}
+    timeout 600 "$PY" tests/gpu/pack_served.py --out "$OUT/served" --preset 6 || exit 4
+    timeout 300 env PYTHONPATH="$PWD/tests/gpu:${PYTHONPATH:-}" "$PY" tests/gpu/served_check.py --kind cpu \
+        --out "$OUT" --budget-s 200 --seconds 3 --steps outputs zero_copy throughput
+    exit $?
+fi
+
+if [ "$MODE" = "served" ]; then
+    SERVED=tests/gpu/served
+    SERVED_SITE=/tmp/kimi-served-site
+    [ -f "$SERVED/site.tar.xz" ] && [ -f "$SERVED/tritonserver.tar.xz" ] \
+        || { echo "no $SERVED/*.tar.xz: run tests/gpu/pack_served.py here and carry $SERVED" >&2; exit 2; }
+    echo "== unpack the served carry"
+    rm -rf "$SERVED_SITE" && mkdir -p "$SERVED_SITE"
+    for part in site tritonserver; do
+        timeout 120 tar -xJf "$SERVED/$part.tar.xz" -C "$SERVED_SITE" || { echo "unpacking $part failed" >&2; exit 3; }
+    done
+    export PYTHONPATH="$SERVED_SITE:$PWD/backend_src:$PWD/client"
+    export NUMBA_CACHE_DIR=/tmp/kimi-numba-cache
+    {
+        timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+        # The 3.12 stub links libpython3.12.so: the launcher puts the interpreter's LIBDIR on its path.
+        timeout 60 "$PY" -c 'import sysconfig, os, numpy, numba, torch; d = sysconfig.get_config_var("LIBDIR");
+print("libpython:", [f for f in os.listdir(d) if f.startswith("libpython3.12")], "numpy", numpy.__version__,
+      "numba", numba.__version__, "torch", torch.__version__, torch.cuda.is_available())'
+    } 2>&1 | tee "$OUT/machine.txt"
+    timeout 420 "$PY" tests/gpu/served_check.py --kind gpu --out "$OUT" --budget-s 360 2>&1 | tee "$OUT/served_check.log"
+    exit "${PIPESTATUS[0]}"
+fi
 
 echo "== machine"
 {

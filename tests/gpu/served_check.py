@@ -137,14 +137,14 @@ def step_outputs(server: EmbeddedServer, images: dict[str, bytes]) -> dict[str, 
         diff = np.abs(decoded.pixels.astype(np.int16) - pillow_rgb(data).astype(np.int16))
         row: dict[str, Any] = {"image": name, "decode_path": path, "decode_vs_pillow": {
             "mean": float(diff.mean()), "max": int(diff.max())}}  # fmt: skip
-        row["decode_within_bounds"] = diff.mean() <= DECODE_BOUNDS["mean"] and diff.max() <= DECODE_BOUNDS["max"]
+        row["decode_within_bounds"] = bool(diff.mean() <= DECODE_BOUNDS["mean"] and diff.max() <= DECODE_BOUNDS["max"])
         for protocol in ("http", "grpc"):
             if protocol == "http":
                 served = http_infer(server.http_url, MODEL, data, ["PIXEL_VALUES", "GRID_THW"])
             else:
                 served = grpc_infer(client, MODEL, data, ["PIXEL_VALUES", "GRID_THW"])
-            row[f"{protocol}_equal_cpu_pipeline"] = bool(
-                np.array_equal(served["PIXEL_VALUES"], expected.pixel_values)
+            row[f"{protocol}_equal_cpu_pipeline"] = bool(  # the served tensors have the batch dimension
+                np.array_equal(served["PIXEL_VALUES"][0], expected.pixel_values)
                 and np.array_equal(served["GRID_THW"].reshape(-1), expected.grid_thw)
             )
         ok &= row["decode_within_bounds"] and row["http_equal_cpu_pipeline"] and row["grpc_equal_cpu_pipeline"]

@@ -1,0 +1,27 @@
+"""The GPU served check's dry run (issue 13): ``run_device_checks.sh --dry-run`` packs the served
+carry and checks its size against the device limit, then runs ``tests/gpu/served_check.py`` against
+the embedded tritonserver with KIND_CPU, so the script that one GPU run depends on cannot rot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_device_checks_dry_run_packs_within_the_limit_and_the_served_checks_pass(tmp_path: Path) -> None:
+    env = {**os.environ, "OUT": str(tmp_path)}
+    command = ["bash", "tests/gpu/run_device_checks.sh", "--dry-run"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "of 64 MiB: fits" in done.stdout
+    assert {p.name for p in (tmp_path / "served").iterdir()} == {"site.tar.xz", "tritonserver.tar.xz"}
+    report = json.loads((tmp_path / "served_check.json").read_text())
+    steps = report["steps"]
+    assert steps["outputs"]["passed"] and len(steps["outputs"]["images"]) == 5
+    assert all(row["http_equal_cpu_pipeline"] and row["grpc_equal_cpu_pipeline"] for row in steps["outputs"]["images"])
+    assert steps["zero_copy"]["passed"] and steps["zero_copy"]["inputs_in_expected_memory"] > 0
+    assert steps["throughput"]["ensemble_img_s"]["per_s"] > 0
