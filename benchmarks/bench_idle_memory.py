@@ -26,17 +26,6 @@ from kimi_vision_prep.serving.repository import RenderOptions, default_model_nam
 KIB = 1024
 
 
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process below it."""
-    tree, stack = [], [pid]
-    while stack:
-        current = stack.pop()
-        tree.append(current)
-        for task in Path(f"/proc/{current}/task").iterdir():
-            stack += [int(child) for child in (task / "children").read_text().split()]
-    return tree
-
-
 def pss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         if line.startswith("Pss:"):
@@ -47,8 +36,7 @@ def pss_kib(pid: int) -> int:
 def idle_pss(options: RenderOptions, models: tuple[str, ...] | None, settle_s: float) -> dict[str, Any]:
     with EmbeddedServer(render=options, models=models) as server:
         time.sleep(settle_s)
-        assert server.process is not None
-        pids = process_tree(server.process.pid)
+        pids = server.process_tree()
         total = sum(pss_kib(pid) for pid in pids)
         return {"models": len(server.model_names), "processes": len(pids), "pss_mib": total / KIB}
 

@@ -37,7 +37,7 @@ import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_idle_memory import process_tree, pss_kib
+from bench_idle_memory import pss_kib
 from photos import benchmark_photos, corpus_photos
 
 from kimi_vision_prep.allocator import allocator_env
@@ -96,7 +96,6 @@ def keep_loaded(
 
 def loaded_pss(options: RenderOptions, models: tuple[str, ...] | None, args: argparse.Namespace) -> dict[str, Any]:
     with EmbeddedServer(render=options, models=models) as server:
-        assert server.process is not None
         stop, tally = threading.Event(), Counter[str]()
         items = payloads(args.photos)
         load = threading.Thread(target=keep_loaded, args=(server.grpc_url, args.concurrency, stop, tally, items))
@@ -105,7 +104,7 @@ def loaded_pss(options: RenderOptions, models: tuple[str, ...] | None, args: arg
         start, served_before = time.monotonic(), sum(tally.values())
         samples, times = [], []
         while time.monotonic() - start < args.seconds:
-            samples.append(sum(pss_kib(pid) for pid in process_tree(server.process.pid)) / KIB)
+            samples.append(sum(pss_kib(pid) for pid in server.process_tree()) / KIB)
             times.append(time.monotonic() - start)
             time.sleep(args.every)
         rate = (sum(tally.values()) - served_before) / (time.monotonic() - start)
@@ -114,7 +113,7 @@ def loaded_pss(options: RenderOptions, models: tuple[str, ...] | None, args: arg
         third = max(len(samples) // 3, 1)
         return {
             "models": len(server.model_names),
-            "processes": len(process_tree(server.process.pid)),
+            "processes": len(server.process_tree()),
             "peak_pss_mib": max(samples),
             "median_pss_mib": statistics.median(samples),
             "growth_mib": max(samples[-third:]) - max(samples[:third]),

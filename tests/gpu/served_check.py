@@ -177,16 +177,6 @@ def gpu_process_mib() -> dict[int, float] | None:
     return {int(pid): float(mib) for pid, mib in (line.split(",") for line in text.strip().splitlines() if line)}
 
 
-def process_tree(pid: int) -> list[int]:
-    tree, stack = [], [pid]
-    while stack:
-        current = stack.pop()
-        tree.append(current)
-        for task in Path(f"/proc/{current}/task").iterdir():
-            stack += [int(child) for child in (task / "children").read_text().split()]
-    return tree
-
-
 def step_hbm(out: Path, kind: str, images: dict[str, bytes], deadline: float) -> dict[str, Any]:
     if gpu_process_mib() is None:
         return {"skipped": "no nvidia-smi (CPU host)"}
@@ -197,8 +187,7 @@ def step_hbm(out: Path, kind: str, images: dict[str, bytes], deadline: float) ->
             result[f"instances_{instances}"] = {"skipped": "time box"}
             continue
         with start_server(out, kind, instances, f"hbm{instances}") as server:
-            assert server.process is not None
-            pids = set(process_tree(server.process.pid))
+            pids = set(server.process_tree())
             idle = {pid: mib for pid, mib in (gpu_process_mib() or {}).items() if pid in pids}
             grpc_infer(grpc_client(server), MODEL, largest, ["PIXEL_VALUES"])
             loaded = {pid: mib for pid, mib in (gpu_process_mib() or {}).items() if pid in pids}

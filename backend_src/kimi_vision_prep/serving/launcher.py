@@ -314,6 +314,18 @@ class EmbeddedServer:
             return self.launched.repository
         return Path(self.model_repository or default_model_repository() or "model_repository")
 
+    def process_tree(self) -> list[int]:
+        """tritonserver's pid and every process below it (its stubs): what a memory measurement sums."""
+        if self.process is None:
+            return []
+        tree, stack = [], [self.process.pid]
+        while stack:
+            current = stack.pop()
+            tree.append(current)
+            for task in Path(f"/proc/{current}/task").iterdir():
+                stack += [int(child) for child in (task / "children").read_text().split()]
+        return tree
+
     @property
     def model_names(self) -> list[str]:
         return sorted(p.parent.name for p in self.repository.glob("*/config.pbtxt"))
