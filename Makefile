@@ -53,6 +53,7 @@ bench: setup $(PERF_VENV)/bin/perf_analyzer
 	$(PY) benchmarks/bench_serving.py --out-dir bench_results
 	$(PY) benchmarks/bench_media.py --out-dir bench_results
 	$(PY) benchmarks/bench_idle_memory.py --out-dir bench_results
+	$(PY) benchmarks/bench_load_memory.py --out-dir bench_results
 
 lint: setup
 	$(VENV)/bin/ruff check .
