@@ -140,10 +140,11 @@ def preprocess_batch(
 
     On the CPU, ``workers`` threads (default :func:`batch_workers`) each take whole images, so one
     image's decode (simplejpeg and nvImageCodec release the GIL) overlaps another's resize and
-    patchify. The kernels keep the caller's numba threads: they run one at a time anyway
-    (:data:`~.numba_runtime.numba_lock`), and on the 2-core host splitting the threads between
-    the workers measured slower (21 vs 24 img/s, BENCHMARKS.md). On a GPU the images are decoded
-    in one nvImageCodec batch call, then processed in order."""
+    patchify. The kernels keep the caller's numba threads: under numba's default workqueue layer
+    they run one at a time (:func:`~.numba_runtime.kernel_lock`), and on the 2-core host splitting
+    the threads between the workers measured slower (21 vs 24 img/s); a process on the omp layer
+    (``NUMBA_THREADING_LAYER=omp``) runs them at once (BENCHMARKS.md). On a GPU the images are
+    decoded in one nvImageCodec batch call, then processed in order."""
     preset = get_preset(preset)
     decoder = decoder or default_decoder()
     if decoder.device_kind == "cuda":
