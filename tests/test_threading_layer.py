@@ -31,7 +31,8 @@ print(json.dumps({
 
 def run_child(layer: str) -> dict[str, object]:
     env = {**os.environ, "NUMBA_THREADING_LAYER": layer}
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300, check=True)
+    command = [sys.executable, "-c", CHILD]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
