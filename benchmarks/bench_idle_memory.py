@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plots import saved_axes
+
 from kimi_vision_prep.host import host_layout
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.repository import RenderOptions, default_model_names
@@ -67,18 +69,10 @@ def main() -> int:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar([f"{r['selection']}\n{r['instances']} instance(s)" for r in rows], [r["pss_mib"] for r in rows])
-    ax.set_ylabel("idle PSS, MiB (tritonserver + stubs)")
-    ax.set_title("kimi-prep serve, idle")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with saved_axes(path, (6, 4)) as ax:
+        ax.bar([f"{r['selection']}\n{r['instances']} instance(s)" for r in rows], [r["pss_mib"] for r in rows])
+        ax.set_ylabel("idle PSS, MiB (tritonserver + stubs)")
+        ax.set_title("kimi-prep serve, idle")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_idle_memory import pss_kib
 from photos import benchmark_photos, corpus_photos
+from plots import saved_axes
 
 from kimi_vision_prep.allocator import allocator_env
 from kimi_vision_prep.host import host_layout
@@ -168,22 +169,14 @@ def main() -> int:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in rows:
-        ax.plot(r["sample_times_s"], r["samples_mib"], label=f"{r['selection']} ({r['allocator']})")
-    ax.axhline(1500 * 1000**2 / 1024**2, color="grey", linestyle="--", label="1.5 GB")
-    ax.set_xlabel("seconds after warm-up")
-    ax.set_ylabel("PSS, MiB (tritonserver + stubs)")
-    ax.set_title(f"kimi-prep serve under load on {LOADED_MODEL}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with saved_axes(path, (8, 4.5)) as ax:
+        for r in rows:
+            ax.plot(r["sample_times_s"], r["samples_mib"], label=f"{r['selection']} ({r['allocator']})")
+        ax.axhline(1500 * 1000**2 / 1024**2, color="grey", linestyle="--", label="1.5 GB")
+        ax.set_xlabel("seconds after warm-up")
+        ax.set_ylabel("PSS, MiB (tritonserver + stubs)")
+        ax.set_title(f"kimi-prep serve under load on {LOADED_MODEL}")
+        ax.legend(fontsize=7)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from photos import ROOT, benchmark_photos
+from plots import saved_axes
 
 from kimi_vision_client import bench_local
 from kimi_vision_client.cli import perf_input_data
@@ -46,7 +46,8 @@ from kimi_vision_prep.serving.render_blocks import IMAGE_BYTES_INPUT, SERVING_DE
 from kimi_vision_prep.serving.repository import RenderOptions, default_model_names, render_repository, repository_models
 
 PEER = "reference_k25_vision"
-# model -> the in-process output it is compared with (the peer: with ours producing the same float32).
+# model -> the in-process output it is compared with (the peer: with ours producing the same float32);
+# in-process is bench_local.throughput on 2 threads, best of 3 rounds.
 MODELS = {
     "kimi_k25_vision": "pixel_values",
     "kimi_k25_vision_u8": "pixel_patches",
@@ -113,24 +114,6 @@ def perf_analyzer_row(  # noqa: PLR0917
     }
 
 
-def in_process(images: list[bench_local.BenchImage], output: str) -> float:
-    """Images/s of the library on 2 threads producing ``output`` (best of 3 rounds)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from kimi_vision_prep import ImageDecoder, preprocess_bytes
-
-    decoder = ImageDecoder(pool_size=2)
-    best = 0.0
-    with ThreadPoolExecutor(2) as pool:
-        work = lambda im: preprocess_bytes(im.data, "kimi-k2.5", decoder=decoder, output=output)  # noqa: E731
-        list(pool.map(work, images))
-        for _ in range(3):
-            start = time.perf_counter()
-            list(pool.map(work, images))
-            best = max(best, len(images) / (time.perf_counter() - start))
-    return best
-
-
 def bench_repository(out: Path, options: RenderOptions) -> Path:
     """The default set and K2.5's fused models rendered with ``options``, plus the peer."""
     render_repository(out, options, names=[*default_model_names(), "kimi_k25_vision_fused", "kimi_k25_vision_fused_u8"])
@@ -184,7 +167,7 @@ def main() -> int:
         with EmbeddedServer(repository) as server:
             for model in args.models:
                 for shm in (False, True):
-                    local = in_process(images, MODELS[model])
+                    local = bench_local.throughput(images, "kimi-k2.5", 2, 3, output=MODELS[model])
                     models = chain(model, options)
                     before = {m: model_stats(server.http_url, m) for m in models}
                     served = run_perf_analyzer(
@@ -221,21 +204,13 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [f"{r['model'].removeprefix('kimi_k25_')}\n{'shm' if r['shm'] else 'no shm'}" for r in rows]
-    fig, ax = plt.subplots(figsize=(12, 4.5))
-    ax.bar(labels, [r["served_over_in_process"] for r in rows])
-    ax.axhline(0.8, color="grey", linestyle="--", label="0.8x target")
-    ax.set_ylabel("perf_analyzer img/s / in-process img/s")
-    ax.set_title("default kimi-prep serve, gRPC")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with saved_axes(path, (12, 4.5)) as ax:
+        ax.bar(labels, [r["served_over_in_process"] for r in rows])
+        ax.axhline(0.8, color="grey", linestyle="--", label="0.8x target")
+        ax.set_ylabel("perf_analyzer img/s / in-process img/s")
+        ax.set_title("default kimi-prep serve, gRPC")
+        ax.legend()
 
 
 if __name__ == "__main__":

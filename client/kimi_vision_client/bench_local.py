@@ -35,7 +35,7 @@ from PIL import Image
 from kimi_vision_prep import ImageDecoder, get_preset, navit_target_size, preprocess_batch, preprocess_bytes
 from kimi_vision_prep.buffers import scratch_scope
 from kimi_vision_prep.normalize import normalize_table, write_patches
-from kimi_vision_prep.pipeline import resize_to_target
+from kimi_vision_prep.pipeline import PixelOutput, resize_to_target
 
 from .samples import bench_photos
 
@@ -139,15 +139,19 @@ def dali_runner(preset_name: str) -> Callable[[bytes, tuple[int, int]], np.ndarr
     return run
 
 
-def throughput(images: list[BenchImage], preset_name: str, threads: int, rounds: int) -> float:
-    """Images/s of ``preprocess_bytes`` over the image set on ``threads`` threads (best of rounds)."""
+def throughput(
+    images: list[BenchImage], preset_name: str, threads: int, rounds: int, output: PixelOutput = "pixel_values"
+) -> float:
+    """Images/s of ``preprocess_bytes`` producing ``output`` over the image set on ``threads``
+    threads (one warm-up round, then the best of ``rounds``)."""
     decoder = ImageDecoder(pool_size=threads)
+    work = lambda im: preprocess_bytes(im.data, preset_name, decoder=decoder, output=output)  # noqa: E731
     best = 0.0
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda im: preprocess_bytes(im.data, preset_name, decoder=decoder), images))
+        list(pool.map(work, images))
         for _ in range(rounds):
             start = time.perf_counter()
-            list(pool.map(lambda im: preprocess_bytes(im.data, preset_name, decoder=decoder), images))
+            list(pool.map(work, images))
             best = max(best, len(images) / (time.perf_counter() - start))
     return best
 
