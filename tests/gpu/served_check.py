@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import shutil
 import struct
@@ -223,11 +224,10 @@ def step_throughput(
     server: EmbeddedServer, images: dict[str, bytes], concurrency: int, seconds: float
 ) -> dict[str, Any]:
     items = list(images.values())
-    cycle = {"i": 0}
+    cycle = itertools.cycle(items)  # shared by the worker threads: each call takes the next image
 
     def next_image() -> bytes:
-        cycle["i"] += 1
-        return items[cycle["i"] % len(items)]
+        return next(cycle)
 
     clients = threading.local()
 
