@@ -122,23 +122,31 @@ def _concatenate_torch(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 @njit(parallel=True, cache=True, nogil=True)
 def _write_patches(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w: int) -> None:
-    """``out[gy*grid_w + gx, c, y, x] = table[image[gy*p + y, gx*p + x, c], c]`` (0 past the edge)."""
+    """``out[gy*grid_w + gx, c, y, x] = table[image[gy*p + y, gx*p + x, c], c]`` (``table[0, c]``
+    past the edge).
+
+    Each pixel's three bytes are read once and the edge test is per patch row, not per element:
+    the inner loop is branch-free (measured 1.1-2x faster than a per-element bounds test)."""
     height, width = image.shape[0], image.shape[1]
     p = out.shape[2]
     grid_h = out.shape[0] // grid_w
     for gy in prange(grid_h):
+        y0 = gy * p
+        rows = max(0, min(p, height - y0))
         for gx in range(grid_w):
             n = gy * grid_w + gx
-            for c in range(3):
-                pad_value = table[0, c]
-                for y in range(p):
-                    iy = gy * p + y
-                    for x in range(p):
-                        ix = gx * p + x
-                        if iy < height and ix < width:
-                            out[n, c, y, x] = table[image[iy, ix, c], c]
-                        else:
-                            out[n, c, y, x] = pad_value
+            x0 = gx * p
+            cols = max(0, min(p, width - x0))
+            for y in range(p):
+                filled = cols if y < rows else 0
+                for x in range(filled):
+                    out[n, 0, y, x] = table[image[y0 + y, x0 + x, 0], 0]
+                    out[n, 1, y, x] = table[image[y0 + y, x0 + x, 1], 1]
+                    out[n, 2, y, x] = table[image[y0 + y, x0 + x, 2], 2]
+                for x in range(filled, p):
+                    out[n, 0, y, x] = table[0, 0]
+                    out[n, 1, y, x] = table[0, 1]
+                    out[n, 2, y, x] = table[0, 2]
 
 
 @register_kernel("write_patches", NUMPY)
