@@ -12,6 +12,17 @@ import pytest
 from make_inputs import CORPUS
 
 
+@pytest.fixture(autouse=True)
+def library_buffer_caps():
+    """Each test starts from the library's buffer caps: a served model built in process (unit tests)
+    applies its config's caps to the process, as it does in its stub."""
+    from kimi_vision_prep.buffers import buffer_stats, configure_buffers
+
+    stats = buffer_stats()
+    yield
+    configure_buffers(scratch_cap_bytes=stats["scratch_cap_bytes"], recycle_cap_bytes=stats["recycle_cap_bytes"])
+
+
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     if not CORPUS.exists():

@@ -33,6 +33,8 @@ from kimi_vision_prep import (
     KIMI_K25,
     PreprocessError,
     Preset,
+    buffer_stats,
+    configure_buffers,
     pipeline,
     preprocess_bytes,
     preprocess_images,
@@ -42,10 +44,17 @@ from kimi_vision_prep.errors import ImageTooLargeError, InvalidRequestError, ser
 from kimi_vision_prep.kernels import register_kernel, type_key
 from kimi_vision_prep.serving import components, launcher, tensors, triton_install
 from kimi_vision_prep.serving import requests as request_tensors
-from kimi_vision_prep.serving.config import DecoderSettings, decoder_settings, model_parameters, numba_threads
+from kimi_vision_prep.serving.config import (
+    DecoderSettings,
+    buffer_caps,
+    decoder_settings,
+    model_parameters,
+    numba_threads,
+)
 from kimi_vision_prep.serving.contract import ServingModel, TritonIO
 from kimi_vision_prep.serving.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
 from kimi_vision_prep.serving.patch_embed import make_patch_embed
+from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
 from kimi_vision_prep.serving.repository import RenderOptions, render_repository
 from kimi_vision_prep.serving.requests import decoded_from_inputs, images_from_input
 from kimi_vision_prep.serving.tensors import input_array, output_tensor
@@ -288,6 +297,26 @@ def images(corpus: Path) -> dict[str, bytes]:
 
 
 # -- decode model ---------------------------------------------------------------------------------
+
+
+def test_every_python_model_applies_its_buffer_caps(pb: SimpleNamespace) -> None:
+    """Every Python model's config carries ServingDefaults' buffer caps, and a model built from it
+    applies them to its process (its stub); a config without them keeps the library's caps."""
+    for config in REPOSITORY.glob("*/config.pbtxt"):
+        params = model_parameters(config_dict(config.parent.name))
+        if 'backend: "python"' in config.read_text():
+            assert buffer_caps(params) == {
+                "scratch_cap_bytes": SERVING_DEFAULTS.scratch_cap_bytes,
+                "recycle_cap_bytes": SERVING_DEFAULTS.recycle_cap_bytes,
+            }, config.parent.name
+    assert buffer_caps({}) == {}
+    configure_buffers(scratch_cap_bytes=1 << 20, recycle_cap_bytes=1 << 20)
+    PreprocessModel(pb, model_args("kimi_k25_preprocess"))
+    stats = buffer_stats()
+    assert (stats["scratch_cap_bytes"], stats["recycle_cap_bytes"]) == (
+        SERVING_DEFAULTS.scratch_cap_bytes,
+        SERVING_DEFAULTS.recycle_cap_bytes,
+    )
 
 
 def test_decode_model_batches_and_isolates_errors(pb: SimpleNamespace, images: dict[str, bytes], corpus: Path) -> None:
@@ -800,6 +829,10 @@ def test_server_args_and_embedded_layout(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert f"--backend-directory={install.backend_directory}" in args
     shm = next(a for a in args if "shm-default-byte-size" in a)
     assert int(shm.rsplit("=", 1)[1]) > 24 << 20  # a 1920x1080 PIXEL_VALUES (~25 MiB) fits the first region
+    ours = f"--grpc-infer-allocation-pool-size={launcher.GRPC_INFER_POOL_SIZE}"
+    operators = "--grpc-infer-allocation-pool-size=8"
+    overridden = launcher.server_args(install, tmp_path, launcher.Ports(1, 2, 3), [operators])
+    assert overridden.index(ours) < overridden.index(operators)  # the operator's comes last: it wins
 
 
 def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> None:

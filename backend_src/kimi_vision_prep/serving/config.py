@@ -114,6 +114,13 @@ def video_settings(parameters: Mapping[str, str]) -> VideoSettings:
     return VideoSettings(VideoLimits(**values), threads)
 
 
+def buffer_caps(parameters: Mapping[str, str]) -> dict[str, int]:
+    """``scratch_cap_bytes`` / ``recycle_cap_bytes`` as :func:`~kimi_vision_prep.configure_buffers`
+    keywords; an absent key is left out (the library's default stays)."""
+    keys = ("scratch_cap_bytes", "recycle_cap_bytes")
+    return {key: parse_int(key, parameters[key], 0) for key in keys if key in parameters}
+
+
 def numba_threads(parameters: Mapping[str, str]) -> int:
     """``numba_threads``: threads of the CPU patchify kernel in this instance (0: numba's default)."""
     return parse_int("numba_threads", parameters.get("numba_threads", "0"), 0)

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ..buffers import configure_buffers
 from ..errors import (
     CancelledError,
     InvalidRequestError,
@@ -29,7 +30,7 @@ from ..errors import (
     served_message,
     triton_code_for,
 )
-from .config import model_config_from_args, model_parameters
+from .config import buffer_caps, model_config_from_args, model_parameters
 from .metrics import ModelMetrics
 from .requests import Outputs
 from .tensors import input_array, output_tensor, synchronize_cuda
@@ -100,6 +101,7 @@ class ServingModel:
         self.io = TritonIO(pb_utils)
         self.config = model_config_from_args(args)
         self.parameters = model_parameters(self.config)
+        configure_buffers(**buffer_caps(self.parameters))  # one model per stub process
         self.name = str(args.get("model_name") or self.config.get("name", "model"))
         self.output_names = frozenset(output["name"] for output in self.config.get("output", ())) or None
         self.instance = str(args.get("model_instance_name") or self.name)

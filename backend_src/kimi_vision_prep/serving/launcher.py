@@ -44,6 +44,10 @@ from .watchdog import StubWatchdog
 SHM_DEFAULT_BYTES = 64 << 20
 SHM_GROWTH_BYTES = 64 << 20
 STUB_TIMEOUT_S = 120
+# gRPC request/response objects tritonserver keeps for reuse (its default: 8). A kept response keeps
+# the capacity of its largest output (37 MiB of float32 pixel_values), so 8 of them held ~650 MiB
+# more at concurrency 16 than 1 does, for the same perf_analyzer throughput (BENCHMARKS.md).
+GRPC_INFER_POOL_SIZE = 1
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 log = logging.getLogger(__name__)
 # On a host without GPUs: tritonserver flags that keep it from trying CUDA where it can (no pinned
@@ -125,7 +129,8 @@ def server_args(
     extra_args: Sequence[str] = (),
     shm_prefix: str = "kimi_prep_",
 ) -> list[str]:
-    """Command line: explicit model control loading every model, Python backend shm sized for big outputs."""
+    """Command line: explicit model control loading every model, Python backend shm sized for big
+    outputs, a small gRPC response pool; ``extra_args`` last (a repeated flag: the last one wins)."""
     args = [
         str(install.binary),
         f"--model-repository={model_repository}",
@@ -134,6 +139,7 @@ def server_args(
         f"--http-port={ports.http}",
         f"--grpc-port={ports.grpc}",
         f"--metrics-port={ports.metrics}",
+        f"--grpc-infer-allocation-pool-size={GRPC_INFER_POOL_SIZE}",
         f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
         f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
         f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT_S}",

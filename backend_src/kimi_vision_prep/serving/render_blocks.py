@@ -55,10 +55,18 @@ class ServingDefaults:
     its shared memory; float32 is up to 37 MiB a request), so 1 caps an instance's working set at
     one request; the images a request carries (K) are unaffected. Measured: BENCHMARKS.md, memory
     under load.
+
+    ``scratch_cap_bytes`` / ``recycle_cap_bytes``: each stub's :func:`~kimi_vision_prep.configure_buffers`
+    caps (every Python model's parameters). 0: no reuse. A stub's outputs leave it as copies in
+    its shared memory, and its requests come one at a time, so kept buffers only add memory there:
+    at concurrency 16 the library's in-process defaults (128 MiB each) held ~400 MiB more over the
+    pair of K2.5 ensembles than 0 did, for the same perf_analyzer throughput (BENCHMARKS.md).
     """
 
     max_batch_size: int = 8
     pixel_batch_size: int = 1
+    scratch_cap_bytes: int = 0
+    recycle_cap_bytes: int = 0
     max_queue_delay_us: int = 1000
     max_queue_size: int = 128
     queue_timeout_us: int = 30_000_000
@@ -161,6 +169,13 @@ def decoder_block(options: RenderOptions) -> str:
     )
 
 
+def buffers_block(defaults: ServingDefaults) -> str:
+    return pbtxt.parameters(
+        {"scratch_cap_bytes": defaults.scratch_cap_bytes, "recycle_cap_bytes": defaults.recycle_cap_bytes},
+        "Large buffers this stub keeps for reuse (kimi_vision_prep.configure_buffers; 0: none).",
+    )
+
+
 def numba_block(options: RenderOptions) -> str:
     return pbtxt.parameters(
         {"numba_threads": options.threads}, "Threads of the CPU kernels per instance (0: numba's default, all cores)."
@@ -229,6 +244,7 @@ def python_model(  # noqa: PLR0917
         + pbtxt.tensor_list("output", outputs)
         + instance_group(options)
         + "".join(blocks)
+        + buffers_block(defaults)
     )
     return ModelFiles(name, config, python_class)
 

@@ -33,6 +33,7 @@ from .render_blocks import (
     RenderOptions,
     ServedPreset,
     ServingDefaults,
+    buffers_block,
     decoder_block,
     ensemble,
     ensemble_step,
@@ -196,6 +197,7 @@ def patch_embed_model(preset: Preset, options: RenderOptions, defaults: ServingD
                 "patch_size": p,
             }
         )
+        + buffers_block(defaults)
     )
     return ModelFiles(PATCH_EMBED_MODEL, config, "models.PatchEmbedModel")
 
