@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from photos import benchmark_photos, plain_reference
 
 from kimi_vision_client import bench_local
-from kimi_vision_prep.allocator import keep_large_buffers
 
 
 def main() -> int:
@@ -26,11 +25,9 @@ def main() -> int:
     parser.add_argument("--preset", default="kimi-k2.5")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
-    parser.add_argument("--keep-large-buffers", action="store_true", help="the served models' malloc settings")
+    parser.add_argument("--keep-large-buffers", action="store_true", help="kimi_vision_prep.allocator's retention")
     args = parser.parse_args()
-    allocator = "glibc default"  # as a caller's process has it (issue 12)
-    if args.keep_large_buffers and keep_large_buffers():
-        allocator = "large buffers kept on the heap (kimi_vision_prep.allocator)"
+    allocator = bench_local.apply_allocator(args.keep_large_buffers)
     reference = plain_reference().reference_preprocess
     bench_local.run(args.preset, args.repeats, args.out_dir, allocator, benchmark_photos(), reference)
     return 0

@@ -10,8 +10,9 @@ reused, in two bounded ways:
   the simplejpeg route, the resize passes) come from a per-thread arena inside a
   :func:`scratch_scope`. The i-th request of a scope gets the arena's i-th buffer, grown when too
   small, so the next image's requests land on pages already faulted in. Outside a scope
-  :func:`scratch` is :func:`empty_output`: a public op never returns arena memory (a served
-  decode model's pixels, which leave it as a response, reuse recycled blocks instead).
+  :func:`scratch` is :func:`empty_output`: a public op never returns arena memory (pixels that
+  leave a call, e.g. a decode model's response, reuse recycled blocks instead while the recycle
+  cap allows: the served models set both caps to 0, ``ServingDefaults``).
 * **Outputs** (:func:`empty_output`): arrays handed to the caller are the caller's, but a large
   one's block goes back to a process-wide free list when the array and every view of it are gone,
   and the next output of a fitting size reuses it.

@@ -353,13 +353,9 @@ def cmd_perf_data(args: argparse.Namespace) -> int:
 
 def cmd_bench_local(args: argparse.Namespace) -> int:
     """In-process side-by-side timings (``bench_local``)."""
-    from kimi_vision_prep.allocator import keep_large_buffers
-
     from . import bench_local
 
-    allocator = "glibc default"
-    if args.keep_large_buffers and keep_large_buffers():
-        allocator = "large buffers kept on the heap (kimi_vision_prep.allocator)"
+    allocator = bench_local.apply_allocator(args.keep_large_buffers)
     print(f"allocator: {allocator}")
     sources = [(str(path), path.read_bytes()) for path in expand_paths(args.images)] if args.images else None
     bench_local.run(args.preset, args.repeats, args.out_dir, allocator, sources)
@@ -516,7 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument(
         "--keep-large-buffers",
         action="store_true",
-        help="apply the malloc settings served models get (default: glibc's, as an inference engine's process has)",
+        help="apply kimi_vision_prep.allocator's malloc retention (default: glibc's, as in an inference engine)",
     )
     local.set_defaults(run=cmd_bench_local)
 

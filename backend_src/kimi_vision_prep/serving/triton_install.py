@@ -93,9 +93,8 @@ def _layout_embedded_backends(pytriton_dir: Path) -> Path:
 def find_tritonserver() -> TritonInstall:
     """``tritonserver`` on PATH (NGC container), else the embedded one from ``nvidia-pytriton``."""
     # A GPU-less host loads only nvImageCodec's CPU extensions (host.py: no red "Failed to load"
-    # lines); operator values win. glibc's malloc defaults stay: the stubs reuse their large
-    # buffers themselves (buffers.py), and keeping the peak heap (allocator.py) cost ~930 MiB under
-    # load for no throughput (BENCHMARKS.md, memory under load).
+    # lines); operator values win. glibc's malloc defaults stay: keeping the peak heap
+    # (allocator.py) cost ~600-930 MiB under load (allocator.py's docstring, BENCHMARKS.md).
     env = {**codec_env(cache_root()), **os.environ}
     _stub_env(env)
     on_path = shutil.which("tritonserver", path=os.environ.get("PATH"))
