@@ -48,7 +48,7 @@ def test_keep_large_buffers_reuses_the_heap_instead_of_faulting_pages_in() -> No
 
 
 def test_launcher_keeps_glibc_defaults_and_operator_values_win(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The retention setting cost ~930 MiB under load for no throughput (BENCHMARKS.md): the
+    """The retention setting cost ~600-930 MiB under load (allocator.py, BENCHMARKS.md): the
     launcher no longer sets it; an operator's own values still reach tritonserver and the stubs."""
     assert allocator_env() == {
         "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES),
