@@ -121,12 +121,12 @@ def _concatenate_torch(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _write_patches(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w: int) -> None:
+def _write_patches_by_pixel(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w: int) -> None:
     """``out[gy*grid_w + gx, c, y, x] = table[image[gy*p + y, gx*p + x, c], c]`` (``table[0, c]``
-    past the edge).
+    past the edge), each pixel's three bytes read once: the faster order for uint8 patches.
 
-    Each pixel's three bytes are read once and the edge test is per patch row, not per element:
-    the inner loop is branch-free (measured 1.1-2x faster than a per-element bounds test)."""
+    The edge test is per patch row, not per element: the inner loops are branch-free (measured
+    1.1-2x faster than a per-element bounds test)."""
     height, width = image.shape[0], image.shape[1]
     p = out.shape[2]
     grid_h = out.shape[0] // grid_w
@@ -149,6 +149,31 @@ def _write_patches(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w
                     out[n, 2, y, x] = table[0, 2]
 
 
+@njit(parallel=True, cache=True, nogil=True)
+def _write_patches_by_plane(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w: int) -> None:
+    """As :func:`_write_patches_by_pixel`, one channel plane of a patch after the other: each patch
+    is written as one ascending stream, the faster order for float32 patches of large images
+    (1.3x at 3 MP, BENCHMARKS.md)."""
+    height, width = image.shape[0], image.shape[1]
+    p = out.shape[2]
+    grid_h = out.shape[0] // grid_w
+    for gy in prange(grid_h):
+        y0 = gy * p
+        rows = max(0, min(p, height - y0))
+        for gx in range(grid_w):
+            n = gy * grid_w + gx
+            x0 = gx * p
+            cols = max(0, min(p, width - x0))
+            for c in range(3):
+                pad = table[0, c]
+                for y in range(p):
+                    filled = cols if y < rows else 0
+                    for x in range(filled):
+                        out[n, c, y, x] = table[image[y0 + y, x0 + x, c], c]
+                    for x in range(filled, p):
+                        out[n, c, y, x] = pad
+
+
 @register_kernel("write_patches", NUMPY)
 def write_patches_numpy(
     image: np.ndarray, table: np.ndarray, grid_h: int, grid_w: int, patch_size: int, *, out: np.ndarray | None = None
@@ -163,8 +188,9 @@ def write_patches_numpy(
         out = empty_output(shape, table.dtype)
     elif out.shape != shape or out.dtype != table.dtype or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"out must be a writable C-contiguous {table.dtype} array of shape {shape}")
+    kernel = _write_patches_by_plane if out.itemsize >= 4 else _write_patches_by_pixel
     with parallel_kernel(out.size):
-        _write_patches(kernel_input(image), kernel_input(table), out, grid_w)
+        kernel(kernel_input(image), kernel_input(table), out, grid_w)
     return out
 
 
