@@ -16,8 +16,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import numba
 import numpy as np
 from PIL import Image
 
+from kimi_vision_client.bench_local import time_calls
 from kimi_vision_prep import PRESETS, navit_target_size
 from kimi_vision_prep.numba_runtime import set_num_threads
 from kimi_vision_prep.resize import resize
@@ -47,19 +46,6 @@ def torch_antialias(tensor: object, width: int, height: int) -> object:
     return torch.clamp(torch.round(resized[0]), 0, 255).permute(1, 2, 0).to(torch.uint8)
 
 
-def time_calls(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each function, interleaved, after one warm-up call each."""
-    for call in calls.values():
-        call()
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            seconds[name].append(time.perf_counter() - start)
-    return seconds
-
-
 def bench_case(width: int, height: int, channels: int, repeats: int, with_torch: bool) -> dict:
     target = navit_target_size(width, height, PRESETS["kimi-k2.5"])
     size = (target.new_width, target.new_height)
@@ -76,8 +62,7 @@ def bench_case(width: int, height: int, channels: int, repeats: int, with_torch:
         calls["torch_antialias_cpu"] = lambda: torch_antialias(tensor, *size)
     expected = pillow_resize(pixels, *size)
     exact = bool(np.array_equal(resize(pixels, *size, "bicubic"), expected))
-    seconds = time_calls(calls, repeats)
-    stats = {name: {"min_ms": min(s) * 1e3, "median_ms": statistics.median(s) * 1e3} for name, s in seconds.items()}
+    stats = {name: {"min_ms": t.min_ms, "median_ms": t.median_ms} for name, t in time_calls(calls, repeats).items()}
     return {
         "source": f"{width}x{height}",
         "target": f"{size[0]}x{size[1]}",

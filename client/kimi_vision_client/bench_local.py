@@ -21,7 +21,7 @@ import io
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,15 +59,18 @@ class Timing:
     median_ms: float
 
 
-def time_call(fn: Callable[[], Any], repeats: int) -> Timing:
-    """Run ``fn`` once to warm up, then ``repeats`` times; min and median wall time in ms."""
-    fn()
-    samples = []
+def time_calls(calls: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, Timing]:
+    """Each call once to warm up, then ``repeats`` rounds of every call in turn (interleaved, so a
+    load that comes and goes on the host hits them alike); min and median wall time in ms."""
+    for call in calls.values():
+        call()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return Timing(min(samples), statistics.median(samples))
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return {name: Timing(min(s), statistics.median(s)) for name, s in samples.items()}
 
 
 def plain_preprocess(data: bytes, preset_name: str) -> np.ndarray:
@@ -215,12 +218,8 @@ def profile(images: list[BenchImage], preset_name: str, repeats: int) -> list[di
         def patchify(rgb: np.ndarray = rgb, target: Any = target, out: np.ndarray = out) -> None:
             write_patches(rgb, table, target.grid_h, target.grid_w, preset.patch_size, out=out)
 
-        stages = {
-            "full": time_call(lambda im=im: preprocess_bytes(im.data, preset_name, decoder=decoder), repeats),
-            "decode": time_call(decode, repeats),
-            "resize": time_call(resize, repeats),
-            "patchify": time_call(patchify, repeats),
-        }
+        full = lambda im=im: preprocess_bytes(im.data, preset_name, decoder=decoder)  # noqa: E731
+        stages = time_calls({"full": full, "decode": decode, "resize": resize, "patchify": patchify}, repeats)
         row = {"size": label, "image": im.name, "width": im.width, "height": im.height, "path": decoded.decode_path}
         row |= {f"{k}_ms": v.median_ms for k, v in stages.items()}
         row["rest_ms"] = row["full_ms"] - row["decode_ms"] - row["resize_ms"] - row["patchify_ms"]
@@ -236,7 +235,7 @@ def run(  # noqa: PLR0917
     sources: Sequence[tuple[str, bytes]] | None = None,
     reference: Reference = plain_preprocess,
 ) -> dict[str, Any]:
-    """Time every image four ways (ours, ``reference``, decode floor, DALI) and write JSON + PNG.
+    """Time every image four ways (ours, ``reference``, decode floor, DALI; interleaved) and write JSON + PNG.
     ``sources`` as for :func:`bench_images`; ``allocator`` only labels the results (the caller
     configured the process)."""
     dali = dali_runner(preset_name)
@@ -247,15 +246,17 @@ def run(  # noqa: PLR0917
     for im in images:
         target = navit_target_size(im.width, im.height, preset)
         row: dict[str, Any] = {"image": asdict(im) | {"data": len(im.data)}}
-        row["ours"] = time_call(lambda im=im: preprocess_bytes(im.data, preset_name, decoder=decoder), repeats)
-        row["reference"] = time_call(lambda im=im: reference(im.data, preset_name), repeats)
-        row["floor"] = time_call(lambda im=im: fastest_exact_decode(im), repeats)
-        row["pillow_decode"] = time_call(
-            lambda im=im: np.asarray(Image.open(io.BytesIO(im.data)).convert("RGB")), repeats
-        )
+        calls: dict[str, Callable[[], Any]] = {
+            "ours": lambda im=im: preprocess_bytes(im.data, preset_name, decoder=decoder),
+            "reference": lambda im=im: reference(im.data, preset_name),
+            "floor": lambda im=im: fastest_exact_decode(im),
+            "pillow_decode": lambda im=im: np.asarray(Image.open(io.BytesIO(im.data)).convert("RGB")),
+        }
+        size_hw = (target.new_height, target.new_width)
         if dali is not None:
-            size_hw = (target.new_height, target.new_width)
-            row["dali"] = time_call(lambda im=im, s=size_hw: dali(im.data, s), repeats)
+            calls["dali"] = lambda im=im, s=size_hw: dali(im.data, s)
+        row |= time_calls(calls, repeats)
+        if dali is not None:
             expected = np.asarray(
                 Image.open(io.BytesIO(im.data)).convert("RGB").resize(
                     (target.new_width, target.new_height), Image.Resampling.BICUBIC
