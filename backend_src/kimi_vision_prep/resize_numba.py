@@ -39,7 +39,8 @@ _WORD_TILE_ROWS = 16
 _WORD_TILE_LANES = 4 * _WORD_TILE_ROWS
 # Vertical-pass chunk: 16 KiB of int32 accumulators stay in L1 while every tap row is added.
 _ROW_CHUNK = 4096
-# Masks of the three swap stages of an 8x8 byte transposition in eight uint64 words.
+# Masks of the three swap stages of an 8x8 byte transposition in eight uint64 words (byte r of a
+# word is lane r of the tile viewed as uint64: little-endian hosts, as x86-64 and aarch64 are).
 _MASK_32 = np.uint64(0x00000000FFFFFFFF)
 _MASK_16 = np.uint64(0x0000FFFF0000FFFF)
 _MASK_8 = np.uint64(0x00FF00FF00FF00FF)
