@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from make_inputs import jpeg_cmyk, jpeg_grey, jpeg_rgb, png_mode
+from PIL import Image
 from reference import reference_preprocess
 
 import kimi_vision_prep
@@ -322,6 +324,36 @@ def test_strict_simplejpeg_refusal_takes_nvimgcodec_not_a_fallback(corpus: Path)
     assert_exact(result, data)
     clean = kimi_vision_prep.preprocess_bytes(jpeg_rgb(40, 30), decoder=ImageDecoder())
     assert (clean.decode_path, clean.fallback_reason) == ("simplejpeg", None)
+
+
+def test_batch_decodes_several_jpegs_at_once_exactly(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """simplejpeg decodes a batch's JPEGs on ``decoder_threads`` threads at once: each image is still
+    Pillow's pixels, in order, owned by the caller (the worker threads have no scratch arena), and
+    a refused file in the same batch still takes its planned route."""
+    names = ["imagers__large_image.jpg", "sklearn__china.jpg", "imagers__extraneous-data.jpg", "pil__iptc.jpg"]
+    items = [(corpus / name).read_bytes() for name in names] + [jpeg_grey(33, 17), jpeg_rgb(64, 48)]
+    preset = kimi_vision_prep.get_preset("kimi-k2.5")
+    threads_seen: set[str] = set()
+    real_decode = decode_module.decode_simplejpeg
+
+    def recorded_decode(data: bytes, width: int, height: int) -> np.ndarray | None:
+        threads_seen.add(threading.current_thread().name)
+        return real_decode(data, width, height)
+
+    monkeypatch.setattr(decode_module, "decode_simplejpeg", recorded_decode)
+    decoded = ImageDecoder(decoder_threads=2).decode_batch(items, preset)
+    assert threads_seen and all(name.startswith("kimi-prep-simplejpeg") for name in threads_seen), threads_seen
+    assert [d.decode_path for d in decoded] == ["simplejpeg"] * 2 + ["nvimgcodec-cpu"] + ["simplejpeg"] * 3
+    for data, image in zip(items, decoded, strict=True):
+        expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        np.testing.assert_array_equal(np.asarray(image.pixels), expected)
+    kept = [np.array(d.pixels) for d in decoded]
+    ImageDecoder(decoder_threads=2).decode_batch(items[::-1], preset)
+    assert all(np.array_equal(d.pixels, k) for d, k in zip(decoded, kept, strict=True))
+    result = kimi_vision_prep.preprocess_images(items, decoder=ImageDecoder(decoder_threads=2))
+    sequential = kimi_vision_prep.preprocess_images(items, decoder=ImageDecoder(decoder_threads=1))
+    np.testing.assert_array_equal(result.pixel_values, sequential.pixel_values)
+    assert result.decode_paths == sequential.decode_paths
 
 
 def test_cpu_routes_are_checked() -> None:

@@ -27,9 +27,11 @@ transparency key, ...), which the resize step resizes with Pillow in that mode.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -158,7 +160,8 @@ class ImageDecoder:
 
     ``pool_size`` caps the nvImageCodec decoders alive in this process for this device (each holds
     scratch memory; on a GPU, device memory), ``pool_timeout_s`` bounds the wait for one.
-    ``decoder_threads`` is nvImageCodec's CPU thread count per decoder (0: all cores).
+    ``decoder_threads`` is nvImageCodec's CPU thread count per decoder, and how many images of one
+    batch simplejpeg decodes at once (0: all cores).
     ``stats`` records every decode (default: a fresh :class:`DecodeStats` logging to this module's
     logger). ``cpu_routes``: the fast CPU decoders a clean JPEG may take, in order (default both:
     simplejpeg, then nvImageCodec for what it refuses; the benchmark and the exactness tests run
@@ -192,6 +195,7 @@ class ImageDecoder:
         self._codec: Any = None
         self._codec_error: str | None = None
         self._codec_lock = threading.Lock()
+        self._batch_threads: ThreadPoolExecutor | None = None
 
     # -- nvImageCodec -------------------------------------------------------------------------
 
@@ -259,8 +263,7 @@ class ImageDecoder:
         planned to Pillow); mark failures for fallback."""
         if self.device_kind == "cpu":
             if "simplejpeg" in self.cpu_routes:
-                for plan in plans:
-                    pixels = decode_simplejpeg(plan.data, plan.image.width, plan.image.height)
+                for plan, pixels in zip(plans, self._map_simplejpeg(plans), strict=True):
                     if pixels is not None:
                         plan.result = DecodedImage(pixels, plan.image.width, plan.image.height, "bicubic", "simplejpeg")
             plans = [plan for plan in plans if plan.result is None]
@@ -300,6 +303,19 @@ class ImageDecoder:
                 plan.fallback_reason = "nvImageCodec returned no image"
                 continue
             plan.result = DecodedImage(pixels, plan.image.width, plan.image.height, "bicubic", self.fast_path)
+
+    def _map_simplejpeg(self, plans: list[_Plan]) -> list[np.ndarray | None]:
+        """:func:`decode_simplejpeg` of each plan, several at once on up to ``decoder_threads``
+        threads (it releases the GIL; one image stays on the calling thread and its scratch arena)."""
+        threads = min(len(plans), self.decoder_threads or os.cpu_count() or 1)
+        decode = lambda plan: decode_simplejpeg(plan.data, plan.image.width, plan.image.height)  # noqa: E731
+        if threads <= 1:
+            return [decode(plan) for plan in plans]
+        with self._codec_lock:
+            if self._batch_threads is None:
+                workers = self.decoder_threads or os.cpu_count() or 1
+                self._batch_threads = ThreadPoolExecutor(workers, thread_name_prefix="kimi-prep-simplejpeg")
+        return list(self._batch_threads.map(decode, plans))
 
     def _decode_pillow(self, plan: _Plan, preset: Preset) -> DecodedImage:
         # Pillow first: an image it rejects is bad input (its verdict), not a decoder fallback.
