@@ -195,7 +195,8 @@ class ImageDecoder:
         self._codec: Any = None
         self._codec_error: str | None = None
         self._codec_lock = threading.Lock()
-        self._batch_threads: ThreadPoolExecutor | None = None
+        self._batch_threads: ThreadPoolExecutor | None = None  # made on the first batch of several JPEGs
+        self._batch_threads_lock = threading.Lock()
 
     # -- nvImageCodec -------------------------------------------------------------------------
 
@@ -311,7 +312,7 @@ class ImageDecoder:
         decode = lambda plan: decode_simplejpeg(plan.data, plan.image.width, plan.image.height)  # noqa: E731
         if threads <= 1:
             return [decode(plan) for plan in plans]
-        with self._codec_lock:
+        with self._batch_threads_lock:
             if self._batch_threads is None:
                 workers = self.decoder_threads or os.cpu_count() or 1
                 self._batch_threads = ThreadPoolExecutor(workers, thread_name_prefix="kimi-prep-simplejpeg")
