@@ -5,6 +5,7 @@ Expected arrays are recomputed here with ``kimi_vision_prep.preprocess_bytes`` o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -400,3 +401,19 @@ def test_perf_data_is_perf_analyzers_bytes_format(corpus: Path, tmp_path: Path) 
         raw = base64.b64decode(tensor["content"]["b64"])
         (length,) = struct.unpack("<I", raw[:4])
         assert tensor["shape"] == [1] and raw[4:] == path.read_bytes() and length == len(raw) - 4
+
+
+def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: Path) -> None:
+    """`kimi-prep bench-local` on two corpus photos: every image timed four ways (interleaved), the
+    class summary, the batch and profile figures, JSON and PNG written. No timing is asserted."""
+    images = [corpus / "pil__iptc.jpg", corpus / "imagers__large_image.jpg"]
+    argv = ["bench-local", "--repeats", "2", "--out-dir", str(tmp_path), "--images", *map(str, images)]
+    assert cli.main(argv) == cli.EXIT_OK
+    result = json.loads((tmp_path / "bench_local.json").read_text())
+    assert (tmp_path / "bench_local.png").stat().st_size > 0
+    assert [row["image"]["image_class"] for row in result["rows"]] == ["no-resize", "downscale"]
+    for row in result["rows"]:
+        for way in ("ours", "reference", "floor", "pillow_decode"):
+            assert 0 < row[way]["min_ms"] <= row[way]["median_ms"], (way, row[way])
+    assert {"all", "no-resize", "downscale", "batch"} <= set(result["summary"])
+    assert {p["size"] for p in result["profile"]} == {"1080p", "9 MP", "12 MP"}
