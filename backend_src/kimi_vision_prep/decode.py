@@ -308,13 +308,12 @@ class ImageDecoder:
     def _map_simplejpeg(self, plans: list[_Plan]) -> list[np.ndarray | None]:
         """:func:`decode_simplejpeg` of each plan, several at once on up to ``decoder_threads``
         threads (it releases the GIL; one image stays on the calling thread and its scratch arena)."""
-        threads = min(len(plans), self.decoder_threads or os.cpu_count() or 1)
+        workers = self.decoder_threads or os.cpu_count() or 1
         decode = lambda plan: decode_simplejpeg(plan.data, plan.image.width, plan.image.height)  # noqa: E731
-        if threads <= 1:
+        if min(len(plans), workers) <= 1:
             return [decode(plan) for plan in plans]
         with self._batch_threads_lock:
             if self._batch_threads is None:
-                workers = self.decoder_threads or os.cpu_count() or 1
                 self._batch_threads = ThreadPoolExecutor(workers, thread_name_prefix="kimi-prep-simplejpeg")
         return list(self._batch_threads.map(decode, plans))
 
