@@ -75,10 +75,10 @@ def _load_word(row: np.ndarray, i: int) -> np.uint64:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _transpose_8x8(rows: np.ndarray, i: int, words: np.ndarray, first_word: int) -> None:
-    """Bytes ``i .. i+7`` of the eight uint8 rows ``rows[r]`` -> ``words`` such that byte ``r`` of
-    ``words[slot(i + k)]`` is ``rows[r][i + k]``; RGB byte ``p`` is pixel ``p // 3``, channel
-    ``p % 3``, whose slot in the channel-major tile is ``first_word`` plus the offsets below."""
+def _transpose_8x8(rows: np.ndarray, i: int, words: np.ndarray, group: int) -> None:
+    """Bytes ``i .. i+7`` of the eight uint8 rows ``rows[r]`` (tile rows ``8*group + r``) into the
+    channel-major tile viewed as uint64 ``words``: row byte ``p`` (pixel ``p // 3``, channel
+    ``p % 3``) of all eight rows becomes one word, whose byte ``r`` is ``rows[r][p]``."""
     a0, a1, a2, a3 = _load_word(rows[0], i), _load_word(rows[1], i), _load_word(rows[2], i), _load_word(rows[3], i)
     a4, a5, a6, a7 = _load_word(rows[4], i), _load_word(rows[5], i), _load_word(rows[6], i), _load_word(rows[7], i)
     s32, s16, s8 = np.uint64(32), np.uint64(16), np.uint64(8)
@@ -98,7 +98,7 @@ def _transpose_8x8(rows: np.ndarray, i: int, words: np.ndarray, first_word: int)
     words_per_channel = _RGB_TILE_ROWS // 8
     for k, word in enumerate((a0, a1, a2, a3, a4, a5, a6, a7)):
         p = i + k
-        words[first_word + (p // 3) * words_per_pixel + (p % 3) * words_per_channel] = word
+        words[(p // 3) * words_per_pixel + (p % 3) * words_per_channel + group] = word
 
 
 @njit(cache=True, nogil=True, inline="always")
