@@ -277,6 +277,21 @@ def test_corpus_as_one_batch_exact(corpus: Path, preset: str) -> None:
         assert_exact(result, reference_preprocess(data, preset), name)
 
 
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_resized_by_a_decode_step_exact(corpus: Path, synthetic_dir: Path, preset: str) -> None:
+    """The served split: ``resized_decoded`` (the decode step: RGB at the NaViT size, composited
+    under K3), then ``preprocess_decoded`` on those pixels (the preprocess step: pad and patchify)
+    equals the reference for every accepted corpus file and the synthetic resize cases."""
+    decoder, settings = kimi_vision_prep.default_decoder(), kimi_vision_prep.get_preset(preset)
+    datas = {name: (corpus / name).read_bytes() for name in ACCEPTED}
+    datas.update({name: synthetic_bytes(synthetic_dir, name, make) for name, (make, _) in SYNTHETIC.items()})
+    for name, data in datas.items():
+        resized = kimi_vision_prep.resized_decoded(decoder.decode(data, settings), settings)
+        target = kimi_vision_prep.navit_target_size(resized.width, resized.height, settings)
+        assert resized.pixels.shape == (target.new_height, target.new_width, 3), name
+        assert_exact(kimi_vision_prep.preprocess_decoded(resized, preset), reference_preprocess(data, preset), name)
+
+
 small_jpegs = st.tuples(
     st.integers(1, 90),  # width
     st.integers(1, 90),  # height

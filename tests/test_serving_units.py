@@ -35,6 +35,8 @@ from kimi_vision_prep import (
     Preset,
     buffer_stats,
     configure_buffers,
+    get_preset,
+    navit_target_size,
     pipeline,
     preprocess_bytes,
     preprocess_images,
@@ -269,7 +271,7 @@ def counter(name: str, **labels: str) -> float:
     )
 
 
-DECODED = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")  # what a decode step hands the preprocess step
+DECODED = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE", "STORED_SIZES")  # what a decode step hands the preprocess step
 
 
 def mode_input(mode: str) -> np.ndarray:
@@ -348,12 +350,14 @@ def test_decode_model_batches_and_isolates_errors(pb: SimpleNamespace, images: d
     np.testing.assert_array_equal(jpeg["IMAGE"], expected.pixels.reshape(1, -1))
     assert jpeg["IMAGE_SHAPES"].tolist() == [[[128, 128, 3, 0]]] and jpeg["MODE"].tolist() == [[b"RGB"]]
     assert jpeg["RESAMPLE"].tolist() == [[0]] and jpeg["DECODE_PATH"][0, 0] == expected.decode_path.encode()
-    palette = outputs_of(responses[4])
-    assert palette["IMAGE_SHAPES"].tolist() == [[[64, 64, 4, 0]]] and palette["RESAMPLE"].tolist() == [[1]]
+    assert jpeg["STORED_SIZES"].tolist() == [[[128, 128]]]
+    palette = outputs_of(responses[4])  # RGBA with a transparent key: composited onto K3's chessboard
+    assert palette["IMAGE_SHAPES"].tolist() == [[[64, 64, 3, 0]]] and palette["RESAMPLE"].tolist() == [[1]]
+    assert palette["MODE"].tolist() == [[b"RGB"]] and palette["STORED_SIZES"].tolist() == [[[64, 64]]]
     both = outputs_of(responses[6])
-    assert both["IMAGE_SHAPES"].tolist() == [[[128, 128, 3, 0], [64, 64, 4, 128 * 128 * 3]]]
-    assert both["IMAGE"].shape == (1, 128 * 128 * 3 + 64 * 64 * 4) and both["RESAMPLE"].tolist() == [[0, 1]]
-    assert both["MODE"].tolist() == [[b"RGB", b"RGBA"]]
+    assert both["IMAGE_SHAPES"].tolist() == [[[128, 128, 3, 0], [64, 64, 3, 128 * 128 * 3]]]
+    assert both["IMAGE"].shape == (1, (128 * 128 + 64 * 64) * 3) and both["RESAMPLE"].tolist() == [[0, 1]]
+    assert both["MODE"].tolist() == [[b"RGB", b"RGB"]]
     assert counter("kimi_prep_decodes_total", path="pillow", model="kimi_k3_decode") == 2
     assert counter("kimi_prep_errors_total", reason="invalid_image") == 2
     assert counter("kimi_prep_errors_total", reason="cancelled") == 1
@@ -410,6 +414,11 @@ def test_decode_then_preprocess_equals_library(
     prep = PreprocessModel(pb, model_args(f"kimi_{family}_preprocess"))
     decoded = [outputs_of(r) for r in decode.execute([bytes_request(d) for d in images.values()])]
     handed_over = [FakeRequest(**{name: d[name] for name in DECODED}) for d in decoded]
+    for data, hop in zip(images.values(), decoded, strict=True):  # the hop carries each image at its NaViT size
+        width, height = Image.open(io.BytesIO(data)).size
+        target = navit_target_size(width, height, get_preset(preset))
+        assert hop["STORED_SIZES"].tolist() == [[[height, width]]]
+        assert hop["IMAGE_SHAPES"].tolist() == [[[target.new_height, target.new_width, 3, 0]]]
     for data, response in zip(images.values(), prep.execute(handed_over), strict=True):
         outputs, expected = outputs_of(response), preprocess_bytes(data, preset)
         np.testing.assert_array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
@@ -516,6 +525,44 @@ def test_preprocess_rejects_bad_inputs_per_request(pb: SimpleNamespace, images: 
     assert np.array_equal(two["PIXEL_VALUES"][0, : len(first)], first)
     # 70x50 pads to 84x56 (spec section 3): a 4x6 grid, 2x3 = 6 tokens
     assert two["GRID_THW"].tolist() == [[[1, 10, 10], [1, 4, 6]]] and two["NUM_TOKENS"].tolist() == [[25, 6]]
+
+
+def test_preprocess_takes_images_at_their_navit_size_only_with_their_stored_size(
+    pb: SimpleNamespace, images: dict[str, bytes]
+) -> None:
+    """STORED_SIZES says which size each IMAGE is at: an image Pillow itself resized to the NaViT
+    size of its stored size gives the processor's pixel_values; any other size, a presized image
+    that is not RGB, or a STORED_SIZES of the wrong shape is the client's error."""
+    prep = PreprocessModel(pb, model_args("kimi_k25_preprocess"))
+    data = images["imagers__large_image.jpg"]  # 2268x1512: K2.5 resizes it
+    stored = Image.open(io.BytesIO(data)).convert("RGB")
+    target = navit_target_size(stored.width, stored.height, get_preset("kimi-k2.5"))
+    size = (target.new_width, target.new_height)
+    presized = np.asarray(stored.resize(size, Image.Resampling.BICUBIC))
+    sizes = np.array([[[stored.height, stored.width]]], np.int64)
+    wrong = np.asarray(stored.resize((size[0] - 1, size[1]), Image.Resampling.BICUBIC))
+    requests = [
+        FakeRequest(**handed_over(presized), STORED_SIZES=sizes),
+        FakeRequest(**handed_over(np.asarray(stored)), STORED_SIZES=sizes),  # at its stored size
+        FakeRequest(**handed_over(presized)),  # no STORED_SIZES: taken as a stored-size image
+        FakeRequest(**handed_over(wrong), STORED_SIZES=sizes),
+        FakeRequest(**handed_over(presized), STORED_SIZES=sizes[:, :, :1]),
+        FakeRequest(**handed_over(presized), STORED_SIZES=np.zeros((1, 1, 2), np.int64)),
+    ]
+    responses = prep.execute(requests)
+    assert [r.error.code if r.error else None for r in responses] == [None, None, None, *["INVALID_ARG"] * 3]
+    assert f"neither its stored size {stored.width}x{stored.height} nor its NaViT size" in responses[3].error.message
+    assert "STORED_SIZES must have shape [1, 1, 2]" in responses[4].error.message
+    expected = preprocess_bytes(data)
+    for response in responses[:2]:
+        np.testing.assert_array_equal(outputs_of(response)["PIXEL_VALUES"][0], expected.pixel_values)
+        np.testing.assert_array_equal(outputs_of(response)["GRID_THW"][0, 0], expected.grid_thw)
+    k3 = PreprocessModel(pb, model_args("kimi_k3_preprocess"))
+    k3_target = navit_target_size(8000, 6000, get_preset("kimi-k3"))  # an RGBA source K3 resizes
+    rgba = np.zeros((k3_target.new_height, k3_target.new_width, 4), np.uint8)
+    k3_sizes = np.array([[[6000, 8000]]], np.int64)
+    (refused,) = k3.execute([FakeRequest(**handed_over(rgba, modes=("RGBA",)), STORED_SIZES=k3_sizes)])
+    assert refused.error.code == "INVALID_ARG" and "RGBA, neither" in refused.error.message
 
 
 def test_preprocess_takes_gpu_input_through_dlpack(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
@@ -688,28 +735,34 @@ def source_mode_pngs() -> dict[str, bytes]:
     return pngs
 
 
-def test_image_is_the_stored_size_in_the_source_mode(pb: SimpleNamespace, images: dict[str, bytes]) -> None:
-    """IMAGE has one meaning: the stored-size pixels in MODE. K3's source-mode images (CMYK, I;16,
-    L with a transparency key) travel as raw bytes with their mode; the preprocess step rebuilds
-    them, resizes with Pillow in that mode and equals the library."""
+def test_source_mode_images_are_resized_in_their_mode_by_either_step(
+    pb: SimpleNamespace, images: dict[str, bytes]
+) -> None:
+    """K3's source-mode images (CMYK, I;16, L with a transparency key) are resized with Pillow in
+    their own mode: by the decode step, which hands them over as RGB at their NaViT size, and by
+    the preprocess step when an upstream decoder sends them at the stored size as raw bytes with
+    their MODE (which it rebuilds); both equal the library."""
     decode = DecodeModel(pb, model_args("kimi_k3_decode"))
     prep = PreprocessModel(pb, model_args("kimi_k3_preprocess"))
     sources = {"CMYK": images["pil__pil_sample_cmyk.jpg"], **source_mode_pngs()}
     for mode, data in sources.items():
-        (decoded,) = [outputs_of(r) for r in decode.execute([bytes_request(data)])]
+        (hop,) = [outputs_of(r) for r in decode.execute([bytes_request(data)])]
         width, height = Image.open(io.BytesIO(data)).size
-        assert decoded["MODE"][0, 0] == mode.encode()
-        (shape,) = decoded["IMAGE_SHAPES"][0].tolist()
-        assert shape[:2] == [height, width] and decoded["IMAGE"].shape == (1, height * width * shape[2])
-        (response,) = prep.execute([FakeRequest(**{name: decoded[name] for name in DECODED})])
+        assert hop["MODE"][0, 0] == b"RGB" and hop["STORED_SIZES"].tolist() == [[[height, width]]]
+        upstream = request_tensors.decode_outputs([decode.decoding.decoder.decode(data, KIMI_K3)])
+        assert upstream["MODE"][0, 0] == mode.encode()
+        (shape,) = upstream["IMAGE_SHAPES"][0].tolist()
+        assert shape[:2] == [height, width] and upstream["IMAGE"].shape == (1, height * width * shape[2])
         expected = preprocess_bytes(data, "kimi-k3")
-        assert outputs_of(response)["PIXEL_VALUES"][0].tobytes() == expected.pixel_values.tobytes(), mode
+        for inputs in (hop, upstream):
+            (response,) = prep.execute([FakeRequest(**{name: inputs[name] for name in DECODED})])
+            assert outputs_of(response)["PIXEL_VALUES"][0].tobytes() == expected.pixel_values.tobytes(), mode
     raw = handed_over(np.zeros((4, 4, 2), np.uint8), modes=("CMYK",))  # 2 bytes a pixel, CMYK has 4
-    inputs = [raw[name] for name in DECODED]
+    inputs = [raw[name] for name in DECODED if name != "STORED_SIZES"]
     with pytest.raises(InvalidRequestError, match="not raw 'CMYK'"):
-        decoded_from_inputs(*inputs, KIMI_K3)
+        decoded_from_inputs(*inputs, None, KIMI_K3)
     with pytest.raises(InvalidRequestError, match="MODE 'CMYK'"):
-        decoded_from_inputs(*inputs, KIMI_K25)
+        decoded_from_inputs(*inputs, None, KIMI_K25)
 
 
 def test_images_from_input() -> None:
@@ -798,8 +851,9 @@ def test_render_options_change_only_their_fields(tmp_path: Path) -> None:
         for group in original.instance_group:
             group.count, group.kind = 3, model_config_pb2.ModelInstanceGroup.KIND_CPU
         assert config == original, name  # nothing else changed
-    # decoder_threads: decode, 2 fused, video, video_chunk; numba_threads: preprocess, 2 fused, video, video_chunk
-    assert threaded == 20  # x2 presets
+    # decoder_threads: decode, 2 fused, video, video_chunk; numba_threads: decode, preprocess, 2 fused, video,
+    # video_chunk
+    assert threaded == 22  # x2 presets
     args = build_parser().parse_args(["serve", "--instances", "2", "--threads", "1", "--kind", "gpu"])
     assert (args.instances, args.threads, args.kind) == (2, 1, "gpu")
     for bad in ({"instances": 0}, {"threads": -1}, {"kind": "tpu"}):

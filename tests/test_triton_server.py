@@ -7,6 +7,7 @@ the server survived everything before them.
 
 from __future__ import annotations
 
+import io
 import queue
 import threading
 import urllib.request
@@ -19,9 +20,17 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from make_inputs import corpus_names
+from PIL import Image
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes, preprocess_images
+from kimi_vision_prep import (
+    PreprocessError,
+    get_preset,
+    navit_target_size,
+    pixel_values_from_patches,
+    preprocess_bytes,
+    preprocess_images,
+)
 from kimi_vision_prep.errors import served_message
 
 pytestmark = pytest.mark.server
@@ -240,7 +249,8 @@ def test_outputs_named_or_not(triton_server: Any, corpus: Path, protocol: str) -
         outputs = {name: result.as_numpy(name) for name in U8_OUTPUTS}
         assert_u8_matches_library(outputs, data, "kimi-k3")
         assert result.as_numpy("PIXEL_VALUES") is None
-        decoded = infer(triton_server, protocol, "kimi_k3_decode", data, ["IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE"])
+        handed_over = ["IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE", "STORED_SIZES"]  # the ensembles' hop
+        decoded = infer(triton_server, protocol, "kimi_k3_decode", data, handed_over)
         module = PROTOCOLS[protocol]
         inputs = []
         for name, value in decoded.items():
@@ -259,17 +269,28 @@ def test_outputs_named_or_not(triton_server: Any, corpus: Path, protocol: str) -
 
 
 def test_decode_model_outputs(triton_server: Any, corpus: Path) -> None:
-    """The decode model on its own: stored size, resample flag, path label and pixel layout."""
-    outputs = ["IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE", "DECODE_PATH"]
+    """The decode model on its own: each image decoded and resized to its NaViT size exactly as
+    Pillow does, its stored size, resample flag, path label and pixel layout."""
+    outputs = ["IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE", "STORED_SIZES", "DECODE_PATH"]
     jpeg = infer(triton_server, "grpc", "kimi_k25_decode", read(corpus, "imagers__rgb.jpg"), outputs)
     assert jpeg["IMAGE"].dtype == np.uint8 and jpeg["IMAGE"].shape == (1, 333 * 500 * 3)
     assert jpeg["MODE"][0, 0] == b"RGB"
     assert jpeg["IMAGE_SHAPES"].tolist() == [[[333, 500, 3, 0]]]  # height, width, channels, offset
+    assert jpeg["STORED_SIZES"].tolist() == [[[333, 500]]]  # K2.5 keeps it at its stored size
     np.testing.assert_array_equal(jpeg["RESAMPLE"], [[0]])
     assert jpeg["DECODE_PATH"][0, 0] in (b"simplejpeg", b"nvimgcodec-cuda")
+    data = read(corpus, "imagers__large_image.jpg")
+    large = infer(triton_server, "http", "kimi_k25_decode", data, outputs)
+    stored = Image.open(io.BytesIO(data)).convert("RGB")
+    target = navit_target_size(stored.width, stored.height, get_preset("kimi-k2.5"))
+    size = (target.new_width, target.new_height)
+    assert size < stored.size and large["STORED_SIZES"].tolist() == [[[stored.height, stored.width]]]
+    assert large["IMAGE_SHAPES"].tolist() == [[[size[1], size[0], 3, 0]]]
+    expected = np.asarray(stored.resize(size, Image.Resampling.BICUBIC))
+    np.testing.assert_array_equal(large["IMAGE"].reshape(expected.shape), expected)
     palette = infer(triton_server, "http", "kimi_k3_decode", read(corpus, "pilx__p_trns_single.png"), outputs)
-    assert palette["IMAGE_SHAPES"].tolist() == [[[64, 64, 4, 0]]] and palette["MODE"][0, 0] == b"RGBA"  # nearest
-    np.testing.assert_array_equal(palette["RESAMPLE"], [[1]])
+    assert palette["IMAGE_SHAPES"].tolist() == [[[64, 64, 3, 0]]] and palette["MODE"][0, 0] == b"RGB"  # composited
+    np.testing.assert_array_equal(palette["RESAMPLE"], [[1]])  # nearest
     assert palette["DECODE_PATH"][0, 0] == b"pillow"
 
 

@@ -33,6 +33,7 @@ from .pipeline import (
     preprocess_bytes,
     preprocess_decoded,
     preprocess_images,
+    resized_decoded,
 )
 from .presets import KIMI_K3, KIMI_K25, PRESETS, Preset, get_preset, preset_from_parameters
 from .sizing import TargetSize, navit_target_size
@@ -90,5 +91,6 @@ __all__ = [
     "preprocess_video",
     "preprocess_video_chunk",
     "preset_from_parameters",
+    "resized_decoded",
     "set_num_threads",
 ]

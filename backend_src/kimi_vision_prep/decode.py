@@ -66,12 +66,14 @@ class DecodeLimits:
 
 @dataclass
 class DecodedImage:
-    """Decoded pixels in stored order and at the stored size (EXIF orientation not applied).
+    """Decoded pixels in stored order (EXIF orientation not applied), at the stored size or already
+    resized to the NaViT size of the stored size (:func:`~.pipeline.resized_decoded`).
 
     ``pixels``: uint8 ``(H, W, C)``, C = 3 (RGB) or 4 (RGBA, straight alpha; K3 only), a numpy
     array or a torch CUDA tensor; or (K3, modes resized in their own mode) a loaded
-    ``PIL.Image.Image`` in its source mode. ``width``/``height``: the stored size (the NaViT rule
-    and prompts use it). ``resample``: the filter the reference resizes this source with.
+    ``PIL.Image.Image`` in its source mode. Resized pixels are always RGB ``(new_h, new_w, 3)``.
+    ``width``/``height``: the stored size (the NaViT rule and prompts use it), whichever size the
+    pixels have. ``resample``: the filter the reference resizes this source with.
     """
 
     pixels: Any

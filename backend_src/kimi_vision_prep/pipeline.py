@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -64,6 +65,18 @@ def resize_to_target(decoded: DecodedImage, target: TargetSize, preset: Preset) 
     if tuple(pixels.shape[:2]) != (target.new_height, target.new_width):
         raise AssertionError(f"resize produced {tuple(pixels.shape)}, expected {target.new_height}x{target.new_width}")
     return composite_on_chessboard(pixels, preset) if pixels.shape[2] == 4 else pixels
+
+
+def resized_decoded(decoded: DecodedImage, preset: str | Preset = "kimi-k2.5") -> DecodedImage:
+    """``decoded`` with its pixels resized to their NaViT size as RGB uint8 ``(new_h, new_w, 3)``
+    (composited under chessboard presets), the stored size kept: :func:`preprocess_decoded` then
+    finds nothing left to resize and pads and patchifies them. A decode step that hands over these
+    pixels hands over at most the preset's patch budget, not a 36 MB camera photo. Like
+    :func:`~.resize.resize`'s, the pixels are the caller's outside a :func:`~.buffers.scratch_scope`
+    (where a decode step calls it) and arena memory inside one."""
+    preset = get_preset(preset)
+    target = navit_target_size(decoded.width, decoded.height, preset)
+    return dataclasses.replace(decoded, pixels=resize_to_target(decoded, target, preset))
 
 
 def preprocess_decoded(

@@ -7,8 +7,9 @@ time box (``--budget-s``) has too little left for it:
 
 1. ``outputs``: per image, ``kimi_k25_vision``'s ``PIXEL_VALUES`` / ``GRID_THW`` over HTTP (raw
    KServe v2 with the binary-data extension: the device has no ``tritonclient.http`` stack) and
-   over gRPC equal, bit for bit, the CPU pipeline run on the pixels ``kimi_k25_decode`` returns;
-   those pixels are within :data:`DECODE_BOUNDS` of Pillow (exact on the CPU).
+   over gRPC equal, bit for bit, the CPU pipeline run on the pixels ``kimi_k25_decode`` returns
+   (decoded and resized to their NaViT size on the device); those pixels are within
+   :data:`DECODE_BOUNDS` of Pillow's decode and resize (exact on the CPU).
 2. ``zero_copy``: the preprocess model counted its IMAGE inputs in device memory
    (``kimi_prep_image_inputs_total{device="cuda:0"}``) and logged the first one's data pointer;
    on the CPU the same counter says ``cpu``.
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from kimi_vision_prep import DecodedImage, get_preset, preprocess_decoded
+from kimi_vision_prep import DecodedImage, get_preset, navit_target_size, preprocess_decoded
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.repository import RenderOptions, render_repository
 
@@ -121,13 +122,23 @@ def pillow_rgb(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
+def pillow_resized_rgb(data: bytes) -> np.ndarray:
+    """Pillow's decode resized by Pillow to the image's NaViT size: what the decode model returns."""
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    target = navit_target_size(image.width, image.height, PRESET)
+    return np.asarray(image.resize((target.new_width, target.new_height), Image.Resampling.BICUBIC))
+
+
 def served_decoded(client: Any, data: bytes) -> tuple[DecodedImage, str]:
-    """The decode model's pixels of one image as a host :class:`DecodedImage`, and its path."""
-    out = grpc_infer(client, DECODE, data, ["IMAGE", "IMAGE_SHAPES", "DECODE_PATH"])
+    """The decode model's pixels of one image (at its NaViT size) as a host :class:`DecodedImage`
+    of its stored size, and its path."""
+    out = grpc_infer(client, DECODE, data, ["IMAGE", "IMAGE_SHAPES", "STORED_SIZES", "DECODE_PATH"])
     height, width, channels, _ = (int(v) for v in out["IMAGE_SHAPES"].reshape(-1, 4)[0])
+    stored_height, stored_width = (int(v) for v in out["STORED_SIZES"].reshape(-1, 2)[0])
     pixels = out["IMAGE"].reshape(-1)[: height * width * channels].reshape(height, width, channels)
     path = out["DECODE_PATH"].reshape(-1)[0].decode()
-    return DecodedImage(np.ascontiguousarray(pixels), width, height, "bicubic", path), path  # type: ignore[arg-type]
+    decoded = DecodedImage(np.ascontiguousarray(pixels), stored_width, stored_height, "bicubic", path)  # type: ignore[arg-type]
+    return decoded, path
 
 
 def step_outputs(server: EmbeddedServer, images: dict[str, bytes]) -> dict[str, Any]:
@@ -135,7 +146,7 @@ def step_outputs(server: EmbeddedServer, images: dict[str, bytes]) -> dict[str, 
     for name, data in images.items():
         decoded, path = served_decoded(client, data)
         expected = preprocess_decoded(decoded, PRESET)
-        diff = np.abs(decoded.pixels.astype(np.int16) - pillow_rgb(data).astype(np.int16))
+        diff = np.abs(decoded.pixels.astype(np.int16) - pillow_resized_rgb(data).astype(np.int16))
         row: dict[str, Any] = {"image": name, "decode_path": path, "decode_vs_pillow": {
             "mean": float(diff.mean()), "max": int(diff.max())}}  # fmt: skip
         row["decode_within_bounds"] = bool(diff.mean() <= DECODE_BOUNDS["mean"] and diff.max() <= DECODE_BOUNDS["max"])

@@ -50,6 +50,11 @@ class TritonIO:
             raise InvalidRequestError(f"missing input {name}")
         return input_array(tensor)
 
+    def get_optional_input(self, request: Any, name: str) -> Any:
+        """The input ``name`` (``optional: true`` in the config), or None when the request has none."""
+        tensor = self.pb.get_input_tensor_by_name(request, name)
+        return None if tensor is None else input_array(tensor)
+
     @staticmethod
     def requested_outputs(request: Any) -> frozenset[str] | None:
         """The output names the request asked for (``requested_output_names()``); None when the

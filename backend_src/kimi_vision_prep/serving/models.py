@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..pipeline import map_indexed, resized_decoded
 from ..presets import preset_from_parameters
-from .components import ImageDecoding, ImagePreprocessing
+from .components import ImageDecoding, ImagePreprocessing, apply_numba_threads
 from .config import parse_int
 from .contract import Result, ServingModel
 from .requests import decode_outputs, decoded_from_inputs, pixel_values_from_input
@@ -19,21 +20,34 @@ from .tensors import cuda_device
 from .warmup import warmup_decoded
 
 PREPROCESS_INPUTS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")
+OPTIONAL_PREPROCESS_INPUT = "STORED_SIZES"
 
 
 class DecodeModel(ServingModel):
-    """``kimi_*_decode``: encoded bytes -> pixels; all requests of one execute in one batch decode."""
+    """``kimi_*_decode``: encoded bytes -> pixels resized to their NaViT size
+    (:func:`~kimi_vision_prep.pipeline.resized_decoded`: numba or torch, as the preprocess step
+    would); all requests of one execute in one batch decode, then each image resized."""
 
     stage = "decode"
 
     def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
         super().__init__(pb_utils, args)
         self.preset = preset_from_parameters(self.parameters)
+        self.threads = apply_numba_threads(self.parameters)
         self.decoding = ImageDecoding(self, self.preset)
-        self.io.log("info", f"{self.name}: preset {self.preset.name}, device {self.device}, {self.decoding.settings}")
+        for image in self.decoding.warmup:  # loads or compiles the resize kernels
+            resized_decoded(image, self.preset)
+        threads = self.threads or "default"
+        settings = self.decoding.settings
+        self.io.log(
+            "info", f"{self.name}: preset {self.preset.name}, {self.device}, {settings}, numba_threads {threads}"
+        )
+
+    def resized_outputs(self, images: Sequence[Any]) -> Result:
+        return decode_outputs(map_indexed(lambda image: resized_decoded(image, self.preset), images, "image"))
 
     def handle(self, requests: Sequence[Any]) -> list[Result]:
-        return self.per_request(self.decoding.decode_requests(requests), decode_outputs)
+        return self.per_request(self.decoding.decode_requests(requests), self.resized_outputs)
 
 
 class PreprocessModel(ServingModel):
@@ -54,10 +68,12 @@ class PreprocessModel(ServingModel):
         self.io.log("info", f"{self.name}: preset {self.preset}, device {self.device}, numba_threads {threads}")
 
     def decoded_input(self, inputs: Mapping[str, Any]) -> Any:
-        return decoded_from_inputs(*(inputs[name] for name in PREPROCESS_INPUTS), self.preset)
+        named = (inputs[name] for name in PREPROCESS_INPUTS)
+        return decoded_from_inputs(*named, inputs.get(OPTIONAL_PREPROCESS_INPUT), self.preset)
 
     def process(self, request: Any) -> Result:
         inputs = {name: self.io.get_input(request, name) for name in PREPROCESS_INPUTS}
+        inputs[OPTIONAL_PREPROCESS_INPUT] = self.io.get_optional_input(request, OPTIONAL_PREPROCESS_INPUT)
         self.note_image_memory(inputs["IMAGE"])
         return self.preprocessing.outputs(self.decoded_input(inputs), request)
 

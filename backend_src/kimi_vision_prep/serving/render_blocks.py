@@ -208,7 +208,8 @@ IMAGE_BYTES_INPUT = [
     ("K encoded images, 1 <= K <= max_images_per_request", pbtxt.tensor("IMAGE_BYTES", "TYPE_STRING", (-1,), RAGGED))
 ]
 ENSEMBLE_IMAGE_BYTES_INPUT = [("K encoded images", pbtxt.tensor("IMAGE_BYTES", "TYPE_STRING", (-1,)))]
-DECODED_TENSORS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")
+# What the decode step hands the preprocess step (serving/requests.py).
+DECODED_TENSORS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE", "STORED_SIZES")
 
 
 # -- the model kinds ------------------------------------------------------------------------------

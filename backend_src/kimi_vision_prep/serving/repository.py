@@ -65,28 +65,33 @@ def decode_model(served: ServedPreset) -> ModelFiles:
     name = f"{prefix}_decode"
     outputs = [
         (
-            "uint8 (ΣHWC,): the K decoded images, flat; each at its stored size in the source mode MODE:\n"
-            "RGB (C = 3), RGBA (C = 4, straight alpha, K3), or another Pillow mode's raw bytes (C bytes a pixel)",
+            "uint8 (ΣHWC,): the K images, flat; each decoded and resized to its NaViT size, RGB (C = 3),\n"
+            "composited under K3: the preprocess step only pads and patchifies it",
             pbtxt.tensor("IMAGE", "TYPE_UINT8", (-1,)),
         ),
         (
-            "int64 (K, 4): height, width, channels, offset into IMAGE (stored size, no EXIF rotation)",
+            "int64 (K, 4): height, width, channels, offset into IMAGE",
             pbtxt.tensor("IMAGE_SHAPES", "TYPE_INT64", (-1, 4)),
         ),
         (
-            'RGB, RGBA, or a Pillow mode [+ " transparency=V"] (serving/requests.py), per image',
+            "RGB, per image (the preprocess step also takes other source modes)",
             pbtxt.tensor("MODE", "TYPE_STRING", (-1,)),
         ),
-        ("0 bicubic, 1 nearest (palette and 1-bit sources under K3)", pbtxt.tensor("RESAMPLE", "TYPE_UINT8", (-1,))),
+        (
+            "the source's filter: 0 bicubic, 1 nearest (palette and 1-bit sources under K3)",
+            pbtxt.tensor("RESAMPLE", "TYPE_UINT8", (-1,)),
+        ),
+        ("int64 (K, 2): stored height, width (no EXIF rotation)", pbtxt.tensor("STORED_SIZES", "TYPE_INT64", (-1, 2))),
         ("simplejpeg, nvimgcodec-cpu, nvimgcodec-cuda or pillow", pbtxt.tensor("DECODE_PATH", "TYPE_STRING", (-1,))),
     ]
     summary = (
-        f"{name} ({title}): encoded image bytes -> pixels with Pillow's verdict. All requests of one\n"
-        "execute() are decoded in one nvImageCodec batch call (fancy chroma upsampling, no EXIF rotation);\n"
-        "what nvImageCodec cannot decode exactly goes through Pillow. On a GPU instance IMAGE is a CUDA\n"
-        "tensor handed over through DLPack."
+        f"{name} ({title}): encoded image bytes -> pixels with Pillow's verdict, resized to their NaViT\n"
+        "size exactly (so the hop to the preprocess step carries at most the preset's patch budget). All\n"
+        "requests of one execute() are decoded in one batch call (fancy chroma upsampling, no EXIF\n"
+        "rotation); what nvImageCodec cannot decode exactly goes through Pillow. On a GPU instance IMAGE\n"
+        "is a CUDA tensor (resized with torch there) handed over through DLPack."
     )
-    blocks = [decoder_block(options), preset_block(preset, prefix)]
+    blocks = [decoder_block(options), numba_block(options), preset_block(preset, prefix)]
     return python_model(name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.DecodeModel", options, defaults)
 
 
@@ -98,9 +103,13 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
         ("", pbtxt.tensor("IMAGE_SHAPES", "TYPE_INT64", (-1, 4), RAGGED)),
         ("", pbtxt.tensor("MODE", "TYPE_STRING", (-1,), RAGGED)),
         ("", pbtxt.tensor("RESAMPLE", "TYPE_UINT8", (-1,), RAGGED)),
+        (
+            "absent: each image at its stored size; present: the stored sizes, and an image may be at its NaViT size",
+            pbtxt.tensor("STORED_SIZES", "TYPE_INT64", (-1, 2), f"{RAGGED} optional: true"),
+        ),
     ]
     summary = (
-        f"{name} ({title}): decoded pixels -> NaViT resize, pad, normalise, patchify.\n"
+        f"{name} ({title}): decoded pixels -> NaViT resize (unless the decode step did), pad, normalise, patchify.\n"
         'Host input: numba kernels (bit-exact). GPU input (FORCE_CPU_ONLY_INPUT_TENSORS "no"): wrapped\n'
         "through DLPack without a host copy and processed with torch on that device."
     )

@@ -9,8 +9,10 @@ model                    inputs                                     outputs
 ``kimi_*_decode``        IMAGE_BYTES bytes ``[1, K]``               IMAGE uint8 ``[1, ΣHWC]``, IMAGE_SHAPES
                                                                     int64 ``[1, K, 4]``, MODE bytes ``[1, K]``,
                                                                     RESAMPLE uint8 ``[1, K]`` (0 bicubic,
-                                                                    1 nearest), DECODE_PATH bytes ``[1, K]``
-``kimi_*_preprocess``    IMAGE, IMAGE_SHAPES, MODE, RESAMPLE        PIXEL_VALUES float32 ``[1, ΣN, 3, p, p]``,
+                                                                    1 nearest), STORED_SIZES int64
+                                                                    ``[1, K, 2]``, DECODE_PATH bytes ``[1, K]``
+``kimi_*_preprocess``    IMAGE, IMAGE_SHAPES, MODE, RESAMPLE,       PIXEL_VALUES float32 ``[1, ΣN, 3, p, p]``,
+                         STORED_SIZES (optional)
                                                                     PIXEL_PATCHES uint8 ``[1, ΣN, 3, p, p]``,
                                                                     GRID_THW int64 ``[1, K, 3]``, NUM_TOKENS
                                                                     int32 ``[1, K]``; only the requested ones
@@ -23,12 +25,22 @@ model                    inputs                                     outputs
 Between decode and preprocess, the K images of different sizes travel as one flat uint8 tensor
 ``IMAGE`` and a shape table ``IMAGE_SHAPES`` (row k: height, width, channels, offset into
 ``IMAGE``); image k is ``IMAGE[0, offset : offset + h*w*c].reshape(h, w, c)``, a view (one image
-on a GPU: no copy at all). Each image has one meaning: its decoded pixels at the stored size in
-the source mode ``MODE[0, k]`` names: ``RGB`` (c = 3) and ``RGBA`` (c = 4, straight alpha, K3
-only) are pixel arrays the array kernels resize; any other ``MODE`` (K3's CMYK, I;16, L with a
-transparency key, ...) is a Pillow mode, optionally followed by `` transparency=V[,V...]``, and the
-image is that mode's raw bytes (``Image.tobytes()``, c bytes per pixel), which the preprocess step
-rebuilds with ``Image.frombytes`` for resize's PIL kernel.
+on a GPU: no copy at all). ``STORED_SIZES`` row k is the image's stored (height, width), and the
+image is one of two things:
+
+* **at its NaViT size**: RGB (``MODE`` ``RGB``, c = 3), ``h x w`` = the NaViT size of the stored
+  size, already resized (and composited under K3) exactly as the processor does: what the decode
+  step hands over (:func:`~kimi_vision_prep.pipeline.resized_decoded`), so the hop between the
+  steps carries at most the preset's patch budget, and the preprocess step pads and patchifies;
+* **at its stored size** (``h x w`` = the stored size, or no ``STORED_SIZES`` input: the only
+  form an upstream decoder of its own need send) in the source mode ``MODE[0, k]`` names: ``RGB``
+  (c = 3) and ``RGBA`` (c = 4, straight alpha, K3 only) are pixel arrays the array kernels
+  resize; any other ``MODE`` (K3's CMYK, I;16, L with a transparency key, ...) is a Pillow mode,
+  optionally followed by `` transparency=V[,V...]``, and the image is that mode's raw bytes
+  (``Image.tobytes()``, c bytes per pixel), which the preprocess step rebuilds with
+  ``Image.frombytes`` for resize's PIL kernel.
+
+Any other size is refused (InvalidRequestError).
 """
 
 from __future__ import annotations
@@ -143,8 +155,8 @@ def _string_row(values: Sequence[str]) -> np.ndarray:
 
 
 def decode_outputs(decoded: Sequence[DecodedImage]) -> Outputs:
-    """Outputs of a decode model for one request's images (numpy or torch pixels kept as they are:
-    one image's flat IMAGE is a view of its pixels)."""
+    """Outputs of a decode model for one request's images, at whichever size their pixels have
+    (numpy or torch pixels kept as they are: one image's flat IMAGE is a view of its pixels)."""
     images, modes = zip(*(image_and_mode(d.pixels) for d in decoded), strict=True)
     sizes = [int(np.prod(image.shape)) for image in images]
     offsets = np.cumsum([0, *sizes[:-1]])
@@ -154,15 +166,19 @@ def decode_outputs(decoded: Sequence[DecodedImage]) -> Outputs:
         "IMAGE_SHAPES": np.array([shapes], dtype=np.int64),
         "MODE": _string_row(modes),
         "RESAMPLE": np.array([[RESAMPLE_CODES[d.resample] for d in decoded]], dtype=np.uint8),
+        "STORED_SIZES": np.array([[[d.height, d.width] for d in decoded]], dtype=np.int64),
         "DECODE_PATH": _string_row([d.decode_path for d in decoded]),
     }
 
 
-def decoded_from_inputs(image: Any, shapes: Any, mode: Any, resample: Any, preset: Preset) -> list[DecodedImage]:
+def decoded_from_inputs(  # noqa: PLR0917
+    image: Any, shapes: Any, mode: Any, resample: Any, stored_sizes: Any, preset: Preset
+) -> list[DecodedImage]:
     """Rebuild the images a decode model described, validating what a client sent.
 
     ``image``: uint8 ``[1, L]`` (numpy or torch, any device); ``shapes``: int64 ``[1, K, 4]``;
-    ``mode``: bytes ``[1, K]``; ``resample``: uint8 ``[1, K]``.
+    ``mode``: bytes ``[1, K]``; ``resample``: uint8 ``[1, K]``; ``stored_sizes``: int64
+    ``[1, K, 2]``, or None (each image at its stored size).
     """
     check_dtype("IMAGE", image, "uint8")
     flat = one_request_row(image, "IMAGE")
@@ -179,9 +195,25 @@ def decoded_from_inputs(image: Any, shapes: Any, mode: Any, resample: Any, prese
     codes = one_request_row(flags, "RESAMPLE")
     if len(tags) != rows.shape[0] or codes.shape != (rows.shape[0],):
         raise InvalidRequestError(f"MODE and RESAMPLE must have shape [1, {rows.shape[0]}] like IMAGE_SHAPES")
+    stored = rows[:, :2] if stored_sizes is None else _stored_sizes(stored_sizes, rows.shape[0])
+    length = int(flat.shape[0])
     return [
-        _decoded(flat, rows[k], tags[k], int(codes[k]), preset, k, int(flat.shape[0])) for k in range(rows.shape[0])
+        _decoded(flat, rows[k], tags[k], int(codes[k]), tuple(int(v) for v in stored[k]), preset, k, length)
+        for k in range(rows.shape[0])
     ]
+
+
+def _stored_sizes(stored_sizes: Any, count: int) -> np.ndarray:
+    table = host_array(stored_sizes)
+    check_dtype("STORED_SIZES", table, "int64")
+    rows = one_request_row(table, "STORED_SIZES")
+    if rows.shape != (count, 2):
+        raise InvalidRequestError(
+            f"STORED_SIZES must have shape [1, {count}, 2] like IMAGE_SHAPES, got {list(table.shape)}"
+        )
+    if rows.min() < 1:
+        raise InvalidRequestError(f"STORED_SIZES must hold positive heights and widths, got {rows.tolist()}")
+    return rows
 
 
 def _modes_from_input(mode: Any) -> list[str]:
@@ -192,11 +224,19 @@ def _modes_from_input(mode: Any) -> list[str]:
 
 
 def _decoded(  # noqa: PLR0917
-    flat: Any, row: np.ndarray, tag: str, code: int, preset: Preset, k: int, length: int
+    flat: Any, row: np.ndarray, tag: str, code: int, stored: tuple[int, ...], preset: Preset, k: int, length: int
 ) -> DecodedImage:
     height, width, channels, offset = (int(v) for v in row)
     if min(height, width, channels) < 1 or offset < 0 or offset + height * width * channels > length:
         raise InvalidRequestError(f"IMAGE_SHAPES[0, {k}] = {row.tolist()} is outside IMAGE ({length} bytes)")
+    stored_height, stored_width = stored
+    if (height, width) != stored:
+        target = navit_target_size(stored_width, stored_height, preset)
+        if (height, width, tag) != (target.new_height, target.new_width, "RGB"):
+            raise InvalidRequestError(
+                f"image {k}: IMAGE is {width}x{height} {tag}, neither its stored size {stored_width}x{stored_height} "
+                f"nor its NaViT size {target.new_width}x{target.new_height} RGB"
+            )
     if tag in ARRAY_MODES and ARRAY_MODES[tag] != channels:
         raise InvalidRequestError(f"image {k}: IMAGE of MODE {tag} must have C={ARRAY_MODES[tag]}, got C={channels}")
     if tag != "RGB" and preset.transparency != "chessboard":
@@ -206,7 +246,7 @@ def _decoded(  # noqa: PLR0917
     pixels = flat[offset : offset + height * width * channels].reshape(height, width, channels)
     if tag not in ARRAY_MODES:
         pixels = image_from_tag(host_array(pixels), tag)
-    return DecodedImage(pixels, width, height, RESAMPLE_NAMES[code], "upstream")  # type: ignore[arg-type]
+    return DecodedImage(pixels, stored_width, stored_height, RESAMPLE_NAMES[code], "upstream")  # type: ignore[arg-type]
 
 
 def preprocess_outputs(
