@@ -2,8 +2,8 @@
 single model) on this host, in one run.
 
 In-process: ``bench_local.throughput`` (``preprocess_bytes`` on 2 threads, best of rounds). Served:
-the embedded tritonserver started per server setting (instances of every model, the preprocess and
-fused models' ``numba_threads``, the decode and fused models' nvImageCodec ``decoder_threads``), swept
+the embedded tritonserver started per server setting (instances of every model, the decode,
+preprocess and fused models' ``numba_threads``, the decode and fused models' ``decoder_threads``), swept
 with ``bench_server`` over gRPC with and without shared memory, each on three models: the float32
 ``PIXEL_VALUES`` ensemble (``kimi_k25_vision``), the uint8 ``PIXEL_PATCHES`` ensemble
 (``kimi_k25_vision_u8``, expanded into the same float32 ``pixel_values`` by the client, inside the
