@@ -25,6 +25,8 @@ import pytest
 import torch
 from google.protobuf import json_format, text_format
 from PIL import Image
+from reference import PRESETS as REF_PRESETS
+from reference import k25_rgb, ref_size
 from tritonclient.grpc import model_config_pb2
 
 from kimi_vision_client.cli import build_parser
@@ -35,8 +37,6 @@ from kimi_vision_prep import (
     Preset,
     buffer_stats,
     configure_buffers,
-    get_preset,
-    navit_target_size,
     pipeline,
     preprocess_bytes,
     preprocess_images,
@@ -416,9 +416,9 @@ def test_decode_then_preprocess_equals_library(
     handed_over = [FakeRequest(**{name: d[name] for name in DECODED}) for d in decoded]
     for data, hop in zip(images.values(), decoded, strict=True):  # the hop carries each image at its NaViT size
         width, height = Image.open(io.BytesIO(data)).size
-        target = navit_target_size(width, height, get_preset(preset))
+        size = ref_size(width, height, REF_PRESETS[preset])  # the reference's size rule
         assert hop["STORED_SIZES"].tolist() == [[[height, width]]]
-        assert hop["IMAGE_SHAPES"].tolist() == [[[target.new_height, target.new_width, 3, 0]]]
+        assert hop["IMAGE_SHAPES"].tolist() == [[[size.new_h, size.new_w, 3, 0]]]
     for data, response in zip(images.values(), prep.execute(handed_over), strict=True):
         outputs, expected = outputs_of(response), preprocess_bytes(data, preset)
         np.testing.assert_array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
@@ -536,11 +536,10 @@ def test_preprocess_takes_images_at_their_navit_size_only_with_their_stored_size
     prep = PreprocessModel(pb, model_args("kimi_k25_preprocess"))
     data = images["imagers__large_image.jpg"]  # 2268x1512: K2.5 resizes it
     stored = Image.open(io.BytesIO(data)).convert("RGB")
-    target = navit_target_size(stored.width, stored.height, get_preset("kimi-k2.5"))
-    size = (target.new_width, target.new_height)
-    presized = np.asarray(stored.resize(size, Image.Resampling.BICUBIC))
+    size = ref_size(stored.width, stored.height, REF_PRESETS["kimi-k2.5"])
+    presized = k25_rgb(stored, size)  # the reference's Pillow resize
     sizes = np.array([[[stored.height, stored.width]]], np.int64)
-    wrong = np.asarray(stored.resize((size[0] - 1, size[1]), Image.Resampling.BICUBIC))
+    wrong = np.asarray(stored.resize((size.new_w - 1, size.new_h), Image.Resampling.BICUBIC))
     requests = [
         FakeRequest(**handed_over(presized), STORED_SIZES=sizes),
         FakeRequest(**handed_over(np.asarray(stored)), STORED_SIZES=sizes),  # at its stored size
@@ -558,8 +557,8 @@ def test_preprocess_takes_images_at_their_navit_size_only_with_their_stored_size
         np.testing.assert_array_equal(outputs_of(response)["PIXEL_VALUES"][0], expected.pixel_values)
         np.testing.assert_array_equal(outputs_of(response)["GRID_THW"][0, 0], expected.grid_thw)
     k3 = PreprocessModel(pb, model_args("kimi_k3_preprocess"))
-    k3_target = navit_target_size(8000, 6000, get_preset("kimi-k3"))  # an RGBA source K3 resizes
-    rgba = np.zeros((k3_target.new_height, k3_target.new_width, 4), np.uint8)
+    k3_size = ref_size(8000, 6000, REF_PRESETS["kimi-k3"])  # an RGBA source K3 resizes
+    rgba = np.zeros((k3_size.new_h, k3_size.new_w, 4), np.uint8)
     k3_sizes = np.array([[[6000, 8000]]], np.int64)
     (refused,) = k3.execute([FakeRequest(**handed_over(rgba, modes=("RGBA",)), STORED_SIZES=k3_sizes)])
     assert refused.error.code == "INVALID_ARG" and "RGBA, neither" in refused.error.message

@@ -21,16 +21,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from make_inputs import corpus_names
 from PIL import Image
+from reference import PRESETS as REF_PRESETS
+from reference import k25_rgb, ref_size
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from kimi_vision_prep import (
-    PreprocessError,
-    get_preset,
-    navit_target_size,
-    pixel_values_from_patches,
-    preprocess_bytes,
-    preprocess_images,
-)
+from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes, preprocess_images
 from kimi_vision_prep.errors import served_message
 
 pytestmark = pytest.mark.server
@@ -281,12 +276,12 @@ def test_decode_model_outputs(triton_server: Any, corpus: Path) -> None:
     assert jpeg["DECODE_PATH"][0, 0] in (b"simplejpeg", b"nvimgcodec-cuda")
     data = read(corpus, "imagers__large_image.jpg")
     large = infer(triton_server, "http", "kimi_k25_decode", data, outputs)
-    stored = Image.open(io.BytesIO(data)).convert("RGB")
-    target = navit_target_size(stored.width, stored.height, get_preset("kimi-k2.5"))
-    size = (target.new_width, target.new_height)
-    assert size < stored.size and large["STORED_SIZES"].tolist() == [[[stored.height, stored.width]]]
-    assert large["IMAGE_SHAPES"].tolist() == [[[size[1], size[0], 3, 0]]]
-    expected = np.asarray(stored.resize(size, Image.Resampling.BICUBIC))
+    stored = Image.open(io.BytesIO(data))
+    size = ref_size(stored.width, stored.height, REF_PRESETS["kimi-k2.5"])  # the reference's size rule
+    assert (size.new_w, size.new_h) < stored.size
+    assert large["STORED_SIZES"].tolist() == [[[stored.height, stored.width]]]
+    assert large["IMAGE_SHAPES"].tolist() == [[[size.new_h, size.new_w, 3, 0]]]
+    expected = k25_rgb(stored, size)  # the reference's Pillow decode and BICUBIC
     np.testing.assert_array_equal(large["IMAGE"].reshape(expected.shape), expected)
     palette = infer(triton_server, "http", "kimi_k3_decode", read(corpus, "pilx__p_trns_single.png"), outputs)
     assert palette["IMAGE_SHAPES"].tolist() == [[[64, 64, 3, 0]]] and palette["MODE"][0, 0] == b"RGB"  # composited
