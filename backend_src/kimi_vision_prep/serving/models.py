@@ -15,12 +15,10 @@ from ..presets import preset_from_parameters
 from .components import ImageDecoding, ImagePreprocessing, apply_numba_threads
 from .config import parse_int
 from .contract import Result, ServingModel
+from .render_blocks import OPTIONAL_PREPROCESS_INPUT, PREPROCESS_INPUTS
 from .requests import decode_outputs, decoded_from_inputs, pixel_values_from_input
 from .tensors import cuda_device
 from .warmup import warmup_decoded
-
-PREPROCESS_INPUTS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")
-OPTIONAL_PREPROCESS_INPUT = "STORED_SIZES"
 
 
 class DecodeModel(ServingModel):

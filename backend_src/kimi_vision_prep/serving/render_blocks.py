@@ -208,8 +208,11 @@ IMAGE_BYTES_INPUT = [
     ("K encoded images, 1 <= K <= max_images_per_request", pbtxt.tensor("IMAGE_BYTES", "TYPE_STRING", (-1,), RAGGED))
 ]
 ENSEMBLE_IMAGE_BYTES_INPUT = [("K encoded images", pbtxt.tensor("IMAGE_BYTES", "TYPE_STRING", (-1,)))]
-# What the decode step hands the preprocess step (serving/requests.py).
-DECODED_TENSORS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE", "STORED_SIZES")
+# What the decode step hands the preprocess step (serving/requests.py); a client of the preprocess
+# model may leave out STORED_SIZES (its images are then at their stored size).
+PREPROCESS_INPUTS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")
+OPTIONAL_PREPROCESS_INPUT = "STORED_SIZES"
+DECODED_TENSORS = (*PREPROCESS_INPUTS, OPTIONAL_PREPROCESS_INPUT)
 
 
 # -- the model kinds ------------------------------------------------------------------------------
