@@ -11,7 +11,8 @@ The cost: a process keeps its peak heap (about one batch of its largest requests
 returning it between requests. These are process-wide settings, so the library never applies
 them on import, and the launcher no longer passes them (under load they cost ~250-930 MiB of
 PSS; the gain ranged from none to +20% in requests/s, and +35-50% in float32 perf_analyzer
-throughput in one A/B: BENCHMARKS.md, "night"). An
+throughput in one A/B: BENCHMARKS.md, "night"; jemalloc preloaded into tritonserver alone gave
+the float32 wire nothing and cost the uint8 wires: "late"). An
 operator may put :func:`allocator_env` into tritonserver's environment (and so the stubs';
 ``benchmarks/bench_load_memory.py`` measures that as its "retention" row), and a process
 dedicated to preprocessing may call :func:`keep_large_buffers` once at startup (``kimi-prep
