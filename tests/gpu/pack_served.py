@@ -3,13 +3,14 @@
 The device machine (Python 3.12, torch, numpy 2, grpcio, protobuf; no network, no tritonserver, no
 nvImageCodec) gets the work tree plus the carried paths, at most 64 MiB in all. Two xz tarballs,
 carried together as ``tests/gpu/served`` by one run (``run_device_checks.sh served``); measured:
-18.3 + 23.9 MiB at preset 9e, 61.0 MiB with the 18.8 MiB work tree:
+15.5 + 23.9 MiB at preset 9e, 59.2 MiB with the 19.8 MiB work tree (the dry run's preset 6:
+15.7 + 25.7, 61.2 MiB):
 
 * ``site.tar.xz``: the Python packages, unpacked
   from their cp312 wheels and trimmed: numpy 1.26 (the 2.51 stub needs numpy < 2, so it goes
   first on the stubs' and the check's path), nvImageCodec cu13 (this interpreter's binding, the
-  nvJPEG and libjpeg-turbo extensions only), nvJPEG, Pillow 13, simplejpeg, tritonclient (pure
-  Python; its gRPC needs the machine's grpcio and protobuf).
+  nvJPEG and libjpeg-turbo extensions only), nvJPEG, Pillow 13 (without AVIF and FreeType),
+  simplejpeg, tritonclient (pure Python; its gRPC needs the machine's grpcio and protobuf).
 * ``tritonserver.tar.xz``: ``nvidia-pytriton``'s
   tritonserver laid out as the launcher expects it (``pytriton/tritonserver/bin``, the Python
   backend, the 3.12 stub, ``nvidia_pytriton.libs`` without libpython 3.13), an empty
@@ -48,6 +49,9 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 STUB_PYTHON = "3.12"
 # nvImageCodec parts the served check does not load: other interpreters' bindings, codecs it never meets.
 NVIMGCODEC_UNUSED = ("nvimgcodec_impl.cpython-", "libopencv_ext", "libnvjpeg2k_ext", "libnvtiff_ext", "libtiff_ext")
+# Pillow parts nothing here loads: AVIF and FreeType (with the libraries only they need; the
+# library's formats stay), ~2 MiB of the carry.
+PILLOW_UNUSED = ("_avif.", "_imagingft.", "libavif-", "libfreetype-", "libharfbuzz-", "libpng16-", "libbrotli")
 
 
 def download(wheels: tuple[str, ...], dest: Path, pure: bool) -> list[Path]:
@@ -69,6 +73,9 @@ def unpack_site(wheels: list[Path], site: Path) -> None:
     for path in (site / "nvidia" / "nvimgcodec").rglob("*"):
         unused = any(path.name.startswith(prefix) for prefix in NVIMGCODEC_UNUSED) and tag not in path.name
         if path.is_file() and unused:
+            path.unlink()
+    for path in [*(site / "PIL").iterdir(), *(site / "pillow.libs").iterdir()]:
+        if path.name.startswith(PILLOW_UNUSED):
             path.unlink()
     unused_dirs = [*site.glob("*.dist-info"), *site.rglob("__pycache__"), *(site / "numpy").rglob("tests")]
     for path in unused_dirs:
