@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[$(CUDA_EXTRA),serve,test,bench,fuzz]"
 	# cjpeg (Debian libjpeg-turbo-progs) writes the 4:4:0 / 4:1:1 JPEGs of tests/test_exactness.py.
 	command -v cjpeg >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjpeg-turbo-progs; } || echo "cjpeg unavailable: 4:4:0/4:1:1 tests will be skipped"
+	# jemalloc (Debian libjemalloc2) for tritonserver: reused pages for its 37 MiB float32 answers (allocator.py).
+	ldconfig -p | grep -q libjemalloc.so.2 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjemalloc2; } || echo "libjemalloc2 unavailable: tritonserver runs with glibc's malloc"
 	touch $@
 
 setup: $(STAMP)

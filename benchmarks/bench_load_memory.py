@@ -8,10 +8,11 @@ INVALID_ARG while the good ones succeed. After ``--warmup`` seconds the PSS
 (``/proc/PID/smaps_rollup``, shared pages counted once) of the whole process tree is sampled every
 ``--every`` seconds for ``--seconds``. Reported: the peak, the median, and the growth (peak of the
 last third minus peak of the first third: a working set swings with what is in flight, a leak
-raises every later peak). The first selection runs twice: as the launcher starts it (glibc's
-malloc defaults) and with the malloc-retention setting (``allocator.allocator_env`` in the
-environment: large buffers kept on the heap), so the setting's cost in memory and its gain in
-throughput are measured at the same load. ``--photos corpus`` loads with the corpus photos and
+raises every later peak). The first selection runs three times: as the launcher starts it
+(jemalloc in tritonserver where the host has it, ``allocator.server_allocator_env``), with glibc's
+malloc everywhere (``LD_PRELOAD=``), and with glibc's retention setting (``allocator.allocator_env``:
+large buffers kept on the heap), so each allocator's cost in memory and its throughput are
+measured at the same load. ``--photos corpus`` loads with the corpus photos and
 their upscales only (smaller outputs than the camera photos, which all reach the patch cap).
 
     .venv/bin/python benchmarks/bench_load_memory.py [--seconds 60] [--warmup 20] [--out-dir bench_results]
@@ -56,6 +57,12 @@ SELECTIONS: dict[str, tuple[str, ...] | None] = {
 
 
 PHOTO_SETS = {"benchmark": benchmark_photos, "corpus": corpus_photos}
+# The launcher's environment for each malloc row (an operator's LD_PRELOAD, even empty, wins).
+ALLOCATORS = {
+    "launcher's": {},
+    "glibc": {"LD_PRELOAD": ""},
+    "glibc retention": {"LD_PRELOAD": "", **allocator_env()},
+}
 
 
 def payloads(photos: str) -> list[tuple[bytes, bool]]:
@@ -138,18 +145,17 @@ def main() -> int:
     layout = host_layout()
     options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
     print(f"{layout.describe()}; concurrency {args.concurrency} on {LOADED_MODEL}", flush=True)
-    runs = [(selection, "glibc defaults") for selection in args.selections]
-    runs.insert(1, (args.selections[0], "retention"))
+    runs = [(selection, "launcher's") for selection in args.selections]
+    runs[1:1] = [(args.selections[0], "glibc"), (args.selections[0], "glibc retention")]
     rows = []
-    if set(allocator_env()) & set(os.environ):
-        raise SystemExit("unset MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_: they would apply to every run")
+    if {"MALLOC_CONF", *(name for env in ALLOCATORS.values() for name in env)} & set(os.environ):
+        raise SystemExit("unset LD_PRELOAD / MALLOC_*: they would apply to every run")
     for selection, allocator in runs:
-        retention = allocator_env() if allocator == "retention" else {}
-        os.environ.update(retention)  # the launcher passes its environment to tritonserver and the stubs
+        os.environ.update(ALLOCATORS[allocator])  # the launcher's environment: tritonserver's and the stubs'
         try:
             row = {"selection": selection, "allocator": allocator, **loaded_pss(options, SELECTIONS[selection], args)}
         finally:
-            for name in retention:
+            for name in ALLOCATORS[allocator]:
                 del os.environ[name]
         print(json.dumps({k: v for k, v in row.items() if not k.startswith("sample")}), flush=True)
         rows.append(row)

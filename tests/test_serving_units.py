@@ -869,8 +869,10 @@ def test_server_args_and_embedded_layout(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert install.backend_directory.is_relative_to(tmp_path / "kimi_vision_prep" / "triton")
     python = install.backend_directory / "python"
     assert {p.name for p in python.iterdir()} == {
-        "libtriton_python.so", "triton_python_backend_utils.py", "triton_python_backend_stub",
+        "libtriton_python.so", "triton_python_backend_utils.py", "triton_python_backend_stub", "bin",
     }  # fmt: skip
+    assert (python / "triton_python_backend_stub").read_text() == triton_install.STUB_WRAPPER
+    assert os.access(python / "bin" / "triton_python_backend_stub", os.X_OK)
     assert triton_install.find_tritonserver().backend_directory == install.backend_directory  # laid out once
     assert install.env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert install.env["LD_LIBRARY_PATH"].startswith(

@@ -26,6 +26,7 @@ from reference import k25_rgb, ref_size
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes, preprocess_images
+from kimi_vision_prep.allocator import SERVER_ONLY_ENV, server_allocator_env
 from kimi_vision_prep.errors import served_message
 
 pytestmark = pytest.mark.server
@@ -510,6 +511,23 @@ def test_metrics_endpoint_shows_counters(triton_server: Any) -> None:
         assert any(line.startswith("kimi_prep_decodes_total{") and 'path="pillow"' in line for line in fused)
         assert any(line.startswith("kimi_prep_errors_total{") and 'reason="invalid_image"' in line for line in fused)
         assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="vision"' in line for line in fused)
+
+
+def test_tritonserver_runs_with_jemalloc_and_the_stubs_with_glibc(triton_server: Any) -> None:
+    """allocator.server_allocator_env: jemalloc is mapped into tritonserver (where the host has it:
+    `make` installs Debian's libjemalloc2 as root), never into a stub, and the stubs' environment
+    keeps none of tritonserver's own entries (triton_install.STUB_WRAPPER)."""
+    if not server_allocator_env({}):
+        pytest.skip("no libjemalloc.so.2 on this host")
+    server, *stubs = triton_server.process_tree()
+    assert "libjemalloc.so.2" in Path(f"/proc/{server}/maps").read_text()
+    python_models = [c for c in triton_server.repository.glob("*/config.pbtxt") if 'backend: "python"' in c.read_text()]
+    assert len(stubs) == len(python_models)  # one instance each; ensembles have no process
+    for pid in stubs:
+        assert "libjemalloc" not in Path(f"/proc/{pid}/maps").read_text()
+        names = {entry.split(b"=", 1)[0] for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")}
+        assert not names & {b"LD_PRELOAD", b"MALLOC_CONF", SERVER_ONLY_ENV.encode()}
+        assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/bin/triton_python_backend_stub")
 
 
 def test_server_still_ready_after_everything(triton_server: Any) -> None:

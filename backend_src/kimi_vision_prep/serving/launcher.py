@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ..allocator import describe_server_allocator
 from ..host import cuda_device_count
 from .probes import ProbeServer
 from .repository import RenderOptions, render_repository
@@ -182,6 +183,7 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> i
 def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     """Start a server as ``spec`` says; closing ``stack`` stops it and removes what it left."""
     install = find_tritonserver()
+    log.info("%s", describe_server_allocator(install.env))
     for region in remove_stale_shm_regions():
         log.info("removed stale shared-memory region /dev/shm/%s", region)
     shm_prefix = shm_region_prefix()

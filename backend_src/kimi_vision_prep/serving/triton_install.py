@@ -5,6 +5,8 @@ wheel ``nvidia-pytriton`` ships tritonserver 2.51 with the Python backend (it ru
 backend directory is laid out once in a cache dir (``$XDG_CACHE_HOME/kimi_vision_prep/triton`` or
 ``~/.cache/kimi_vision_prep/triton``) with the Python stub matching the running interpreter, and
 the environment is set so that stub loads this interpreter's libpython and this venv's packages.
+There tritonserver runs with jemalloc where the host has it (``allocator.server_allocator_env``),
+and the stubs start through :data:`STUB_WRAPPER`, which keeps it out of them.
 """
 
 from __future__ import annotations
@@ -18,9 +20,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..allocator import SERVER_ONLY_ENV, server_allocator_env
 from ..host import codec_env
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../kimi_vision_prep
+STUB = "triton_python_backend_stub"
+# The Python backend runs <backends>/python/triton_python_backend_stub; this script stands there and
+# runs the real stub (in bin/, under its own name, which the watchdog looks for) without the
+# entries of tritonserver's environment that are its own (allocator.SERVER_ONLY_ENV).
+STUB_WRAPPER = f"""#!/bin/sh
+for name in ${SERVER_ONLY_ENV}; do unset "$name"; done
+unset {SERVER_ONLY_ENV}
+exec "${{0%/*}}/bin/{STUB}" "$@"
+"""
 
 
 @dataclass(frozen=True)
@@ -63,26 +75,30 @@ def _stub_env(env: dict[str, str]) -> None:
 
 
 def _layout_embedded_backends(pytriton_dir: Path) -> Path:
-    """``<cache>/<version>/backends/python/`` with the backend library, utils and the matching stub."""
+    """``<cache>/<version>/backends/python/`` with the backend library, utils, the matching stub (in
+    ``bin/``) and :data:`STUB_WRAPPER` in the stub's place."""
     version = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    stub = pytriton_dir / "tritonserver" / "python_backend_stubs" / version[2:] / "triton_python_backend_stub"
+    stub = pytriton_dir / "tritonserver" / "python_backend_stubs" / version[2:] / STUB
     if not stub.exists():
         raise RuntimeError(f"nvidia-pytriton has no Python backend stub for Python {version[2:]} ({stub})")
     source = pytriton_dir / "tritonserver" / "backends" / "python"
     files = {
         "libtriton_python.so": source / "libtriton_python.so",
         "triton_python_backend_utils.py": source / "triton_python_backend_utils.py",
-        "triton_python_backend_stub": stub,
+        f"bin/{STUB}": stub,
     }
-    stamp = "|".join(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files.values())
+    stamp = "|".join([*(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files.values()), STUB_WRAPPER])
     backends = cache_dir() / f"{version}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}" / "backends"
-    if (backends / "python" / "triton_python_backend_stub").exists():
+    if (backends / "python" / STUB).exists():
         return backends
     backends.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="backends.", dir=backends.parent))
-    (staging / "python").mkdir()
+    (staging / "python" / "bin").mkdir(parents=True)
     for name, path in files.items():
         shutil.copy2(path, staging / "python" / name)
+    wrapper = staging / "python" / STUB
+    wrapper.write_text(STUB_WRAPPER)
+    wrapper.chmod(0o755)
     try:
         staging.rename(backends)  # atomic: a concurrent launcher may have won the race
     except OSError:
@@ -93,8 +109,8 @@ def _layout_embedded_backends(pytriton_dir: Path) -> Path:
 def find_tritonserver() -> TritonInstall:
     """``tritonserver`` on PATH (NGC container), else the embedded one from ``nvidia-pytriton``."""
     # A GPU-less host loads only nvImageCodec's CPU extensions (host.py: no red "Failed to load"
-    # lines); operator values win. glibc's malloc defaults stay: keeping the peak heap
-    # (allocator.py) cost ~600-930 MiB under load (allocator.py's docstring, BENCHMARKS.md).
+    # lines); operator values win. glibc's retention stays off: keeping the peak heap cost
+    # ~600-930 MiB under load (allocator.py's docstring, BENCHMARKS.md).
     env = {**codec_env(cache_root()), **os.environ}
     _stub_env(env)
     on_path = shutil.which("tritonserver", path=os.environ.get("PATH"))
@@ -113,4 +129,7 @@ def find_tritonserver() -> TritonInstall:
     libs = [pytriton_dir.parent / "nvidia_pytriton.libs", Path(sysconfig.get_config_var("LIBDIR") or "")]
     # The stub would otherwise resolve the system libpython instead of this interpreter's.
     env["LD_LIBRARY_PATH"] = os.pathsep.join([*(str(p) for p in libs if str(p)), env.get("LD_LIBRARY_PATH", "")])
+    server_only = server_allocator_env(os.environ)  # only here: the stubs start from our STUB_WRAPPER
+    env.update(server_only)
+    env[SERVER_ONLY_ENV] = " ".join(server_only)
     return TritonInstall(binary, backends, env, embedded=True)
