@@ -7,8 +7,8 @@ step's output, then the response. Above glibc's largest mmap threshold (32 MiB) 
 docs suggest preloading jemalloc or tcmalloc; with jemalloc (``oversize_threshold:0``, below)
 tritonserver reuses those pages. Measured on this 2-core host (BENCHMARKS.md, "late"):
 - compute_output of ``kimi_k25_vision`` + shm fell from 32-44 to 18-31 ms a request;
-- its perf_analyzer throughput rose ~14-21% (the median over four A/B runs);
-- the uint8 wires moved -6% to 0%;
+- its perf_analyzer throughput rose 20% (the median over four A/B runs);
+- the uint8 wires lost 4%;
 - the peak PSS under load stayed where glibc's was.
 
 The stubs keep glibc's malloc (their uint8 wire measured slower with jemalloc in every process).
