@@ -39,6 +39,8 @@ import tritonclient.grpc as grpcclient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_idle_memory import pss_kib
+from bench_server_malloc import ALLOCATORS as SERVER_MALLOCS
+from bench_server_malloc import launcher_environment
 from photos import benchmark_photos, corpus_photos
 from plots import saved_axes
 
@@ -57,12 +59,8 @@ SELECTIONS: dict[str, tuple[str, ...] | None] = {
 
 
 PHOTO_SETS = {"benchmark": benchmark_photos, "corpus": corpus_photos}
-# The launcher's environment for each malloc row (an operator's LD_PRELOAD, even empty, wins).
-ALLOCATORS = {
-    "launcher's": {},
-    "glibc": {"LD_PRELOAD": ""},
-    "glibc retention": {"LD_PRELOAD": "", **allocator_env()},
-}
+# bench_server_malloc's two, and glibc's retention setting everywhere.
+ALLOCATORS = {**SERVER_MALLOCS, "glibc retention": {"LD_PRELOAD": "", **allocator_env()}}
 
 
 def payloads(photos: str) -> list[tuple[bytes, bool]]:
@@ -151,12 +149,8 @@ def main() -> int:
     if {"MALLOC_CONF", *(name for env in ALLOCATORS.values() for name in env)} & set(os.environ):
         raise SystemExit("unset LD_PRELOAD / MALLOC_*: they would apply to every run")
     for selection, allocator in runs:
-        os.environ.update(ALLOCATORS[allocator])  # the launcher's environment: tritonserver's and the stubs'
-        try:
+        with launcher_environment(ALLOCATORS[allocator]):
             row = {"selection": selection, "allocator": allocator, **loaded_pss(options, SELECTIONS[selection], args)}
-        finally:
-            for name in ALLOCATORS[allocator]:
-                del os.environ[name]
         print(json.dumps({k: v for k, v in row.items() if not k.startswith("sample")}), flush=True)
         rows.append(row)
     print("\n| served | malloc | models | processes | peak PSS MiB | median | growth MiB | requests/s | outcomes |")

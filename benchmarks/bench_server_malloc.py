@@ -16,11 +16,13 @@ Writes ``bench_server_malloc.json`` and ``.png`` and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +46,28 @@ WIRES = (
     ("kimi_k25_vision_u8", True, "pixel_patches"),
     ("kimi_k25_vision_u8", False, "pixel_patches"),
 )
-ALLOCATORS = {"launcher's": {}, "glibc": {"LD_PRELOAD": ""}}
+# The launcher's environment for each malloc (an operator's LD_PRELOAD, even empty, wins).
+ALLOCATORS: dict[str, dict[str, str]] = {"launcher's": {}, "glibc": {"LD_PRELOAD": ""}}
+
+
+@contextlib.contextmanager
+def launcher_environment(env: Mapping[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment while a server starts and runs (the launcher passes its
+    environment on to tritonserver and, through the stub wrapper, to the stubs), removed after."""
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name in env:
+            del os.environ[name]
 
 
 def wire_name(model: str, shm: bool) -> str:
     return f"{model}{' + shm' if shm else ''}"
+
+
+def rows_of(rows: list[dict[str, Any]], model: str, shm: bool, allocator: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["wire"] == wire_name(model, shm) and r["allocator"] == allocator]
 
 
 def main() -> int:
@@ -73,21 +92,16 @@ def main() -> int:
         for round_index in range(args.rounds):
             local = {out: bench_local.throughput(images, "kimi-k2.5", 2, 3, output=out) for _, _, out in WIRES}
             for allocator, env in ALLOCATORS.items():
-                os.environ.update(env)
-                try:
-                    with EmbeddedServer(render=options, models=SERVED) as server:
-                        for model, shm, output in WIRES:
-                            served = run_perf_analyzer(
-                                args.perf_analyzer, server.grpc_url, model, data, 4, shm, args.seconds
-                            )
-                            row = {"round": round_index, "allocator": allocator, "wire": wire_name(model, shm)}
-                            row |= {"in_process_img_s": local[output], **served}
-                            row["served_over_in_process"] = served["inferences_s"] / local[output]
-                            print(json.dumps(row), flush=True)
-                            rows.append(row)
-                finally:
-                    for name in env:
-                        del os.environ[name]
+                with launcher_environment(env), EmbeddedServer(render=options, models=SERVED) as server:
+                    for model, shm, output in WIRES:
+                        served = run_perf_analyzer(
+                            args.perf_analyzer, server.grpc_url, model, data, 4, shm, args.seconds
+                        )
+                        row = {"round": round_index, "allocator": allocator, "wire": wire_name(model, shm)}
+                        row |= {"in_process_img_s": local[output], **served}
+                        row["served_over_in_process"] = served["inferences_s"] / local[output]
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
     print_table(rows)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     result = {"layout": layout.describe(), "photos": len(images), "rows": rows}
@@ -101,7 +115,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("|---|---|---|---|---:|")
     for model, shm, _ in WIRES:
         for allocator in ALLOCATORS:
-            mine = [r for r in rows if r["wire"] == wire_name(model, shm) and r["allocator"] == allocator]
+            mine = rows_of(rows, model, shm, allocator)
             rates = ", ".join(f"{r['inferences_s']:.1f}" for r in mine)
             ratios = [r["served_over_in_process"] for r in mine]
             listed = ", ".join(f"{x:.2f}x" for x in ratios)
@@ -113,11 +127,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         width = 0.8 / len(ALLOCATORS)
         for k, allocator in enumerate(ALLOCATORS):
             for i, (model, shm, _) in enumerate(WIRES):
-                ratios = [
-                    r["served_over_in_process"]
-                    for r in rows
-                    if r["wire"] == wire_name(model, shm) and r["allocator"] == allocator
-                ]
+                ratios = [r["served_over_in_process"] for r in rows_of(rows, model, shm, allocator)]
                 x = [i + k * width] * len(ratios)
                 ax.scatter(x, ratios, color=f"C{k}", label=allocator if i == 0 else None)
         ax.set_xticks([i + width / 2 for i in range(len(WIRES))], [wire_name(m, s) for m, s, _ in WIRES])
