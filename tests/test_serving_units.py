@@ -321,12 +321,35 @@ def test_every_python_model_applies_its_buffer_caps(pb: SimpleNamespace) -> None
     )
 
 
-def test_decode_model_batches_and_isolates_errors(pb: SimpleNamespace, images: dict[str, bytes], corpus: Path) -> None:
+def count_batch_decodes(model: Any, monkeypatch: pytest.MonkeyPatch, at_once: int) -> list[int]:
+    """The sizes of ``model``'s batch decode calls (``at_once`` JPEGs decoded at once), checking
+    that every image of one call is resized before the next call decodes more: no more than
+    ``at_once`` stored-size images alive."""
+    decoder, calls, stored_size = model.decoding.decoder, [], []
+    decoder.decoder_threads = at_once
+    real_decode_batch, real_resized = decoder.decode_batch, components.resized_decoded
+
+    def decode_batch(items: Any, preset: Any) -> Any:
+        assert not stored_size, "a batch call began before the last one's images were resized"
+        calls.append(len(items))
+        results = real_decode_batch(items, preset)
+        stored_size.extend(r for r in results if not isinstance(r, BaseException))
+        return results
+
+    def resized(image: Any, preset: Any) -> Any:
+        stored_size[:] = [other for other in stored_size if other is not image]
+        return real_resized(image, preset)
+
+    decoder.decode_batch = decode_batch
+    monkeypatch.setattr(components, "resized_decoded", resized)
+    return calls
+
+
+def test_decode_model_batches_and_isolates_errors(
+    pb: SimpleNamespace, images: dict[str, bytes], corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = DecodeModel(pb, model_args("kimi_k3_decode"))
-    calls: list[int] = []
-    decoder = model.decoding.decoder
-    real_decode_batch = decoder.decode_batch
-    decoder.decode_batch = lambda items, preset: calls.append(len(items)) or real_decode_batch(items, preset)
+    calls = count_batch_decodes(model, monkeypatch, at_once=3)
     truncated = (corpus / "pil__truncated_jpeg.jpg").read_bytes()
     requests = [
         bytes_request(images["pil__hopper.jpg"]),
@@ -339,7 +362,7 @@ def test_decode_model_batches_and_isolates_errors(pb: SimpleNamespace, images: d
         many_request([images["pil__hopper.jpg"], truncated]),  # the second of two is bad
     ]
     responses = model.execute(requests)
-    assert len(responses) == len(requests) and calls == [7]  # one batch call for every image of every request
+    assert len(responses) == len(requests) and calls == [3, 3, 1]  # 7 images of 6 requests, 3 at once
     codes = [r.error.code if r.error else None for r in responses]
     assert codes == [None, "INVALID_ARG", "CANCELLED", "INVALID_ARG", None, "INVALID_ARG", None, "INVALID_ARG"]
     assert "image 0: " in responses[1].error.message and "truncated" in responses[1].error.message

@@ -203,6 +203,11 @@ class ImageDecoder:
     # -- nvImageCodec -------------------------------------------------------------------------
 
     @property
+    def cpu_workers(self) -> int:
+        """How many JPEGs a CPU batch call decodes at once (``decoder_threads``, 0: all cores)."""
+        return self.decoder_threads or os.cpu_count() or 1
+
+    @property
     def fast_path(self) -> DecodePath:
         return "nvimgcodec-cuda" if self.device_kind == "cuda" else "nvimgcodec-cpu"
 
@@ -310,7 +315,7 @@ class ImageDecoder:
     def _map_simplejpeg(self, plans: list[_Plan]) -> list[np.ndarray | None]:
         """:func:`decode_simplejpeg` of each plan, several at once on up to ``decoder_threads``
         threads (it releases the GIL; one image stays on the calling thread and its scratch arena)."""
-        workers = self.decoder_threads or os.cpu_count() or 1
+        workers = self.cpu_workers
         decode = lambda plan: decode_simplejpeg(plan.data, plan.image.width, plan.image.height)  # noqa: E731
         if min(len(plans), workers) <= 1:
             return [decode(plan) for plan in plans]

@@ -9,7 +9,7 @@ from typing import Any
 from ..decode import DecodedImage, DecodeStats, ImageDecoder
 from ..errors import PreprocessError
 from ..numba_runtime import set_num_threads
-from ..pipeline import with_index
+from ..pipeline import resized_decoded, with_index
 from ..presets import Preset
 from .config import DecoderSettings, decoder_settings, numba_threads
 from .contract import ServingModel
@@ -48,13 +48,25 @@ class ImageDecoding:
         if fallback_reason is not None:
             self.model.metrics.count_fallback(fallback_reason)
 
-    def decode_requests(self, requests: Sequence[Any]) -> list[list[DecodedImage] | BaseException]:
-        """The images of every request, all decoded in one batch call: per request, in order, its
-        K images or its error (the first bad image's, with its index)."""
+    def decode_requests(self, requests: Sequence[Any], resize: bool) -> list[list[DecodedImage] | BaseException]:
+        """The images of every request, each resized to its NaViT size right after its decode where
+        ``resize`` (:func:`~kimi_vision_prep.pipeline.resized_decoded`): per request, in order, its
+        K images or its error (the first bad image's, with its index).
+
+        On a GPU, or without ``resize``, all of them are decoded in one batch call. On the CPU with
+        ``resize`` they are decoded :attr:`~kimi_vision_prep.decode.ImageDecoder.cpu_workers` at a
+        time, each resized before the next call: so at most that many stored-size images are
+        alive at once (a batch of eight 12 MP photos decoded at once held 8 x 36 MB)."""
         model, limit = self.model, self.settings.max_images_per_request
         items = model.per_request(requests, lambda r: images_from_input(model.io.get_input(r, "IMAGE_BYTES"), limit))
         flat = [image for item in items if not isinstance(item, BaseException) for image in item]
-        decoded = iter(self.decoder.decode_batch(flat, self.preset))
+        at_once = self.decoder.cpu_workers if resize and self.decoder.device_kind == "cpu" else len(flat)
+        results: list[DecodedImage | BaseException] = []
+        for start in range(0, len(flat), max(at_once, 1)):
+            for result in self.decoder.decode_batch(flat[start : start + at_once], self.preset):
+                done = not resize or isinstance(result, BaseException)
+                results.append(result if done else model.attempt(resized_decoded, result, self.preset))
+        decoded = iter(results)
         return [
             item if isinstance(item, BaseException) else _first_error([next(decoded) for _ in item]) for item in items
         ]
@@ -80,11 +92,12 @@ def apply_numba_threads(parameters: Mapping[str, str]) -> int:
     return threads
 
 
-def _first_error(images: list[DecodedImage | PreprocessError]) -> list[DecodedImage] | PreprocessError:
-    """A request's decoded images, or the first failure among them (one request, one verdict)."""
+def _first_error(images: list[DecodedImage | BaseException]) -> list[DecodedImage] | BaseException:
+    """A request's decoded images, or the first failure among them (one request, one verdict; a
+    bad image's error says which one)."""
     for index, image in enumerate(images):
-        if isinstance(image, PreprocessError):
-            return with_index(image, "image", index)
+        if isinstance(image, BaseException):
+            return with_index(image, "image", index) if isinstance(image, PreprocessError) else image
     return images  # type: ignore[return-value]
 
 

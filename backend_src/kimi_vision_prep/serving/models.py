@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..pipeline import map_indexed, resized_decoded
+from ..pipeline import resized_decoded
 from ..presets import preset_from_parameters
 from .components import ImageDecoding, ImagePreprocessing, apply_numba_threads
 from .config import parse_int
@@ -24,7 +24,7 @@ from .warmup import warmup_decoded
 class DecodeModel(ServingModel):
     """``kimi_*_decode``: encoded bytes -> pixels resized to their NaViT size
     (:func:`~kimi_vision_prep.pipeline.resized_decoded`: numba or torch, as the preprocess step
-    would); all requests of one execute in one batch decode, then each image resized."""
+    would), each right after its decode (:meth:`~.components.ImageDecoding.decode_requests`)."""
 
     stage = "decode"
 
@@ -41,11 +41,8 @@ class DecodeModel(ServingModel):
             "info", f"{self.name}: preset {self.preset.name}, {self.device}, {settings}, numba_threads {threads}"
         )
 
-    def resized_outputs(self, images: Sequence[Any]) -> Result:
-        return decode_outputs(map_indexed(lambda image: resized_decoded(image, self.preset), images, "image"))
-
     def handle(self, requests: Sequence[Any]) -> list[Result]:
-        return self.per_request(self.decoding.decode_requests(requests), self.resized_outputs)
+        return self.per_request(self.decoding.decode_requests(requests, resize=True), decode_outputs)
 
 
 class PreprocessModel(ServingModel):
@@ -95,7 +92,7 @@ class FusedVisionModel(ServingModel):
     The ``kimi_*_vision`` ensembles' work without their hop: no decoded image is copied into the
     stub's shared memory, read back by a second model and sent through a second stub round trip.
     All requests of one execute are decoded in one batch call, then each is preprocessed on its
-    own, computing only its requested outputs.
+    own, computing only its requested outputs (resized only where it asks for pixels).
     """
 
     stage = "vision"
@@ -110,7 +107,7 @@ class FusedVisionModel(ServingModel):
         self.io.log("info", f"{self.name}: preset {self.preset}, {self.device}, {settings}, numba_threads {threads}")
 
     def handle(self, requests: Sequence[Any]) -> list[Result]:
-        decoded = self.decoding.decode_requests(requests)
+        decoded = self.decoding.decode_requests(requests, resize=False)
         return [
             image if isinstance(image, BaseException) else self.attempt(self.preprocessing.outputs, image, request)
             for request, image in zip(requests, decoded, strict=True)

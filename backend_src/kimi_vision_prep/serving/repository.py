@@ -86,10 +86,12 @@ def decode_model(served: ServedPreset) -> ModelFiles:
     ]
     summary = (
         f"{name} ({title}): encoded image bytes -> pixels with Pillow's verdict, resized to their NaViT\n"
-        "size exactly (so the hop to the preprocess step carries at most the preset's patch budget). All\n"
-        "requests of one execute() are decoded in one batch call (fancy chroma upsampling, no EXIF\n"
-        "rotation); what nvImageCodec cannot decode exactly goes through Pillow. On a GPU instance IMAGE\n"
-        "is a CUDA tensor (resized with torch there) handed over through DLPack."
+        "size exactly (so the hop to the preprocess step carries at most the preset's patch budget). The\n"
+        "images of one execute() are decoded decoder_threads at a time on a CPU instance, each resized\n"
+        "before the next ones (at most that many stored-size images alive), all in one batch call on a\n"
+        "GPU (fancy chroma upsampling, no EXIF rotation); what the fast decoders cannot decode exactly\n"
+        "goes through Pillow. On a GPU instance IMAGE is a CUDA tensor (resized with torch there)\n"
+        "handed over through DLPack."
     )
     blocks = [decoder_block(options), numba_block(options), preset_block(preset, prefix)]
     return python_model(name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.DecodeModel", options, defaults)
