@@ -416,4 +416,6 @@ def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: P
         for way in ("ours", "reference", "floor", "pillow_decode"):
             assert 0 < row[way]["min_ms"] <= row[way]["median_ms"], (way, row[way])
     assert {"all", "no-resize", "downscale", "batch"} <= set(result["summary"])
+    batch = result["summary"]["batch"]
+    assert len(batch["round_ratios"]) == 3 and min(batch["round_ratios"]) > 0  # one ratio per round
     assert {p["size"] for p in result["profile"]} == {"1080p", "9 MP", "12 MP"}
