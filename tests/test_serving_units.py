@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -386,6 +387,30 @@ def test_decode_model_batches_and_isolates_errors(
     assert counter("kimi_prep_errors_total", reason="cancelled") == 1
     assert counter("kimi_prep_errors_total", reason="invalid_request") == 2
     assert counter("kimi_prep_stage_seconds_total", stage="decode") > 0
+
+
+def test_decode_model_frees_stored_size_pixels_before_the_next_batch_call(
+    pb: SimpleNamespace, images: dict[str, bytes]
+) -> None:
+    """A photo over K2.5's patch budget, three requests, one JPEG decoded at a time: when a batch
+    call starts, no stored-size pixels of the last one are referenced any more."""
+    model = DecodeModel(pb, model_args("kimi_k25_decode"))
+    decoder, stored_size = model.decoding.decoder, []
+    decoder.decoder_threads, real_decode_batch = 1, decoder.decode_batch
+
+    def decode_batch(items: Any, preset: Any) -> Any:
+        assert all(ref() is None for ref in stored_size), "stored-size pixels outlived their resize"
+        results = real_decode_batch(items, preset)
+        stored_size.extend(weakref.ref(result.pixels) for result in results)
+        return results
+
+    decoder.decode_batch = decode_batch
+    photo = images["imagers__large_image.jpg"]
+    responses = model.execute([bytes_request(photo) for _ in range(3)])
+    assert len(stored_size) == 3 and all(r.error is None for r in responses)
+    width, height = Image.open(io.BytesIO(photo)).size
+    (shape,) = outputs_of(responses[0])["IMAGE_SHAPES"][0]
+    assert shape[0] * shape[1] < width * height  # resized: the stored-size pixels were another array
 
 
 def test_execute_never_raises(pb: SimpleNamespace, images: dict[str, bytes]) -> None:

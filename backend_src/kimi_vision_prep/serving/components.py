@@ -61,11 +61,14 @@ class ImageDecoding:
         items = model.per_request(requests, lambda r: images_from_input(model.io.get_input(r, "IMAGE_BYTES"), limit))
         flat = [image for item in items if not isinstance(item, BaseException) for image in item]
         at_once = self.decoder.cpu_workers if resize and self.decoder.device_kind == "cpu" else len(flat)
+        keep = lambda result: not resize or isinstance(result, BaseException)  # noqa: E731
         results: list[DecodedImage | BaseException] = []
         for start in range(0, len(flat), max(at_once, 1)):
-            for result in self.decoder.decode_batch(flat[start : start + at_once], self.preset):
-                done = not resize or isinstance(result, BaseException)
-                results.append(result if done else model.attempt(resized_decoded, result, self.preset))
+            # A comprehension: no name outlives it to keep a stored-size image through the next call.
+            results += [
+                result if keep(result) else model.attempt(resized_decoded, result, self.preset)
+                for result in self.decoder.decode_batch(flat[start : start + at_once], self.preset)
+            ]
         decoded = iter(results)
         return [
             item if isinstance(item, BaseException) else _first_error([next(decoded) for _ in item]) for item in items
