@@ -324,22 +324,25 @@ def test_every_python_model_applies_its_buffer_caps(pb: SimpleNamespace) -> None
 
 def count_batch_decodes(model: Any, monkeypatch: pytest.MonkeyPatch, at_once: int) -> list[int]:
     """The sizes of ``model``'s batch decode calls (``at_once`` JPEGs decoded at once), checking
-    that every image of one call is resized before the next call decodes more: no more than
-    ``at_once`` stored-size images alive."""
-    decoder, calls, stored_size = model.decoding.decoder, [], []
+    that when a call starts, every stored-size image of the last one went through the resize and
+    its pixels are gone, unless the resize returned them as they were (an image already at its
+    NaViT size): no more than ``at_once`` stored-size images alive."""
+    decoder, calls, stored_size, resize_outputs = model.decoding.decoder, [], [], []
     decoder.decoder_threads = at_once
     real_decode_batch, real_resized = decoder.decode_batch, components.resized_decoded
 
     def decode_batch(items: Any, preset: Any) -> Any:
-        assert not stored_size, "a batch call began before the last one's images were resized"
+        alive = [pixels for ref in stored_size if (pixels := ref()) is not None]
+        assert all(any(p is out for out in resize_outputs) for p in alive), "stored-size pixels outlived their resize"
         calls.append(len(items))
         results = real_decode_batch(items, preset)
-        stored_size.extend(r for r in results if not isinstance(r, BaseException))
+        stored_size.extend(weakref.ref(r.pixels) for r in results if not isinstance(r, BaseException))
         return results
 
     def resized(image: Any, preset: Any) -> Any:
-        stored_size[:] = [other for other in stored_size if other is not image]
-        return real_resized(image, preset)
+        result = real_resized(image, preset)
+        resize_outputs.append(result.pixels)
+        return result
 
     decoder.decode_batch = decode_batch
     monkeypatch.setattr(components, "resized_decoded", resized)
@@ -390,24 +393,15 @@ def test_decode_model_batches_and_isolates_errors(
 
 
 def test_decode_model_frees_stored_size_pixels_before_the_next_batch_call(
-    pb: SimpleNamespace, images: dict[str, bytes]
+    pb: SimpleNamespace, images: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A photo over K2.5's patch budget, three requests, one JPEG decoded at a time: when a batch
     call starts, no stored-size pixels of the last one are referenced any more."""
     model = DecodeModel(pb, model_args("kimi_k25_decode"))
-    decoder, stored_size = model.decoding.decoder, []
-    decoder.decoder_threads, real_decode_batch = 1, decoder.decode_batch
-
-    def decode_batch(items: Any, preset: Any) -> Any:
-        assert all(ref() is None for ref in stored_size), "stored-size pixels outlived their resize"
-        results = real_decode_batch(items, preset)
-        stored_size.extend(weakref.ref(result.pixels) for result in results)
-        return results
-
-    decoder.decode_batch = decode_batch
+    calls = count_batch_decodes(model, monkeypatch, at_once=1)
     photo = images["imagers__large_image.jpg"]
     responses = model.execute([bytes_request(photo) for _ in range(3)])
-    assert len(stored_size) == 3 and all(r.error is None for r in responses)
+    assert calls == [1, 1, 1] and all(r.error is None for r in responses)
     width, height = Image.open(io.BytesIO(photo)).size
     (shape,) = outputs_of(responses[0])["IMAGE_SHAPES"][0]
     assert shape[0] * shape[1] < width * height  # resized: the stored-size pixels were another array
