@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, uint64
 
 from .buffers import empty_output
 from .kernels import NUMPY, TORCH, get_kernel, register_kernel
@@ -120,59 +120,89 @@ def _concatenate_torch(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 # --------------------------------------------------------------------------- numba kernels
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _write_patches_by_pixel(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w: int) -> None:
-    """``out[gy*grid_w + gx, c, y, x] = table[image[gy*p + y, gx*p + x, c], c]`` (``table[0, c]``
-    past the edge), each pixel's three bytes read once: the faster order for uint8 patches.
+# The patch-row kernels index with unsigned integers only: numba wraps a signed index that might be
+# negative around the axis (a compare and select per access), which kept the inner loops scalar
+# with scatters and cost 1.3-1.5x (BENCHMARKS.md). Each channel's table is a contiguous row of
+# ``tables`` (the table transposed, :func:`_channel_tables`).
+
+
+@njit(cache=True, nogil=True)
+def _patch_row_by_pixel(image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int, gy: int) -> None:
+    """Patch row ``gy``: ``out[gy*grid_w + gx, c, y, x] = tables[c, image[gy*p + y, gx*p + x, c]]``
+    (``tables[c, 0]`` past the edge), each pixel's three bytes read once: the faster order for
+    uint8 patches.
 
     The edge test is per patch row, not per element: the inner loops are branch-free (measured
     1.1-2x faster than a per-element bounds test)."""
-    height, width = image.shape[0], image.shape[1]
-    p = out.shape[2]
-    grid_h = out.shape[0] // grid_w
-    for gy in prange(grid_h):
-        y0 = gy * p
-        rows = max(0, min(p, height - y0))
-        for gx in range(grid_w):
-            n = gy * grid_w + gx
-            x0 = gx * p
-            cols = max(0, min(p, width - x0))
+    zero, p, height, width = uint64(0), uint64(out.shape[2]), uint64(image.shape[0]), uint64(image.shape[1])
+    y0, grid_w_u = uint64(gy) * p, uint64(grid_w)
+    rows = min(p, height - y0) if height > y0 else zero
+    t0, t1, t2 = tables[0], tables[1], tables[2]
+    for gx in range(grid_w_u):
+        n, x0 = uint64(gy) * grid_w_u + gx, gx * p
+        cols = min(p, width - x0) if width > x0 else zero
+        for y in range(p):
+            filled = cols if y < rows else zero
+            src = image[y0 + y] if y < rows else image[0]
+            o0, o1, o2 = out[n, 0, y], out[n, 1, y], out[n, 2, y]
+            for x in range(filled):
+                o0[x] = t0[src[x0 + x, 0]]
+                o1[x] = t1[src[x0 + x, 1]]
+                o2[x] = t2[src[x0 + x, 2]]
+            for x in range(filled, p):
+                o0[x] = t0[0]
+                o1[x] = t1[0]
+                o2[x] = t2[0]
+
+
+@njit(cache=True, nogil=True)
+def _patch_row_by_plane(image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int, gy: int) -> None:
+    """As :func:`_patch_row_by_pixel`, one channel plane of a patch after the other: each patch
+    is written as one ascending stream, the faster order for float32 patches of large images
+    (1.4x at 3 MP, BENCHMARKS.md). The two repeat the patch loop on purpose: one loop calling a
+    per-patch function of either order measured 0.73-0.95x."""
+    zero, p, height, width = uint64(0), uint64(out.shape[2]), uint64(image.shape[0]), uint64(image.shape[1])
+    y0, grid_w_u = uint64(gy) * p, uint64(grid_w)
+    rows = min(p, height - y0) if height > y0 else zero
+    for gx in range(grid_w_u):
+        n, x0 = uint64(gy) * grid_w_u + gx, gx * p
+        cols = min(p, width - x0) if width > x0 else zero
+        for c in range(uint64(3)):
+            table = tables[c]
             for y in range(p):
-                filled = cols if y < rows else 0
+                filled = cols if y < rows else zero
+                src = image[y0 + y] if y < rows else image[0]
+                o = out[n, c, y]
                 for x in range(filled):
-                    out[n, 0, y, x] = table[image[y0 + y, x0 + x, 0], 0]
-                    out[n, 1, y, x] = table[image[y0 + y, x0 + x, 1], 1]
-                    out[n, 2, y, x] = table[image[y0 + y, x0 + x, 2], 2]
+                    o[x] = table[src[x0 + x, c]]
                 for x in range(filled, p):
-                    out[n, 0, y, x] = table[0, 0]
-                    out[n, 1, y, x] = table[0, 1]
-                    out[n, 2, y, x] = table[0, 2]
+                    o[x] = table[0]
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _write_patches_by_plane(image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w: int) -> None:
-    """As :func:`_write_patches_by_pixel`, one channel plane of a patch after the other: each patch
-    is written as one ascending stream, the faster order for float32 patches of large images
-    (1.4x at 3 MP, BENCHMARKS.md). The two kernels repeat the patch-grid loop on purpose: one loop
-    calling a per-patch function of either order measured 0.73-0.95x."""
-    height, width = image.shape[0], image.shape[1]
-    p = out.shape[2]
-    grid_h = out.shape[0] // grid_w
-    for gy in prange(grid_h):
-        y0 = gy * p
-        rows = max(0, min(p, height - y0))
-        for gx in range(grid_w):
-            n = gy * grid_w + gx
-            x0 = gx * p
-            cols = max(0, min(p, width - x0))
-            for c in range(3):
-                pad = table[0, c]
-                for y in range(p):
-                    filled = cols if y < rows else 0
-                    for x in range(filled):
-                        out[n, c, y, x] = table[image[y0 + y, x0 + x, c], c]
-                    for x in range(filled, p):
-                        out[n, c, y, x] = pad
+def _write_patches_by_pixel(image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int) -> None:
+    """Every patch row of ``out`` (:func:`_patch_row_by_pixel`), on numba's threads."""
+    for gy in prange(out.shape[0] // grid_w):
+        _patch_row_by_pixel(image, tables, out, grid_w, gy)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _write_patches_by_plane(image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int) -> None:
+    """Every patch row of ``out`` (:func:`_patch_row_by_plane`), on numba's threads."""
+    for gy in prange(out.shape[0] // grid_w):
+        _patch_row_by_plane(image, tables, out, grid_w, gy)
+
+
+@njit(cache=True, nogil=True)
+def _write_patches_here(image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int) -> None:
+    """Every patch row of ``out`` on the calling thread, in the order its dtype prefers: no
+    threading layer is entered, so several threads may run it at once (row bands)."""
+    by_plane = out.itemsize >= 4
+    for gy in range(out.shape[0] // grid_w):
+        if by_plane:
+            _patch_row_by_plane(image, tables, out, grid_w, gy)
+        else:
+            _patch_row_by_pixel(image, tables, out, grid_w, gy)
 
 
 @register_kernel("write_patches", NUMPY)
@@ -184,15 +214,42 @@ def write_patches_numpy(
         raise ValueError(f"expected uint8 (H, W, 3), got {image.dtype} {image.shape}")
     if image.shape[0] > grid_h * patch_size or image.shape[1] > grid_w * patch_size:
         raise ValueError(f"image {image.shape[:2]} larger than the {grid_h}x{grid_w} patch grid")
-    shape = (grid_h * grid_w, 3, patch_size, patch_size)
-    if out is None:
-        out = empty_output(shape, table.dtype)
-    elif out.shape != shape or out.dtype != table.dtype or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"out must be a writable C-contiguous {table.dtype} array of shape {shape}")
+    out = patches_out(out, (grid_h * grid_w, 3, patch_size, patch_size), table.dtype)
     kernel = _write_patches_by_plane if out.itemsize >= 4 else _write_patches_by_pixel
     with parallel_kernel(out.size):
-        kernel(kernel_input(image), kernel_input(table), out, grid_w)
+        kernel(kernel_input(image), _channel_tables(table), out, grid_w)
     return out
+
+
+def patches_out(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``out`` checked (writable, C-contiguous, ``shape`` and ``dtype``; else ValueError), or a new
+    :func:`~.buffers.empty_output` array when None: where the numba kernels write patches."""
+    if out is None:
+        return empty_output(shape, dtype)
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writable C-contiguous {dtype} array of shape {shape}")
+    return out
+
+
+def write_patch_rows(
+    image: np.ndarray, table: np.ndarray, out: np.ndarray, grid_w: int, *, rows: tuple[int, int]
+) -> None:
+    """The patch rows of image ``rows`` ``[row_begin, row_end)`` into ``out``, on the calling thread.
+
+    ``image``: uint8 ``(H, W, 3)``; ``out``: :func:`write_patches`'s ``(grid_h*grid_w, 3, p, p)``
+    of ``table``'s dtype, from :func:`patches_out`. ``row_begin`` is a multiple of ``p``, and so is
+    ``row_end`` unless it is ``H``: that last band also writes the padding rows below the image.
+    Bands of one image may run on several threads at once (no threading layer is entered), and
+    together they write exactly what :func:`write_patches` writes."""
+    p, (row_begin, row_end) = out.shape[2], rows
+    first = row_begin // p * grid_w
+    last = out.shape[0] if row_end == image.shape[0] else row_end // p * grid_w
+    _write_patches_here(kernel_input(image[row_begin:row_end]), _channel_tables(table), out[first:last], grid_w)
+
+
+def _channel_tables(table: np.ndarray) -> np.ndarray:
+    """``table`` ``(256, 3)`` as the kernels read it: ``(3, 256)``, C-contiguous, read-only."""
+    return kernel_input(table.T)
 
 
 @register_kernel("patchify", NUMPY)
@@ -204,12 +261,14 @@ def patchify_numpy(
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _expand(patches: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
-    """``out[n, c, i] = table[patches[n, c, i], c]`` (patches flattened to ``(N, 3, p*p)``)."""
+def _expand(patches: np.ndarray, tables: np.ndarray, out: np.ndarray) -> None:
+    """``out[n, c, i] = tables[c, patches[n, c, i]]`` (patches flattened to ``(N, 3, p*p)``;
+    unsigned indices, as in the patch-row kernels)."""
     for n in prange(patches.shape[0]):
-        for c in range(3):
-            for i in range(patches.shape[2]):
-                out[n, c, i] = table[patches[n, c, i], c]
+        for c in range(uint64(3)):
+            table, src, dst = tables[c], patches[n, c], out[n, c]
+            for i in range(uint64(patches.shape[2])):
+                dst[i] = table[src[i]]
 
 
 @register_kernel("expand_patches", NUMPY)
@@ -220,10 +279,9 @@ def expand_patches_numpy(patches: np.ndarray, table: np.ndarray) -> np.ndarray:
     if table.shape != (256, 3):
         raise ValueError(f"expected a (256, 3) table, got {table.shape}")
     flat = kernel_input(patches).reshape(patches.shape[0], 3, -1)
-    table = kernel_input(np.asarray(table, dtype=np.float32))
-    out = empty_output(flat.shape, table.dtype)
+    out = empty_output(flat.shape, np.float32)
     with parallel_kernel(out.size):
-        _expand(flat, table, out)
+        _expand(flat, _channel_tables(np.asarray(table, dtype=np.float32)), out)
     return out.reshape(patches.shape)
 
 
