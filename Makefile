@@ -8,11 +8,14 @@ STAMP := $(VENV)/.installed-$(CUDA_EXTRA)
 
 .PHONY: setup test serve repository demo lint bench perf-analyzer soak fuzz clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml backend_src/kimi_vision_prep/_libjpeg.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# torch first and pinned: the CPU build (a plain `torch` pulls several GB of CUDA).
 	$(PIP) install -q "torch==2.13.0"
+	# libjpeg62-turbo headers (Debian) for the libjpeg route's extension (_libjpeg.c, jpeg_bands.py); without them
+	# the package still installs and clean JPEGs take simplejpeg (a warning says so).
+	test -f /usr/include/jpeglib.h || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjpeg62-turbo-dev; } || echo "libjpeg62-turbo-dev unavailable: the libjpeg route is not built"
 	$(PIP) install -q -e ".[$(CUDA_EXTRA),serve,test,bench,fuzz]"
 	# cjpeg (Debian libjpeg-turbo-progs) writes the 4:4:0 / 4:1:1 JPEGs of tests/test_exactness.py.
 	command -v cjpeg >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjpeg-turbo-progs; } || echo "cjpeg unavailable: 4:4:0/4:1:1 tests will be skipped"

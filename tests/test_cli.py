@@ -302,13 +302,13 @@ def test_preprocess_on_a_cpu_host_prints_no_codec_errors(corpus: Path, tmp_path:
         pytest.skip("a GPU host loads every extension")
     env = {k: v for k, v in os.environ.items() if k != "NVIMGCODEC_EXTENSIONS_PATH"}
     env["XDG_CACHE_HOME"] = str(tmp_path)
-    # A clean JPEG (simplejpeg) and one simplejpeg's strict mode refuses (nvImageCodec's CPU backend).
+    # A clean JPEG (libjpeg) and one libjpeg's strict mode refuses (nvImageCodec's CPU backend).
     files = [str(corpus / GOOD[0]), str(corpus / "imagers__extraneous-data.jpg")]
     command = [sys.executable, "-m", "kimi_vision_client.cli", "preprocess", *files]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert not re.search(r"\[ERROR\]|Failed to load nv|Traceback", done.stdout + done.stderr), done.stderr
-    assert "simplejpeg" in done.stdout and "nvimgcodec-cpu" in done.stdout
+    assert "libjpeg" in done.stdout and "nvimgcodec-cpu" in done.stdout
     links = sorted(p.name for p in (tmp_path / "kimi_vision_prep" / "nvimgcodec-cpu").iterdir())
     assert any(name.startswith("libjpeg_turbo_ext") for name in links)
     assert not any(name.startswith(("libnvjpeg", "libnvtiff")) for name in links)
@@ -404,7 +404,7 @@ def test_perf_data_is_perf_analyzers_bytes_format(corpus: Path, tmp_path: Path) 
 
 
 def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: Path) -> None:
-    """`kimi-prep bench-local` on two corpus photos: every image timed four ways (interleaved), the
+    """`kimi-prep bench-local` on two corpus photos: every image timed five ways (interleaved), the
     class summary, the batch and profile figures, JSON and PNG written. No timing is asserted."""
     images = [corpus / "pil__iptc.jpg", corpus / "imagers__large_image.jpg"]
     argv = ["bench-local", "--repeats", "2", "--out-dir", str(tmp_path), "--images", *map(str, images)]
@@ -413,9 +413,10 @@ def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: P
     assert (tmp_path / "bench_local.png").stat().st_size > 0
     assert [row["image"]["image_class"] for row in result["rows"]] == ["no-resize", "downscale"]
     for row in result["rows"]:
-        for way in ("ours", "reference", "floor", "pillow_decode"):
+        for way in ("ours", "reference", "floor", "decode", "pillow_decode"):
             assert 0 < row[way]["min_ms"] <= row[way]["median_ms"], (way, row[way])
     assert {"all", "no-resize", "downscale", "batch"} <= set(result["summary"])
+    assert {"ours_over_floor", "ours_over_decode", "decode_over_floor"} <= set(result["summary"]["all"])
     batch = result["summary"]["batch"]
     assert len(batch["round_ratios"]) == 3 and min(batch["round_ratios"]) > 0  # one ratio per round
     assert {p["size"] for p in result["profile"]} == {"1080p", "9 MP", "12 MP"}

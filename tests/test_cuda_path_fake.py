@@ -186,7 +186,7 @@ def test_arithmetic_coded_jpeg_is_planned_to_pillow_on_cuda_only(
     assert codec.decoders == []
     assert cuda.moves == ["cuda:0"]
 
-    assert ImageDecoder("cpu").decode(data, K25).decode_path == "simplejpeg"  # libjpeg-turbo decodes it
+    assert ImageDecoder("cpu").decode(data, K25).decode_path == "libjpeg"  # libjpeg-turbo decodes it
     on_cpu = ImageDecoder("cpu", cpu_routes=("nvimgcodec-cpu",)).decode(data, K25)
 
     assert on_cpu.decode_path == "nvimgcodec-cpu"

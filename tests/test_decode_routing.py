@@ -24,11 +24,14 @@ from kimi_vision_prep import (
     InvalidImageError,
     PreprocessError,
     PreprocessResult,
+    jpeg_bands,
 )
 from kimi_vision_prep import decode as decode_module
+from kimi_vision_prep.decode import CPU_ROUTES
 
 # This module tests nvImageCodec's pool, fallbacks and batching: its decoders take only that route
-# (simplejpeg, the default first CPU route, is covered by test_exactness.py and below).
+# (libjpeg, the default first CPU route, is covered by test_exactness.py, test_jpeg_bands.py and
+# below).
 FAST = "nvimgcodec-cpu"
 
 
@@ -312,38 +315,42 @@ def test_batch_mixed_good_and_bad_in_order(preset: str) -> None:
     assert pixel_values.shape[0] == int(grid_thws[:, 1].astype(np.int64) @ grid_thws[:, 2])
 
 
-# --- the simplejpeg route (the default first CPU route) -----------------------------------------
+# --- the strict libjpeg routes (libjpeg, the default first CPU route, else simplejpeg) -----------
 
 
-def test_strict_simplejpeg_refusal_takes_nvimgcodec_not_a_fallback(corpus: Path) -> None:
-    """A file libjpeg only warns about (extraneous bytes) is refused by simplejpeg's strict mode and
-    decoded by nvImageCodec: a planned route, no fallback reason, Pillow's pixels."""
+@pytest.mark.parametrize("routes", [CPU_ROUTES, ("simplejpeg", "nvimgcodec-cpu")])
+def test_strict_libjpeg_refusal_takes_nvimgcodec_not_a_fallback(corpus: Path, routes: tuple[str, ...]) -> None:
+    """A file libjpeg only warns about (extraneous bytes) is refused by the strict libjpeg route
+    (ours, or simplejpeg where that comes first) and decoded by nvImageCodec: a planned route, no
+    fallback reason, Pillow's pixels. Only one of the two is tried: they refuse alike."""
+    decoder = ImageDecoder(cpu_routes=routes)  # type: ignore[arg-type]
     data = (corpus / "imagers__extraneous-data.jpg").read_bytes()
-    result = kimi_vision_prep.preprocess_bytes(data, decoder=ImageDecoder())
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
     assert (result.decode_path, result.fallback_reason) == ("nvimgcodec-cpu", None)
     assert_exact(result, data)
-    clean = kimi_vision_prep.preprocess_bytes(jpeg_rgb(40, 30), decoder=ImageDecoder())
-    assert (clean.decode_path, clean.fallback_reason) == ("simplejpeg", None)
+    clean = kimi_vision_prep.preprocess_bytes(jpeg_rgb(40, 30), decoder=decoder)
+    assert (clean.decode_path, clean.fallback_reason) == (routes[0], None)
 
 
 def test_batch_decodes_several_jpegs_at_once_exactly(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """simplejpeg decodes a batch's JPEGs on ``decoder_threads`` threads at once: each image is still
-    Pillow's pixels, in order, owned by the caller (the worker threads have no scratch arena), and
-    a refused file in the same batch still takes its planned route."""
+    """libjpeg decodes a batch's JPEGs on ``decoder_threads`` threads at once, each whole: each image
+    is still Pillow's pixels, in order, owned by the caller (the worker threads have no scratch
+    arena), and a refused file in the same batch still takes its planned route."""
     names = ["imagers__large_image.jpg", "sklearn__china.jpg", "imagers__extraneous-data.jpg", "pil__iptc.jpg"]
     items = [(corpus / name).read_bytes() for name in names] + [jpeg_grey(33, 17), jpeg_rgb(64, 48)]
     preset = kimi_vision_prep.get_preset("kimi-k2.5")
-    threads_seen: set[str] = set()
-    real_decode = decode_module.decode_simplejpeg
+    threads_seen: list[tuple[str, int, int]] = []
+    real_decode = jpeg_bands.decode_rows
 
-    def recorded_decode(data: bytes, width: int, height: int) -> np.ndarray | None:
-        threads_seen.add(threading.current_thread().name)
-        return real_decode(data, width, height)
+    def recorded_decode(data: bytes, pixels: np.ndarray, row_begin: int, row_end: int) -> bool:
+        threads_seen.append((threading.current_thread().name, row_begin, row_end))
+        return real_decode(data, pixels, row_begin, row_end)
 
-    monkeypatch.setattr(decode_module, "decode_simplejpeg", recorded_decode)
+    monkeypatch.setattr(jpeg_bands, "decode_rows", recorded_decode)
     decoded = ImageDecoder(decoder_threads=2).decode_batch(items, preset)
-    assert threads_seen and all(name.startswith("kimi-prep-simplejpeg") for name in threads_seen), threads_seen
-    assert [d.decode_path for d in decoded] == ["simplejpeg"] * 2 + ["nvimgcodec-cpu"] + ["simplejpeg"] * 3
+    assert len(threads_seen) == len(items), threads_seen  # whole images: one call each
+    assert all(name.startswith("kimi-prep-decode") and begin == 0 for name, begin, _ in threads_seen), threads_seen
+    assert [d.decode_path for d in decoded] == ["libjpeg"] * 2 + ["nvimgcodec-cpu"] + ["libjpeg"] * 3
     for data, image in zip(items, decoded, strict=True):
         expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
         np.testing.assert_array_equal(np.asarray(image.pixels), expected)
@@ -362,11 +369,11 @@ def test_cpu_routes_are_checked() -> None:
 
 
 def test_decode_outside_a_pipeline_call_returns_owned_pixels() -> None:
-    """simplejpeg writes into the thread's scratch arena only inside a pipeline call: pixels that
+    """libjpeg writes into the thread's scratch arena only inside a pipeline call: pixels that
     ImageDecoder.decode returns are the caller's and survive the next decode."""
     decoder, preset = ImageDecoder(), kimi_vision_prep.get_preset("kimi-k2.5")
     first = decoder.decode(jpeg_rgb(64, 48, seed=1), preset)
     kept = np.array(first.pixels)
     decoder.decode(jpeg_rgb(64, 48, seed=2), preset)
     kimi_vision_prep.preprocess_bytes(jpeg_rgb(64, 48, seed=3), decoder=decoder)
-    assert first.decode_path == "simplejpeg" and np.array_equal(first.pixels, kept)
+    assert first.decode_path == "libjpeg" and np.array_equal(first.pixels, kept)

@@ -37,7 +37,7 @@ from kimi_vision_prep import ImageDecoder, PreprocessResult
 from kimi_vision_prep.decode import CPU_ROUTES
 
 PRESET_NAMES = ("kimi-k2.5", "kimi-k3")
-FAST = "simplejpeg"  # the CPU fast route of a clean JPEG; nvimgcodec-cpu takes what it refuses
+FAST = "libjpeg"  # the CPU fast route of a clean JPEG; nvimgcodec-cpu takes what it refuses
 FAST_PATHS = set(CPU_ROUTES)
 PILLOW = "pillow"
 
@@ -85,8 +85,8 @@ def test_corpus_has_accepted_files() -> None:
 
 
 def test_corpus_fast_path_is_used() -> None:
-    """Most accepted RGB/grey JPEGs of the corpus decode through simplejpeg, not Pillow, and the
-    ones simplejpeg's strict mode refuses still take nvImageCodec."""
+    """Most accepted RGB/grey JPEGs of the corpus decode through libjpeg, not Pillow, and the
+    ones libjpeg's strict mode refuses still take nvImageCodec."""
     if not CORPUS.exists():
         pytest.skip("shared/corpus not present")
     jpegs = [n for n in ACCEPTED if n.endswith(".jpg") and MANIFEST[n]["pil_mode"] in ("RGB", "L")]

@@ -430,7 +430,7 @@ def test_decoding_models_count_and_log_fallbacks_once(
     decoder = model.decoding.decoder
     decoder._codec_error, decoder._codec = "nvImageCodec unavailable (test)", None
     decoder._nvimgcodec = lambda: None  # the planned fast decoder is gone
-    decoder.cpu_routes = ("nvimgcodec-cpu",)  # and simplejpeg would take the JPEG before it
+    decoder.cpu_routes = ("nvimgcodec-cpu",)  # and libjpeg would take the JPEG before it
     for _ in range(2):
         (response,) = model.execute([bytes_request(images["pil__hopper.jpg"])])
         outputs = outputs_of(response)

@@ -274,7 +274,7 @@ def test_decode_model_outputs(triton_server: Any, corpus: Path) -> None:
     assert jpeg["IMAGE_SHAPES"].tolist() == [[[333, 500, 3, 0]]]  # height, width, channels, offset
     assert jpeg["STORED_SIZES"].tolist() == [[[333, 500]]]  # K2.5 keeps it at its stored size
     np.testing.assert_array_equal(jpeg["RESAMPLE"], [[0]])
-    assert jpeg["DECODE_PATH"][0, 0] in (b"simplejpeg", b"nvimgcodec-cuda")
+    assert jpeg["DECODE_PATH"][0, 0] in (b"libjpeg", b"nvimgcodec-cuda")
     data = read(corpus, "imagers__large_image.jpg")
     large = infer(triton_server, "http", "kimi_k25_decode", data, outputs)
     stored = Image.open(io.BytesIO(data))
@@ -501,13 +501,13 @@ def test_metrics_endpoint_shows_counters(triton_server: Any) -> None:
         text = response.read().decode()
     lines = [line for line in text.splitlines() if line.startswith("kimi_prep_")]
     assert any(line.startswith("kimi_prep_decodes_total{") and 'path="pillow"' in line for line in lines)
-    assert any(line.startswith("kimi_prep_decodes_total{") and 'path="simplejpeg"' in line for line in lines)
+    assert any(line.startswith("kimi_prep_decodes_total{") and 'path="libjpeg"' in line for line in lines)
     assert any(line.startswith("kimi_prep_errors_total{") and 'reason="invalid_image"' in line for line in lines)
     assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="preprocess"' in line for line in lines)
     assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="patch_embed"' in line for line in lines)
     for model in FUSED_U8:  # the fused models count their decodes and errors like the decode models
         fused = [line for line in lines if f'model="{model}"' in line]
-        assert any(line.startswith("kimi_prep_decodes_total{") and 'path="simplejpeg"' in line for line in fused)
+        assert any(line.startswith("kimi_prep_decodes_total{") and 'path="libjpeg"' in line for line in fused)
         assert any(line.startswith("kimi_prep_decodes_total{") and 'path="pillow"' in line for line in fused)
         assert any(line.startswith("kimi_prep_errors_total{") and 'reason="invalid_image"' in line for line in fused)
         assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="vision"' in line for line in fused)

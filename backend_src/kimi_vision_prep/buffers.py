@@ -7,7 +7,7 @@ not help there (``MADV_HUGEPAGE`` measured the same: the VM hands out none). So 
 reused, in two bounded ways:
 
 * **Scratch** (:func:`scratch`): buffers that never leave a pipeline call (the decoded pixels on
-  the simplejpeg route, the resize passes) come from a per-thread arena inside a
+  the libjpeg and simplejpeg routes, the resize passes) come from a per-thread arena inside a
   :func:`scratch_scope`. The i-th request of a scope gets the arena's i-th buffer, grown when too
   small, so the next image's requests land on pages already faulted in. Outside a scope
   :func:`scratch` is :func:`empty_output`: a public op never returns arena memory (pixels that

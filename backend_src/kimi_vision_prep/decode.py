@@ -7,10 +7,12 @@ Routing (spec section 2; "Pillow's verdict, Pillow's pixels"):
    reference verdict for the header (unknown format, zero size, decompression bomb); the pixel
    count is then checked against ``max_pixels``.
 3. A JPEG (or MPO first frame) in mode L/RGB whose :func:`scan_jpeg` is clean takes the fast route.
-   On the CPU that is ``simplejpeg`` first (libjpeg-turbo 3 with SIMD, the same accurate integer
-   IDCT and fancy upsampling as Pillow's libjpeg-turbo, in strict mode: a file libjpeg would only
-   warn about raises and goes on), then nvImageCodec's CPU backend (``nvimgcodec-cpu``, exact)
-   for what simplejpeg refused. On a GPU it is nvImageCodec with ``:fancy_upsampling=1`` and no
+   On the CPU that is ``libjpeg`` first (:mod:`.jpeg_bands`: the libjpeg-turbo Pillow decodes
+   with, one image in row bands on the decoder's idle threads), else ``simplejpeg`` (libjpeg-turbo
+   3 with SIMD, the same accurate integer IDCT and fancy upsampling, one thread; the route where
+   the ``libjpeg`` extension was not built), both in strict mode (a file libjpeg would only warn
+   about raises and goes on), then nvImageCodec's CPU backend (``nvimgcodec-cpu``, exact) for
+   what they refused. On a GPU it is nvImageCodec with ``:fancy_upsampling=1`` and no
    EXIF rotation (``nvimgcodec-cuda``: a CUDA tensor via DLPack; near-exact, different IDCT).
 4. Everything else (CMYK/YCCK, lossless, 12-bit, damaged streams, PNG/GIF/WebP/BMP/TIFF) takes the
    planned ``pillow`` route: Pillow decodes and gives the verdict, by definition exact.
@@ -26,11 +28,13 @@ transparency key, ...), which the resize step resizes with Pillow in that mode.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,6 +43,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from . import jpeg_bands
 from .buffers import scratch
 from .decode_pool import DecodePool
 from .errors import FallbackError, ImageTooLargeError, InvalidImageError, PreprocessError, detached
@@ -51,9 +56,14 @@ log = logging.getLogger("kimi_vision_prep.decode")
 DEFAULT_MAX_ENCODED_BYTES = 64 << 20
 FANCY_UPSAMPLING_OPTIONS = ":fancy_upsampling=1"
 
-DecodePath = Literal["simplejpeg", "nvimgcodec-cpu", "nvimgcodec-cuda", "pillow"]
+DecodePath = Literal["libjpeg", "simplejpeg", "nvimgcodec-cpu", "nvimgcodec-cuda", "pillow"]
 Resample = Literal["bicubic", "nearest"]
-CPU_ROUTES: tuple[DecodePath, ...] = ("simplejpeg", "nvimgcodec-cpu")
+CPU_ROUTES: tuple[DecodePath, ...] = ("libjpeg", "simplejpeg", "nvimgcodec-cpu")
+# A consumer of a lone image's rows as they are decoded, by its stored (width, height), or None
+# when it wants none of that image (:meth:`ImageDecoder.decode`).
+RowsFor = Callable[[int, int], "jpeg_bands.RowConsumer | None"]
+# A CPU route: decode(plan, bands, rows_for) sets plan.result, or leaves it None where it refuses.
+CpuRoute = Callable[["_Plan", int, "RowsFor | None"], None]
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,8 @@ class DecodedImage:
     ``PIL.Image.Image`` in its source mode. Resized pixels are always RGB ``(new_h, new_w, 3)``.
     ``width``/``height``: the stored size (the NaViT rule and prompts use it), whichever size the
     pixels have. ``resample``: the filter the reference resizes this source with.
+    ``rows_consumed``: the caller's row consumer (:meth:`ImageDecoder.decode`) took every row as
+    it was decoded; the pixels are whole all the same.
     """
 
     pixels: Any
@@ -82,6 +94,7 @@ class DecodedImage:
     resample: Resample
     decode_path: DecodePath
     fallback_reason: str | None = None
+    rows_consumed: bool = False
 
 
 class DecodeStats:
@@ -162,12 +175,14 @@ class ImageDecoder:
 
     ``pool_size`` caps the nvImageCodec decoders alive in this process for this device (each holds
     scratch memory; on a GPU, device memory), ``pool_timeout_s`` bounds the wait for one.
-    ``decoder_threads`` is nvImageCodec's CPU thread count per decoder, and how many images of one
-    batch simplejpeg decodes at once (0: all cores).
+    ``decoder_threads`` is nvImageCodec's CPU thread count per decoder, and the threads of one CPU
+    decode call (0: all cores): the JPEGs of a batch that many at once, or a lone JPEG in row bands
+    on those of them that are idle (:mod:`.jpeg_bands`).
     ``stats`` records every decode (default: a fresh :class:`DecodeStats` logging to this module's
-    logger). ``cpu_routes``: the fast CPU decoders a clean JPEG may take, in order (default both:
-    simplejpeg, then nvImageCodec for what it refuses; the benchmark and the exactness tests run
-    each alone), every one exact.
+    logger). ``cpu_routes``: the fast CPU decoders a clean JPEG may take, in order (default all:
+    libjpeg, simplejpeg, then nvImageCodec for what they refuse; the benchmark and the exactness
+    tests run each alone), every one exact; ``libjpeg`` is left out, with a warning logged once,
+    where its extension was not built.
     """
 
     def __init__(
@@ -184,7 +199,7 @@ class ImageDecoder:
     ) -> None:
         if unknown := set(cpu_routes) - set(CPU_ROUTES):
             raise ValueError(f"cpu_routes must be among {CPU_ROUTES}, got {sorted(unknown)}")
-        self.cpu_routes = tuple(cpu_routes)
+        self.cpu_routes = _available(tuple(cpu_routes))
         self.device = device
         self.device_kind, self.device_index = _parse_device(device)
         self.limits = limits or DecodeLimits()
@@ -197,8 +212,11 @@ class ImageDecoder:
         self._codec: Any = None
         self._codec_error: str | None = None
         self._codec_lock = threading.Lock()
-        self._batch_threads: ThreadPoolExecutor | None = None  # made on the first batch of several JPEGs
-        self._batch_threads_lock = threading.Lock()
+        self._thread_pool: ThreadPoolExecutor | None = None  # made on first use (_threads)
+        self._thread_pool_lock = threading.Lock()
+        self._bands = jpeg_bands.BandDecoder(self.cpu_workers - 1, self._threads)
+        self._callers: Counter[int] = Counter()  # claims by thread (claim)
+        self._callers_lock = threading.Lock()
 
     # -- nvImageCodec -------------------------------------------------------------------------
 
@@ -265,15 +283,16 @@ class ImageDecoder:
         )
         return _Plan(data, image, scan, fast)
 
-    def _decode_fast(self, plans: list[_Plan]) -> None:
-        """Decode the fast-route plans: on the CPU each by simplejpeg, the ones it refuses in one
-        nvImageCodec batch call (each as far as ``cpu_routes`` allows: what neither may take is
-        planned to Pillow); mark failures for fallback."""
+    def _decode_fast(self, plans: list[_Plan], rows_for: RowsFor | None) -> None:
+        """Decode the fast-route plans: on the CPU each by libjpeg or else simplejpeg (the first of
+        them in ``cpu_routes``), the ones it refuses in one nvImageCodec batch call (each as far as
+        ``cpu_routes`` allows: what none may take is planned to Pillow); mark failures for fallback."""
         if self.device_kind == "cpu":
-            if "simplejpeg" in self.cpu_routes:
-                for plan, pixels in zip(plans, self._map_simplejpeg(plans), strict=True):
-                    if pixels is not None:
-                        plan.result = DecodedImage(pixels, plan.image.width, plan.image.height, "bicubic", "simplejpeg")
+            # Both are libjpeg-turbo in strict mode: what one refuses the other does too.
+            strict_libjpeg = [route for route in self.cpu_routes if route in ("libjpeg", "simplejpeg")]
+            if strict_libjpeg:
+                decode = self._decode_libjpeg if strict_libjpeg[0] == "libjpeg" else self._decode_simplejpeg
+                self._map_cpu(decode, plans, rows_for)
             plans = [plan for plan in plans if plan.result is None]
             if "nvimgcodec-cpu" not in self.cpu_routes:
                 for plan in plans:
@@ -312,17 +331,68 @@ class ImageDecoder:
                 continue
             plan.result = DecodedImage(pixels, plan.image.width, plan.image.height, "bicubic", self.fast_path)
 
-    def _map_simplejpeg(self, plans: list[_Plan]) -> list[np.ndarray | None]:
-        """:func:`decode_simplejpeg` of each plan, several at once on up to ``decoder_threads``
-        threads (it releases the GIL; one image stays on the calling thread and its scratch arena)."""
-        workers = self.cpu_workers
-        decode = lambda plan: decode_simplejpeg(plan.data, plan.image.width, plan.image.height)  # noqa: E731
-        if min(len(plans), workers) <= 1:
-            return [decode(plan) for plan in plans]
-        with self._batch_threads_lock:
-            if self._batch_threads is None:
-                self._batch_threads = ThreadPoolExecutor(workers, thread_name_prefix="kimi-prep-simplejpeg")
-        return list(self._batch_threads.map(decode, plans))
+    def _threads(self) -> ThreadPoolExecutor:
+        """This decoder's CPU threads (``cpu_workers``), made on first use: the JPEGs of a batch,
+        or the row bands of a lone one beside the calling thread."""
+        with self._thread_pool_lock:
+            if self._thread_pool is None:
+                self._thread_pool = ThreadPoolExecutor(self.cpu_workers, thread_name_prefix="kimi-prep-decode")
+            return self._thread_pool
+
+    @contextlib.contextmanager
+    def claim(self) -> Iterator[None]:
+        """Count the calling thread as a caller of this decoder for the block (nested claims count
+        once). A lone image is decoded in row bands only while its thread is the decoder's only
+        caller: callers on several threads keep the cores busy already, and bands would add the
+        entropy decoding of their skipped rows to that. Every decode call claims for itself; the
+        pipeline claims for the whole of a call, so a caller's resize and patchify count too."""
+        me = threading.get_ident()
+        with self._callers_lock:
+            self._callers[me] += 1
+        try:
+            yield
+        finally:
+            with self._callers_lock:
+                self._callers[me] -= 1
+                if not self._callers[me]:
+                    del self._callers[me]
+
+    def _sole_caller(self) -> bool:
+        with self._callers_lock:
+            return len(self._callers) == 1
+
+    def _map_cpu(self, decode: CpuRoute, plans: list[_Plan], rows_for: RowsFor | None) -> None:
+        """``decode(plan, bands, rows_for)`` of each plan (they release the GIL): a lone plan on the
+        calling thread, in up to ``cpu_workers`` row bands while its thread is the only caller
+        (:meth:`claim`), its rows offered to ``rows_for``; several on up to ``cpu_workers`` threads
+        at once, whole."""
+        if len(plans) == 1:
+            decode(plans[0], self.cpu_workers if self._sole_caller() else 1, rows_for)
+        elif self.cpu_workers <= 1:
+            for plan in plans:
+                decode(plan, 1, None)
+        else:
+            list(self._threads().map(lambda plan: decode(plan, 1, None), plans))
+
+    def _decode_libjpeg(self, plan: _Plan, bands: int, rows_for: RowsFor | None) -> None:
+        """The ``libjpeg`` route: into :func:`~.buffers.scratch`, in row bands where the stream is a
+        single scan, each band's rows offered to ``rows_for``'s consumer when there are several."""
+        width, height = plan.image.size
+        pixels = scratch((height, width, 3))
+        single_scan = plan.scan is not None and plan.scan.single_scan
+        bands = self._bands.bands_for(width, height, bands if single_scan else 1)
+        consumer = rows_for(width, height) if rows_for is not None and bands > 1 else None
+        ran = self._bands.decode(plan.data, pixels, bands, consumer)
+        if ran:
+            consumed = consumer is not None and ran > 1
+            plan.result = DecodedImage(pixels, width, height, "bicubic", "libjpeg", rows_consumed=consumed)
+
+    @staticmethod
+    def _decode_simplejpeg(plan: _Plan, bands: int, rows_for: RowsFor | None) -> None:
+        """The ``simplejpeg`` route (one thread, whole images; ``bands`` and ``rows_for`` unused)."""
+        pixels = decode_simplejpeg(plan.data, plan.image.width, plan.image.height)
+        if pixels is not None:
+            plan.result = DecodedImage(pixels, plan.image.width, plan.image.height, "bicubic", "simplejpeg")
 
     def _decode_pillow(self, plan: _Plan, preset: Preset) -> DecodedImage:
         # Pillow first: an image it rejects is bad input (its verdict), not a decoder fallback.
@@ -339,19 +409,30 @@ class ImageDecoder:
 
     # -- public API ---------------------------------------------------------------------------
 
-    def decode(self, data: bytes, preset: Preset) -> DecodedImage:
-        """Decode one image; raises a :class:`PreprocessError` subclass on bad input."""
-        result = self.decode_batch([data], preset)[0]
+    def decode(self, data: bytes, preset: Preset, *, rows_for: RowsFor | None = None) -> DecodedImage:
+        """Decode one image; raises a :class:`PreprocessError` subclass on bad input.
+
+        ``rows_for(width, height)``: a :class:`~.jpeg_bands.RowConsumer` for the image's rows, or
+        None. Where the image is decoded in several row bands, each band hands its rows to it on the
+        band's thread as soon as they are decoded, and the result says ``rows_consumed``; otherwise
+        it is never started and the caller gets the whole pixels only."""
+        result = self._decode_batch([data], preset, rows_for)[0]
         if isinstance(result, BaseException):
             raise result
         return result
 
     def decode_batch(self, items: Sequence[bytes], preset: Preset) -> list[DecodedImage | PreprocessError]:
-        """Decode many images, the fast-route ones in one nvImageCodec call.
+        """Decode many images: on the CPU ``cpu_workers`` at once (a lone one in row bands, see
+        :meth:`claim`), on a GPU the fast-route ones in one nvImageCodec call.
 
         Returns one :class:`DecodedImage` or one :class:`PreprocessError` per item, in order;
         errors other than :class:`PreprocessError` propagate (they are bugs, not bad input).
         """
+        return self._decode_batch(items, preset, None)
+
+    def _decode_batch(
+        self, items: Sequence[bytes], preset: Preset, rows_for: RowsFor | None
+    ) -> list[DecodedImage | PreprocessError]:
         plans: list[_Plan | PreprocessError] = []
         for data in items:
             try:
@@ -360,7 +441,8 @@ class ImageDecoder:
                 plans.append(detached(exc))
         results: list[DecodedImage | PreprocessError] = []
         try:
-            self._decode_fast([p for p in plans if isinstance(p, _Plan) and p.fast])
+            with self.claim():
+                self._decode_fast([p for p in plans if isinstance(p, _Plan) and p.fast], rows_for)
             for plan in plans:
                 if isinstance(plan, PreprocessError):
                     results.append(plan)
@@ -379,6 +461,19 @@ class ImageDecoder:
                 if isinstance(plan, _Plan):
                     plan.image.close()
         return results
+
+
+def _available(routes: tuple[DecodePath, ...]) -> tuple[DecodePath, ...]:
+    """``routes`` without ``libjpeg`` where its extension is missing (a warning, once a process)."""
+    if "libjpeg" not in routes or jpeg_bands.libjpeg_path() is not None:
+        return routes
+    _warn_once(f"the libjpeg route is unavailable ({jpeg_bands.unavailable_reason()}): clean JPEGs take simplejpeg")
+    return tuple(route for route in routes if route != "libjpeg")
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
 
 
 _default_decoders: dict[str, ImageDecoder] = {}

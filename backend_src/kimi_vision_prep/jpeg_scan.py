@@ -53,10 +53,10 @@ _FAST_SOF = (0xC0, 0xC1, 0xC2, 0xC9, 0xCA)
 
 
 @njit(cache=True, nogil=True)
-def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
+def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
     """Walk the marker structure of ``buf`` (uint8).
 
-    Returns ``(code, sof_marker, precision, height, width, components)``.
+    Returns ``(code, sof_marker, precision, height, width, components, scans)``.
     """
     n = buf.shape[0]
     sof = -1
@@ -65,7 +65,7 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
     width = 0
     comps = 0
     if n < 4 or buf[0] != 0xFF or buf[1] != 0xD8:
-        return NO_SOI, sof, precision, height, width, comps
+        return NO_SOI, sof, precision, height, width, comps, 0
     pos = 2
     restart_interval = 0
     scans = 0
@@ -73,60 +73,60 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
     while True:
         # Expect a marker: 0xFF, optional 0xFF fill bytes, then the marker code.
         if pos >= n:
-            return TRUNCATED, sof, precision, height, width, comps
+            return TRUNCATED, sof, precision, height, width, comps, scans
         if buf[pos] != 0xFF:
-            return BYTES_BETWEEN_SEGMENTS, sof, precision, height, width, comps
+            return BYTES_BETWEEN_SEGMENTS, sof, precision, height, width, comps, scans
         while pos < n and buf[pos] == 0xFF:
             pos += 1
         if pos >= n:
-            return TRUNCATED, sof, precision, height, width, comps
+            return TRUNCATED, sof, precision, height, width, comps, scans
         marker = buf[pos]
         pos += 1
         if marker == 0xD9:  # EOI: done; trailing data (MPO frames, padding) is not read by Pillow
             if sof < 0:
-                return UNEXPECTED_MARKER, sof, precision, height, width, comps
+                return UNEXPECTED_MARKER, sof, precision, height, width, comps, scans
             if scans == 0:
-                return NO_SCAN, sof, precision, height, width, comps
-            return CLEAN, sof, precision, height, width, comps
+                return NO_SCAN, sof, precision, height, width, comps, scans
+            return CLEAN, sof, precision, height, width, comps, scans
         if marker in {0, 1} or 208 <= marker <= 216:
-            return UNEXPECTED_MARKER, sof, precision, height, width, comps
+            return UNEXPECTED_MARKER, sof, precision, height, width, comps, scans
         if pos + 2 > n:
-            return SEGMENT_PAST_END, sof, precision, height, width, comps
+            return SEGMENT_PAST_END, sof, precision, height, width, comps, scans
         length = (np.int64(buf[pos]) << 8) | np.int64(buf[pos + 1])
         if length < 2 or pos + length > n:
-            return SEGMENT_PAST_END, sof, precision, height, width, comps
+            return SEGMENT_PAST_END, sof, precision, height, width, comps, scans
         body = pos + 2
         if 192 <= marker <= 207 and marker not in {196, 200, 204}:
             if sof >= 0:
-                return SECOND_SOF, sof, precision, height, width, comps
+                return SECOND_SOF, sof, precision, height, width, comps, scans
             sof = marker
             if length < 8:
-                return SEGMENT_PAST_END, sof, precision, height, width, comps
+                return SEGMENT_PAST_END, sof, precision, height, width, comps, scans
             precision = buf[body]
             height = (np.int64(buf[body + 1]) << 8) | np.int64(buf[body + 2])
             width = (np.int64(buf[body + 3]) << 8) | np.int64(buf[body + 4])
             comps = buf[body + 5]
         elif marker == 0xDD:  # DRI
             if length < 4:
-                return SEGMENT_PAST_END, sof, precision, height, width, comps
+                return SEGMENT_PAST_END, sof, precision, height, width, comps, scans
             restart_interval = (np.int64(buf[body]) << 8) | np.int64(buf[body + 1])
         elif marker == 0xDA:  # SOS: entropy-coded data follows the header
             if sof < 0:
-                return SOS_BEFORE_SOF, sof, precision, height, width, comps
+                return SOS_BEFORE_SOF, sof, precision, height, width, comps, scans
             if length < 3:
-                return SEGMENT_PAST_END, sof, precision, height, width, comps
+                return SEGMENT_PAST_END, sof, precision, height, width, comps, scans
             # libjpeg: a sequential frame whose first scan holds every component has one scan; another
             # SOS is a fatal error (JERR_EOI_EXPECTED) that Pillow reports and nvImageCodec ignores.
             if scans == 0:
                 first_scan_components = buf[body]
             elif sof not in (0xC2, 0xCA) and first_scan_components == comps:
-                return SECOND_SCAN, sof, precision, height, width, comps
+                return SECOND_SCAN, sof, precision, height, width, comps, scans
             pos += length
             scans += 1
             next_rst = 0
             while True:
                 if pos >= n:
-                    return TRUNCATED, sof, precision, height, width, comps
+                    return TRUNCATED, sof, precision, height, width, comps, scans
                 if buf[pos] != 0xFF:
                     pos += 1
                     continue
@@ -135,14 +135,14 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
                 while q < n and buf[q] == 0xFF:
                     q += 1
                 if q >= n:
-                    return TRUNCATED, sof, precision, height, width, comps
+                    return TRUNCATED, sof, precision, height, width, comps, scans
                 code = buf[q]
                 if code == 0x00:
                     pos = q + 1
                     continue
                 if 0xD0 <= code <= 0xD7:
                     if restart_interval == 0 or code != 0xD0 + next_rst:
-                        return BAD_RESTART, sof, precision, height, width, comps
+                        return BAD_RESTART, sof, precision, height, width, comps, scans
                     next_rst = (next_rst + 1) & 7
                     pos = q + 1
                     continue
@@ -150,13 +150,13 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int]:
                 if not (
                     code in {217, 218, 196, 219, 221, 204, 254} or 224 <= code <= 239
                 ):
-                    return UNEXPECTED_MARKER, sof, precision, height, width, comps
+                    return UNEXPECTED_MARKER, sof, precision, height, width, comps, scans
                 break
             continue
         elif not (
             marker in {196, 219, 204, 254} or 224 <= marker <= 239
         ):
-            return UNEXPECTED_MARKER, sof, precision, height, width, comps
+            return UNEXPECTED_MARKER, sof, precision, height, width, comps, scans
         pos += length
 
 
@@ -170,10 +170,18 @@ class JpegScan:
     width: int
     height: int
     components: int
+    scans: int
 
     @property
     def clean(self) -> bool:
         return self.reason == "clean"
+
+    @property
+    def single_scan(self) -> bool:
+        """One sequential scan: libjpeg entropy-decodes it as rows are asked for, so a row band
+        below the top skips the IDCT and colour work of the rows above it (:mod:`.jpeg_bands`).
+        A progressive or multi-scan stream is entropy-decoded whole before the first row."""
+        return self.scans == 1 and self.sof_marker not in (0xC2, 0xCA)
 
     @property
     def fast_decodable(self) -> bool:
@@ -190,5 +198,5 @@ class JpegScan:
 
 def scan_jpeg(data: bytes) -> JpegScan:
     """Scan a JPEG byte string; never raises on malformed data."""
-    code, sof, precision, height, width, comps = _scan(np.frombuffer(data, dtype=np.uint8))
-    return JpegScan(SCAN_REASONS[code], int(sof), int(precision), int(width), int(height), int(comps))
+    code, sof, precision, height, width, comps, scans = _scan(np.frombuffer(data, dtype=np.uint8))
+    return JpegScan(SCAN_REASONS[code], int(sof), int(precision), int(width), int(height), int(comps), int(scans))

@@ -17,7 +17,16 @@ from .buffers import scratch_scope
 from .composite import composite_on_chessboard
 from .decode import DecodedImage, ImageDecoder, default_decoder
 from .errors import ImageTooLargeError, PreprocessError, detached
-from .normalize import concatenate_patches, expand_patches, normalize_table, patchify, write_patches
+from .normalize import (
+    IDENTITY_TABLE,
+    concatenate_patches,
+    expand_patches,
+    normalize_table,
+    patches_out,
+    patchify,
+    write_patch_rows,
+    write_patches,
+)
 from .pillow_io import as_rgb_array
 from .presets import Preset, get_preset
 from .resize import resize
@@ -28,6 +37,9 @@ from .sizing import TargetSize, navit_target_size
 PixelOutput = Literal["pixel_values", "pixel_patches"]
 PIXEL_OUTPUTS: tuple[str, ...] = get_args(PixelOutput)
 DEFAULT_MAX_IMAGES_PER_REQUEST = 16
+# The patch work per image row against decoding the row, by output (where row bands split:
+# jpeg_bands; measured, BENCHMARKS.md).
+PATCH_ROW_WORK: dict[str, float] = {"pixel_values": 0.6, "pixel_patches": 0.5}
 
 
 @dataclass
@@ -97,23 +109,59 @@ def preprocess_decoded(
         raise ValueError(f"output must be one of {PIXEL_OUTPUTS}, got {output!r}")
     preset = get_preset(preset)
     target = navit_target_size(decoded.width, decoded.height, preset)
-    pixel_values = pixel_patches = None
     with scratch_scope():
         rgb = resize_to_target(decoded, target, preset)
         if output == "pixel_values":
             table = normalize_table(preset.image_mean, preset.image_std)
-            pixel_values = write_patches(rgb, table, target.grid_h, target.grid_w, preset.patch_size, out=out)
+            pixels = write_patches(rgb, table, target.grid_h, target.grid_w, preset.patch_size, out=out)
         else:
-            pixel_patches = patchify(rgb, target.grid_h, target.grid_w, preset.patch_size, out=out)
+            pixels = patchify(rgb, target.grid_h, target.grid_w, preset.patch_size, out=out)
+    return _result(decoded, target, output, pixels)
+
+
+def _result(decoded: DecodedImage, target: TargetSize, output: PixelOutput, pixels: Any) -> PreprocessResult:
+    """The result of one image whose ``output`` (``pixel_values`` or ``pixel_patches``) is ``pixels``."""
     return PreprocessResult(
-        pixel_values=pixel_values,
+        pixel_values=pixels if output == "pixel_values" else None,
         grid_thw=np.asarray(target.grid_thw, dtype=np.int64),
         num_tokens=target.num_tokens,
         decode_path=decoded.decode_path,
         fallback_reason=decoded.fallback_reason,
         target=target,
-        pixel_patches=pixel_patches,
+        pixel_patches=pixels if output == "pixel_patches" else None,
     )
+
+
+class PatchRows:
+    """Patches written band by band while a JPEG is decoded in row bands (a
+    :class:`~.jpeg_bands.RowConsumer`): for an image the NaViT rule keeps at its stored size, each
+    band pads, normalises and patchifies its own rows on its own thread right after decoding them,
+    so the output's write overlaps the rest of the decode. ``rows_for`` is the decoder's
+    ``rows_for``; after a decode with ``rows_consumed``, :attr:`patches` holds the image's
+    ``output`` (into ``out`` when given), equal to :func:`preprocess_decoded`'s."""
+
+    def __init__(self, preset: Preset, output: PixelOutput, out: Any) -> None:
+        self.preset, self.output, self.out = preset, output, out
+        self.multiple, self.row_work = preset.patch_size, PATCH_ROW_WORK[output]
+        float32 = output == "pixel_values"
+        self.table = normalize_table(preset.image_mean, preset.image_std) if float32 else IDENTITY_TABLE
+        self.target: TargetSize | None = None
+        self.patches: np.ndarray | None = None
+
+    def rows_for(self, width: int, height: int) -> PatchRows | None:
+        """This consumer where the image needs no resize (numpy output), else None."""
+        self.target = navit_target_size(width, height, self.preset)
+        numpy_out = self.out is None or isinstance(self.out, np.ndarray)
+        return self if numpy_out and not self.target.needs_resize else None
+
+    def start(self) -> None:
+        target, p = self.target, self.preset.patch_size
+        assert target is not None
+        self.patches = patches_out(self.out, (target.num_patches, 3, p, p), self.table.dtype)
+
+    def write(self, pixels: np.ndarray, row_begin: int, row_end: int) -> None:
+        assert self.patches is not None and self.target is not None
+        write_patch_rows(pixels, self.table, self.patches, self.target.grid_w, rows=(row_begin, row_end))
 
 
 def pixel_values_from_patches(pixel_patches: Any, preset: str | Preset = "kimi-k2.5") -> Any:
@@ -135,8 +183,15 @@ def preprocess_bytes(
     ``output`` and ``out`` as for :func:`preprocess_decoded`; the decoded pixels live in this
     thread's scratch arena for the call."""
     preset = get_preset(preset)
-    with scratch_scope():
-        decoded = (decoder or default_decoder()).decode(data, preset)
+    if output not in PIXEL_OUTPUTS:
+        raise ValueError(f"output must be one of {PIXEL_OUTPUTS}, got {output!r}")
+    patch_rows = PatchRows(preset, output, out)
+    decoder = decoder or default_decoder()
+    with scratch_scope(), decoder.claim():
+        decoded = decoder.decode(data, preset, rows_for=patch_rows.rows_for)
+        if decoded.rows_consumed:
+            assert patch_rows.target is not None
+            return _result(decoded, patch_rows.target, output, patch_rows.patches)
         return preprocess_decoded(decoded, preset, output=output, out=out)
 
 
@@ -151,9 +206,11 @@ def preprocess_batch(
     """Many images; one result or one typed error per item, in order. ``output`` as for
     :func:`preprocess_decoded`.
 
-    On the CPU, ``workers`` threads (default :func:`batch_workers`) each take whole images, so one
-    image's decode (simplejpeg and nvImageCodec release the GIL) overlaps another's resize and
-    patchify. The kernels keep the caller's numba threads: under numba's default workqueue layer
+    On the CPU, ``workers`` threads (default :func:`batch_workers`) each take whole images by
+    :func:`preprocess_bytes`, so one image's decode (the decoders release the GIL) overlaps
+    another's resize and patchify; an image is decoded in row bands only while the other workers
+    are idle (:meth:`~.decode.ImageDecoder.claim`: the batch's last one). The kernels keep the
+    caller's numba threads: under numba's default workqueue layer
     they run one at a time (:func:`~.numba_runtime.kernel_lock`), and on the 2-core host splitting
     the threads between the workers measured slower (21 vs 24 img/s); a process on the omp layer
     (``NUMBA_THREADING_LAYER=omp``) runs them at once (BENCHMARKS.md). On a GPU the images are
@@ -184,8 +241,10 @@ def batch_workers() -> int:
 def _decode_and_preprocess(
     data: bytes, preset: Preset, decoder: ImageDecoder, output: PixelOutput
 ) -> PreprocessResult | PreprocessError:
-    with scratch_scope():
-        return _preprocess_or_error(decoder.decode_batch([data], preset)[0], preset, output)
+    try:
+        return preprocess_bytes(data, preset, decoder=decoder, output=output)
+    except PreprocessError as exc:
+        return detached(exc)
 
 
 def _preprocess_or_error(

@@ -59,8 +59,8 @@ class DecoderSettings:
     """Decoder knobs of a decode model (config.pbtxt ``parameters``).
 
     ``decoder_pool_size``: nvImageCodec decoders per model instance (process);
-    ``decoder_threads``: nvImageCodec CPU threads per decoder, and threads for the JPEGs of one
-    batch simplejpeg decodes at once (0: all cores);
+    ``decoder_threads``: nvImageCodec CPU threads per decoder, and the threads of one CPU decode
+    call: the JPEGs of a batch that many at once, a lone one in row bands (0: all cores);
     ``strict_decode``: a failed fast decode is an error instead of a counted Pillow fallback;
     ``max_images_per_request``: K of ``IMAGE_BYTES [1, K]`` (more: ImageTooLargeError).
     """

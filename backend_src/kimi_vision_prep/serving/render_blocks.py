@@ -153,7 +153,7 @@ def decoder_block(options: RenderOptions) -> str:
         pbtxt.parameters(
             {"decoder_pool_size": settings.decoder_pool_size, "decoder_threads": settings.decoder_threads},
             "nvImageCodec decoders alive per instance, and CPU threads per decoder and for the JPEGs of one\n"
-            "execute() that simplejpeg decodes at once (0: all cores).",
+            "execute() that libjpeg decodes at once, a lone one in row bands (0: all cores).",
         )
         + pbtxt.parameters(
             {"max_images_per_request": settings.max_images_per_request},

@@ -82,7 +82,10 @@ def decode_model(served: ServedPreset) -> ModelFiles:
             pbtxt.tensor("RESAMPLE", "TYPE_UINT8", (-1,)),
         ),
         ("int64 (K, 2): stored height, width (no EXIF rotation)", pbtxt.tensor("STORED_SIZES", "TYPE_INT64", (-1, 2))),
-        ("simplejpeg, nvimgcodec-cpu, nvimgcodec-cuda or pillow", pbtxt.tensor("DECODE_PATH", "TYPE_STRING", (-1,))),
+        (
+            "libjpeg, simplejpeg, nvimgcodec-cpu, nvimgcodec-cuda or pillow",
+            pbtxt.tensor("DECODE_PATH", "TYPE_STRING", (-1,)),
+        ),
     ]
     summary = (
         f"{name} ({title}): encoded image bytes -> pixels with Pillow's verdict, resized to their NaViT\n"

@@ -1,0 +1,280 @@
+"""The ``libjpeg`` route: one JPEG decoded in row bands by the libjpeg-turbo Pillow decodes with.
+
+Pillow is the reference: every band split, at every kind of edge, must give Pillow's pixels; a
+file libjpeg warns about is refused in every split; the pipeline's band patchify equals the
+plain reference; bands only run where a helper is idle and the caller is the decoder's only one.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import logging
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from make_inputs import CJPEG, cjpeg_rgb, jpeg_grey, jpeg_rgb
+from PIL import Image
+from reference import reference_preprocess
+
+import kimi_vision_prep
+from kimi_vision_prep import ImageDecoder, jpeg_bands
+from kimi_vision_prep import decode as decode_module
+from kimi_vision_prep.jpeg_scan import scan_jpeg
+
+# Clean corpus JPEGs of every layout the route meets: 4:2:0, 4:2:2 and 4:4:4 chroma, grey,
+# restart markers, non-multiple-of-16 sizes, progressive (decoded in one band), a camera photo.
+CORPUS_JPEGS = (
+    "imagers__large_image.jpg",
+    "pil__xmp_test.jpg",
+    "sklearn__china.jpg",
+    "imagers__restarts.jpg",
+    "imagers__jpg-size-33x33.jpg",
+    "imagers__grayscale_16x24_sampling2x2.jpg",
+    "imagers__tower_grayscale.jpg",
+    "imagers__jpg-progressive.jpg",
+    "ljt__testorig.jpg",
+    "pil__hopper.jpg",
+)
+
+
+def pillow_rgb(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def split_rows(height: int) -> list[list[int]]:
+    """Band edges at every kind of place: iMCU-aligned (8, 16) or not, one row from either end,
+    the middle, and three bands."""
+    candidates = (1, 7, 8, 9, 15, 16, 17, 14 * 3, height // 2, height - 16, height - 1)
+    inner = sorted({e for e in candidates if 0 < e < height})
+    return [[0, e, height] for e in inner] + ([[0, height // 3, 2 * height // 3, height]] if height >= 3 else [])
+
+
+def decode_split(data: bytes, edges: list[int]) -> np.ndarray:
+    height, width = Image.open(io.BytesIO(data)).size[::-1]
+    pixels = np.zeros((height, width, 3), np.uint8)
+    for begin, end in itertools.pairwise(edges):
+        assert jpeg_bands.decode_rows(data, pixels, begin, end), (begin, end)
+    return pixels
+
+
+def synthetic_jpegs() -> dict[str, bytes]:
+    jpegs = {
+        "420": jpeg_rgb(301, 203, "4:2:0"),
+        "422": jpeg_rgb(203, 301, "4:2:2"),
+        "444": jpeg_rgb(150, 77, "4:4:4"),
+        "grey": jpeg_grey(97, 131),
+    }
+    if CJPEG:  # 4:4:0 and 4:1:1: vertical-only and 4x horizontal chroma
+        jpegs |= {"440": cjpeg_rgb(157, 99, "1x2,1x1,1x1"), "411": cjpeg_rgb(157, 99, "4x1,1x1,1x1")}
+    return jpegs
+
+
+def test_the_bound_library_is_the_one_pillow_decodes_with() -> None:
+    path = jpeg_bands.libjpeg_path()
+    assert path is not None, jpeg_bands.unavailable_reason()
+    assert re.search(r"libjpeg[^/]*\.so", path), path
+    from PIL import _imaging
+
+    maps = Path("/proc/self/maps").read_text()
+    assert path in maps and _imaging.__file__ in maps
+
+
+@pytest.mark.parametrize("name", CORPUS_JPEGS)
+def test_every_split_of_a_corpus_jpeg_is_pillows(corpus: Path, name: str) -> None:
+    data = (corpus / name).read_bytes()
+    expected = pillow_rgb(data)
+    for edges in split_rows(expected.shape[0]):
+        np.testing.assert_array_equal(decode_split(data, edges), expected, err_msg=f"{name} split at {edges}")
+
+
+@pytest.mark.parametrize("kind", list(synthetic_jpegs()))
+def test_every_split_of_each_chroma_layout_is_pillows(kind: str) -> None:
+    data = synthetic_jpegs()[kind]
+    expected = pillow_rgb(data)
+    for edges in split_rows(expected.shape[0]):
+        np.testing.assert_array_equal(decode_split(data, edges), expected, err_msg=f"{kind} split at {edges}")
+
+
+@pytest.mark.parametrize("name", ["imagers__extraneous-data.jpg", "imagers__extraneous-bytes-after-sos.jpg"])
+def test_a_file_libjpeg_warns_about_is_refused_in_every_band(corpus: Path, name: str) -> None:
+    """Strict like simplejpeg: a warning refuses the file whichever rows a band decodes (the last
+    band reads on to the end of the stream), and the decoder sends it on to nvImageCodec."""
+    data = (corpus / name).read_bytes()
+    height, width = Image.open(io.BytesIO(data)).size[::-1]
+    pixels = np.zeros((height, width, 3), np.uint8)
+    assert not jpeg_bands.decode_rows(data, pixels, 0, height)
+    assert not jpeg_bands.decode_rows(data, pixels, height - 1, height)
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=ImageDecoder())
+    assert (result.decode_path, result.fallback_reason) == ("nvimgcodec-cpu", None)
+    np.testing.assert_array_equal(result.pixel_values, reference_preprocess(data, "kimi-k2.5").pixel_values)
+
+
+def test_rows_outside_the_image_or_a_wrong_buffer_raise() -> None:
+    data = jpeg_rgb(40, 30)
+    with pytest.raises(ValueError, match="rows"):
+        jpeg_bands.decode_rows(data, np.zeros((30, 40, 3), np.uint8), 10, 31)
+    with pytest.raises(TypeError, match="read-write bytes-like"):  # not C-contiguous
+        jpeg_bands.decode_rows(data, np.zeros((30, 40, 3), np.uint8, order="F"), 0, 30)
+    for shape in ((31, 40, 3), (30, 41, 3)):  # not the size libjpeg decodes: refused, like a bad file
+        assert not jpeg_bands.decode_rows(data, np.zeros(shape, np.uint8), 0, shape[0])
+
+
+@pytest.mark.parametrize("row_work", [0.0, 0.6])
+@pytest.mark.parametrize("bands", [2, 3, 8])
+def test_band_edges_cover_the_image_on_multiples_with_the_top_band_largest(bands: int, row_work: float) -> None:
+    """Equal work per band: each band below the top one also skips the rows above it, so the bands
+    shrink going down (with many, the last ones round away)."""
+    for height in (1, 13, 14, 100, 1536, 7168):
+        edges = jpeg_bands.band_edges(height, bands, 14, row_work)
+        assert edges[0] == 0 and edges[-1] == height and edges == sorted(set(edges))
+        assert len(edges) - 1 <= bands and all(e % 14 == 0 for e in edges[1:-1])
+        sizes = np.diff(edges)
+        if height >= 1536:  # (smaller ones round to whole patch rows unevenly)
+            assert list(sizes[:-1]) == sorted(sizes[:-1], reverse=True), edges
+            assert len(sizes) == bands or bands > 3, edges
+
+
+class RecordingConsumer:
+    """A row consumer that records what each band delivered, on which thread."""
+
+    multiple = 14
+    row_work = 0.6
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.bands: list[tuple[int, int, str]] = []
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        self.started += 1
+
+    def write(self, pixels: np.ndarray, row_begin: int, row_end: int) -> None:
+        with self.lock:
+            self.bands.append((row_begin, row_end, threading.current_thread().name))
+
+
+def test_bands_run_on_idle_helpers_and_hand_every_row_over_once() -> None:
+    data = jpeg_rgb(640, 700, seed=3)
+    expected = pillow_rgb(data)
+    with ThreadPoolExecutor(2, thread_name_prefix="helper") as pool:
+        bands = jpeg_bands.BandDecoder(2, lambda: pool)
+        pixels = np.zeros_like(expected)
+        consumer = RecordingConsumer()
+        assert bands.decode(data, pixels, 3, consumer) == 3
+        np.testing.assert_array_equal(pixels, expected)
+        assert consumer.started == 1
+        spans = sorted((begin, end) for begin, end, _ in consumer.bands)
+        assert spans[0][0] == 0 and spans[-1][1] == 700
+        assert all(a[1] == b[0] and a[1] % 14 == 0 for a, b in itertools.pairwise(spans))
+        assert {thread.split("_")[0] for *_, thread in consumer.bands} == {"MainThread", "helper"}
+        # One band only: the consumer is neither started nor called.
+        single = RecordingConsumer()
+        assert bands.decode(data, pixels, 1, single) == 1 and (single.started, single.bands) == (0, [])
+
+
+def test_a_busy_helper_is_not_waited_for() -> None:
+    """While a helper runs another image's band, a decode takes only the idle ones."""
+    data = jpeg_rgb(640, 700, seed=4)
+    release = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        bands = jpeg_bands.BandDecoder(1, lambda: pool)
+        blocker = RecordingConsumer()
+        blocker.write = lambda *_: release.wait(10)  # type: ignore[method-assign]
+        busy = threading.Thread(target=bands.decode, args=(data, np.zeros((700, 640, 3), np.uint8), 2, blocker))
+        busy.start()
+        try:
+            while not blocker.started:
+                threading.Event().wait(0.001)
+            assert bands.decode(data, np.zeros((700, 640, 3), np.uint8), 2, RecordingConsumer()) == 1
+        finally:
+            release.set()
+            busy.join()
+        assert bands.decode(data, np.zeros((700, 640, 3), np.uint8), 2) == 2  # the helper is back
+
+
+def test_pipeline_patchifies_in_bands_exactly(corpus: Path) -> None:
+    """A photo the NaViT rule keeps at its stored size: the bands pad, normalise and patchify their
+    own rows (``rows_consumed``), in both outputs and into a caller's ``out``, equal to the
+    reference; a wrong ``out`` is refused and leaves the decoder able to split again."""
+    data = (corpus / "pil__xmp_test.jpg").read_bytes()  # 2000x1072: no resize under K2.5
+    decoder = ImageDecoder(decoder_threads=2)
+    seen: list[bool] = []
+    real_decode = decoder.decode
+
+    def recorded_decode(*args: object, **kwargs: object) -> decode_module.DecodedImage:
+        decoded = real_decode(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append(decoded.rows_consumed)
+        return decoded
+
+    decoder.decode = recorded_decode  # type: ignore[method-assign]
+    expected = reference_preprocess(data, "kimi-k2.5").pixel_values
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
+    np.testing.assert_array_equal(result.pixel_values, expected)
+    assert result.decode_path == "libjpeg"
+    patches = kimi_vision_prep.preprocess_bytes(data, decoder=decoder, output="pixel_patches").pixel_patches
+    np.testing.assert_array_equal(kimi_vision_prep.pixel_values_from_patches(patches), expected)
+    out = np.full(expected.shape, np.nan, np.float32)
+    assert kimi_vision_prep.preprocess_bytes(data, decoder=decoder, out=out).pixel_values is out
+    np.testing.assert_array_equal(out, expected)
+    with pytest.raises(ValueError, match="out must be"):
+        kimi_vision_prep.preprocess_bytes(data, decoder=decoder, out=np.empty((3, 3, 14, 14), np.float32))
+    kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
+    assert seen == [True, True, True, True], seen
+
+
+def recorded_bands(decoder: ImageDecoder, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The band counts the decoder asks its band decoder for, in order."""
+    asked: list[int] = []
+    real = decoder._bands.decode
+
+    def decode(data: bytes, pixels: np.ndarray, bands: int, consumer: object = None) -> int:
+        asked.append(bands)
+        return real(data, pixels, bands, consumer)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decoder._bands, "decode", decode)
+    return asked
+
+
+def test_a_thread_that_is_not_the_decoders_only_caller_decodes_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two callers at once (the second a claim held by this thread) keep the cores busy already:
+    a lone image is then decoded in one band."""
+    decoder, preset = ImageDecoder(decoder_threads=2), kimi_vision_prep.get_preset("kimi-k2.5")
+    asked = recorded_bands(decoder, monkeypatch)
+    data = jpeg_rgb(640, 700, seed=5)
+    decoder.decode(data, preset)
+    with decoder.claim(), ThreadPoolExecutor(1) as other:
+        other.submit(decoder.decode, data, preset).result()
+    assert asked == [2, 1]
+
+
+def test_progressive_small_and_batched_images_take_one_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bands pay only for a single-scan stream (a progressive one is entropy-decoded whole before
+    its first row), for images of more than one band's worth of pixels, decoded alone."""
+    decoder, preset = ImageDecoder(decoder_threads=4), kimi_vision_prep.get_preset("kimi-k2.5")
+    asked = recorded_bands(decoder, monkeypatch)
+    progressive, baseline = jpeg_rgb(640, 700, progressive=True), jpeg_rgb(640, 700)
+    assert not scan_jpeg(progressive).single_scan and scan_jpeg(baseline).single_scan
+    for data in (progressive, jpeg_rgb(64, 48), baseline):
+        np.testing.assert_array_equal(decoder.decode(data, preset).pixels, pillow_rgb(data))
+    decoder.decode_batch([baseline, baseline], preset)
+    assert asked == [1, 1, 3, 1, 1]
+
+
+def test_without_the_extension_clean_jpegs_take_simplejpeg_and_the_log_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(jpeg_bands, "_binding", lambda: (None, "ImportError: no _libjpeg"))
+    decode_module._warn_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="kimi_vision_prep.decode"):
+        decoder = ImageDecoder()
+    assert decoder.cpu_routes == ("simplejpeg", "nvimgcodec-cpu")
+    assert "libjpeg route is unavailable (ImportError: no _libjpeg)" in caplog.text
+    data = jpeg_rgb(64, 48)
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
+    assert result.decode_path == "simplejpeg"
+    np.testing.assert_array_equal(result.pixel_values, reference_preprocess(data, "kimi-k2.5").pixel_values)
