@@ -2,7 +2,9 @@
 
 For each image: ours (``preprocess_bytes`` exactly as a caller gets it), the plain pipeline
 (:func:`plain_preprocess`: Pillow decode + Pillow bicubic + numpy normalize/pad/patchify, what a
-user would write), the floor (:func:`fastest_exact_decode`: the fastest exact decoder alone), the
+user would write), the floor (:func:`fastest_exact_decode`: the fastest exact single-thread
+decoder alone), our decoder alone (``decode``: the library's route for the file, a lone JPEG in
+row bands on every core, so ``ours/decode`` is what the pipeline adds to its own decode), the
 Pillow decode and, when installed, DALI's CPU pipeline (decode, antialiased cubic resize to the
 same size, normalize). Then batch throughput (``preprocess_batch`` over the set: single-thread =
 1 worker, 1 numba and 1 decoder thread, against the defaults) and a profile (decode, resize,
@@ -91,8 +93,8 @@ def plain_preprocess(data: bytes, preset_name: str) -> np.ndarray:
 
 
 def fastest_exact_decode(im: BenchImage) -> np.ndarray:
-    """The floor: RGB pixels by the fastest decoder exact for the file (the library's simplejpeg
-    route, :func:`~kimi_vision_prep.decode.decode_simplejpeg`, else Pillow), nothing else."""
+    """The floor: RGB pixels by the fastest single-thread decoder exact for the file (simplejpeg,
+    :func:`~kimi_vision_prep.decode.decode_simplejpeg`, else Pillow), nothing else."""
     pixels = decode_simplejpeg(im.data, im.width, im.height)
     return pixels if pixels is not None else np.asarray(Image.open(io.BytesIO(im.data)).convert("RGB"))
 
@@ -245,6 +247,11 @@ def run(  # noqa: PLR0917
     preset = get_preset(preset_name)
     images = bench_images(preset_name, sources)
     rows = []
+
+    def our_decode(im: BenchImage) -> None:
+        with scratch_scope():
+            decoder.decode(im.data, preset)
+
     for im in images:
         target = navit_target_size(im.width, im.height, preset)
         row: dict[str, Any] = {"image": asdict(im) | {"data": len(im.data)}}
@@ -252,6 +259,7 @@ def run(  # noqa: PLR0917
             "ours": lambda im=im: preprocess_bytes(im.data, preset_name, decoder=decoder),
             "reference": lambda im=im: reference(im.data, preset_name),
             "floor": lambda im=im: fastest_exact_decode(im),
+            "decode": lambda im=im: our_decode(im),
             "pillow_decode": lambda im=im: np.asarray(Image.open(io.BytesIO(im.data)).convert("RGB")),
         }
         size_hw = (target.new_height, target.new_width)
@@ -294,7 +302,7 @@ def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _format_row(row: dict[str, Any]) -> str:
     im = row["image"]
     parts = [f"{im['name'][:44]:44s} {im['width']}x{im['height']:<5d} {im['image_class']:9s}"]
-    for key in ("ours", "reference", "floor", "pillow_decode", "dali"):
+    for key in ("ours", "reference", "floor", "decode", "pillow_decode", "dali"):
         if key in row:
             parts.append(f"{key}={row[key].median_ms:7.1f}ms")
     parts.append(f"ref/ours={row['reference'].median_ms / row['ours'].median_ms:5.2f}x")
@@ -319,6 +327,8 @@ def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "images": len(group),
             "reference_over_ours": _class_ratio(group, "reference", "ours"),
             "ours_over_floor": _class_ratio(group, "ours", "floor"),
+            "ours_over_decode": _class_ratio(group, "ours", "decode"),
+            "decode_over_floor": _class_ratio(group, "decode", "floor"),
             "ours_over_pillow_decode": _class_ratio(group, "ours", "pillow_decode"),
         }
         if all("dali" in r for r in group):
@@ -329,13 +339,17 @@ def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    print("\nclass       images  reference/ours  ours/floor  ours/Pillow-decode  dali/ours  dali max err")
+    print(
+        "\nclass       images  reference/ours  ours/floor  ours/decode  decode/floor  ours/Pillow-decode  dali/ours"
+        "  dali max err"
+    )
     for name in ("all", "no-resize", "downscale"):
         if name in summary:
             e = summary[name]
             dali = f"{e['dali_over_ours']:8.2f}x" if "dali_over_ours" in e else "       -"
             print(
                 f"{name:10s}  {e['images']:6d}  {e['reference_over_ours']:13.2f}x  {e['ours_over_floor']:9.2f}x"
+                f"  {e['ours_over_decode']:10.2f}x  {e['decode_over_floor']:11.2f}x"
                 f"  {e['ours_over_pillow_decode']:17.2f}x  {dali}  {e.get('dali_max_abs_error', '-')}"
             )
     print(f"in-process throughput on 2 threads: {summary['throughput_2_threads_img_s']:.1f} img/s")
@@ -363,7 +377,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, preset_name: str) -> None:
     import matplotlib.pyplot as plt
 
     names = [r["image"]["name"][:28] for r in rows]
-    keys = [k for k in ("ours", "floor", "pillow_decode", "reference", "dali") if all(k in r for r in rows)]
+    keys = [k for k in ("ours", "floor", "decode", "pillow_decode", "reference", "dali") if all(k in r for r in rows)]
     x = np.arange(len(rows))
     width = 0.8 / len(keys)
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 5))
