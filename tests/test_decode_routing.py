@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 import pytest
 from make_inputs import jpeg_cmyk, jpeg_grey, jpeg_rgb, png_mode
@@ -25,6 +26,7 @@ from kimi_vision_prep import (
     PreprocessError,
     PreprocessResult,
     jpeg_bands,
+    pipeline,
 )
 from kimi_vision_prep import decode as decode_module
 from kimi_vision_prep.decode import CPU_ROUTES
@@ -377,3 +379,30 @@ def test_decode_outside_a_pipeline_call_returns_owned_pixels() -> None:
     decoder.decode(jpeg_rgb(64, 48, seed=2), preset)
     kimi_vision_prep.preprocess_bytes(jpeg_rgb(64, 48, seed=3), decoder=decoder)
     assert first.decode_path == "libjpeg" and np.array_equal(first.pixels, kept)
+
+
+def test_batch_workers_share_the_callers_numba_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers on a caller with 2 numba threads run their kernels on 1 thread each (they fill
+    the cores already); the caller's own setting is untouched, and the results are the same."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 numba threads")
+    seen: set[tuple[str, int]] = set()
+    real = pipeline.preprocess_bytes
+
+    def recorded(*args: Any, **kwargs: Any) -> PreprocessResult:
+        seen.add((threading.current_thread().name.rsplit("_", 1)[0], numba.get_num_threads()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "preprocess_bytes", recorded)
+    images = [jpeg_rgb(300 + 20 * i, 200, seed=i) for i in range(4)]
+    threads = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        results = kimi_vision_prep.preprocess_batch(images, workers=2)
+        assert numba.get_num_threads() == 2
+    finally:
+        numba.set_num_threads(threads)
+    assert seen == {("kimi-prep-batch", 1)}, seen
+    for data, result in zip(images, results, strict=True):
+        assert isinstance(result, PreprocessResult)
+        assert_exact(result, data)

@@ -19,7 +19,8 @@ measured on the benchmark photos) and a consumer adds ``row_work`` per row, so b
 ``SKIP_COST * s_k + (1 + row_work) * (s_{k+1} - s_k)`` for edges ``s_k`` (fractions of the height).
 Equal work for every band gives ``s_k = (1 - r**k) / (1 - r**n)`` with
 ``r = 1 - SKIP_COST / (1 + row_work)``: the top band is the largest. Two bands of a decode alone
-split at ~0.71 of the height, with a float32 patchify at ~0.63.
+split at ~0.71 of the height, with a float32 patchify at ~0.62; more bands gain less and less
+(skipping costs: eight bands of a decode alone still take 0.6 of one whole decode).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from typing import Protocol
 
 import numpy as np
 
-SKIP_COST = 0.6  # a skipped row's entropy decoding, against decoding the row (BENCHMARKS.md)
+# A skipped row's entropy decoding against decoding the row: jpeg_read_coefficients took a median
+# 0.6 (0.3-0.85) of a whole decode's time on the benchmark photos (BENCHMARKS.md, 2026-12-02 "bands").
+SKIP_COST = 0.6
 MIN_BAND_PIXELS = 1 << 17  # smaller bands cost more in thread hand-off than they save
 DECODE_ROW_MULTIPLE = 16  # band edges on iMCU rows (8 or 16 high) when no consumer asks for others
 

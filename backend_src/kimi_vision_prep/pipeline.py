@@ -209,11 +209,12 @@ def preprocess_batch(
     On the CPU, ``workers`` threads (default :func:`batch_workers`) each take whole images by
     :func:`preprocess_bytes`, so one image's decode (the decoders release the GIL) overlaps
     another's resize and patchify; an image is decoded in row bands only while the other workers
-    are idle (:meth:`~.decode.ImageDecoder.claim`: the batch's last one). The kernels keep the
-    caller's numba threads: under numba's default workqueue layer
-    they run one at a time (:func:`~.numba_runtime.kernel_lock`), and on the 2-core host splitting
-    the threads between the workers measured slower (21 vs 24 img/s); a process on the omp layer
-    (``NUMBA_THREADING_LAYER=omp``) runs them at once (BENCHMARKS.md). On a GPU the images are
+    are idle (:meth:`~.decode.ImageDecoder.claim`: the batch's last one). The caller's numba
+    threads are shared out among the workers (at least one each): the workers fill the cores
+    already, and a worker's parallel kernels would otherwise wake threads that then compete with
+    the other worker (under the omp layer they also spin for milliseconds after each kernel).
+    On the 2-core host that measured 1.17x and 1.25x the throughput of every worker keeping all
+    the threads (medians of 5 and 4 alternating rounds; BENCHMARKS.md). On a GPU the images are
     decoded in one nvImageCodec batch call, then processed in order."""
     preset = get_preset(preset)
     decoder = decoder or default_decoder()
@@ -222,7 +223,8 @@ def preprocess_batch(
     workers = min(workers or batch_workers(), len(items))
     if workers <= 1:
         return [_decode_and_preprocess(data, preset, decoder, output) for data in items]
-    kernel_threads = numba.get_num_threads()  # numba's setting is per thread: the workers take the caller's
+    # numba's setting is per thread: each worker takes its share of the caller's.
+    kernel_threads = max(1, numba.get_num_threads() // workers)
 
     def work(data: bytes) -> PreprocessResult | PreprocessError:
         numba.set_num_threads(kernel_threads)
