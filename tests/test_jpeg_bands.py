@@ -124,31 +124,17 @@ def test_rows_outside_the_image_or_a_wrong_buffer_raise() -> None:
         assert not jpeg_bands.decode_rows(data, np.zeros(shape, np.uint8), 0, shape[0])
 
 
-@pytest.mark.parametrize("row_work", [0.0, 0.6])
-@pytest.mark.parametrize("bands", [2, 3, 8])
-def test_band_edges_cover_the_image_on_multiples_with_the_top_band_largest(bands: int, row_work: float) -> None:
-    """Equal work per band: each band below the top one also skips the rows above it, so the bands
-    shrink going down (with many, the last ones round away)."""
-    for height in (1, 13, 14, 100, 1536, 7168):
-        edges = jpeg_bands.band_edges(height, bands, 14, row_work)
-        assert edges[0] == 0 and edges[-1] == height and edges == sorted(set(edges))
-        assert len(edges) - 1 <= bands and all(e % 14 == 0 for e in edges[1:-1])
-        sizes = np.diff(edges)
-        if height >= 1536:  # (smaller ones round to whole patch rows unevenly)
-            assert list(sizes[:-1]) == sorted(sizes[:-1], reverse=True), edges
-            assert len(sizes) == bands or bands > 3, edges
-
-
 class RecordingConsumer:
     """A row consumer that records what each band delivered, on which thread."""
 
     multiple = 14
     row_work = 0.6
 
-    def __init__(self) -> None:
+    def __init__(self, hold: threading.Event | None = None) -> None:
         self.started = 0
         self.bands: list[tuple[int, int, str]] = []
         self.lock = threading.Lock()
+        self.hold = hold  # when set, each band waits for it before returning
 
     def start(self) -> None:
         self.started += 1
@@ -156,45 +142,83 @@ class RecordingConsumer:
     def write(self, pixels: np.ndarray, row_begin: int, row_end: int) -> None:
         with self.lock:
             self.bands.append((row_begin, row_end, threading.current_thread().name))
+        if self.hold is not None:
+            assert self.hold.wait(10)
 
 
-def test_bands_run_on_idle_helpers_and_hand_every_row_over_once() -> None:
-    data = jpeg_rgb(640, 700, seed=3)
+def assert_rows_covered_once(consumer: RecordingConsumer, height: int) -> list[tuple[int, int]]:
+    spans = sorted((begin, end) for begin, end, _ in consumer.bands)
+    assert spans[0][0] == 0 and spans[-1][1] == height, spans
+    assert all(a[1] == b[0] and a[1] % 14 == 0 for a, b in itertools.pairwise(spans)), spans
+    return spans
+
+
+def test_helpers_take_bands_and_every_row_is_handed_over_once() -> None:
+    data = jpeg_rgb(640, 1400, seed=3)
     expected = pillow_rgb(data)
+    started = threading.Barrier(3)
     with ThreadPoolExecutor(2, thread_name_prefix="helper") as pool:
+        # Both helpers wait at the barrier with the caller: they start before the caller decodes.
         bands = jpeg_bands.BandDecoder(2, lambda: pool)
+        pool.submit(started.wait)
+        pool.submit(started.wait)
+        started.wait()
         pixels = np.zeros_like(expected)
         consumer = RecordingConsumer()
-        assert bands.decode(data, pixels, 3, consumer) == 3
+        assert bands.decode(data, pixels, 3, consumer)
         np.testing.assert_array_equal(pixels, expected)
         assert consumer.started == 1
-        spans = sorted((begin, end) for begin, end, _ in consumer.bands)
-        assert spans[0][0] == 0 and spans[-1][1] == 700
-        assert all(a[1] == b[0] and a[1] % 14 == 0 for a, b in itertools.pairwise(spans))
-        assert {thread.split("_")[0] for *_, thread in consumer.bands} == {"MainThread", "helper"}
-        # One band only: the consumer is neither started nor called.
-        single = RecordingConsumer()
-        assert bands.decode(data, pixels, 1, single) == 1 and (single.started, single.bands) == (0, [])
+        assert len(assert_rows_covered_once(consumer, 1400)) >= 2
+        assert {thread.split("_")[0] for *_, thread in consumer.bands} >= {"MainThread", "helper"}
+
+
+def share(data: bytes, pixels: np.ndarray, regions: np.ndarray, index: int, row_cost: float = 1.0) -> tuple[int, int]:
+    """One band of a shared decode, straight from the extension (multiple 14, at least 28 rows)."""
+    from kimi_vision_prep import _libjpeg
+
+    height, width = pixels.shape[:2]
+    return _libjpeg.decode_share(data, pixels, width, height, regions, index, 14, 28, jpeg_bands.SKIP_COST, row_cost)
+
+
+def test_a_late_helper_takes_the_bottom_of_what_is_left_and_nothing_after_the_end() -> None:
+    """The stealing rule, band by band: a helper that finds the owner at row c of [c, H) takes the
+    bottom from the split where both finish together (skipping costs SKIP_COST a row), on a
+    multiple of 14, and lowers the owner's limit to it; the owner then stops there. With nothing
+    (or too little) left it takes nothing."""
+    data = jpeg_rgb(320, 1000, seed=6)
+    expected, height = pillow_rgb(data), 1000
+    for committed, row_cost in ((0, 1.0), (0, 1.6), (200, 1.0)):
+        pixels = np.zeros_like(expected)
+        regions = np.array([height << 32 | committed, 0], np.uint64)
+        begin, end = share(data, pixels, regions, 1, row_cost)
+        split = row_cost * (committed + height) / (2 * row_cost - jpeg_bands.SKIP_COST)
+        assert (begin, end) == (-(-int(split) // 14) * 14, height), (committed, row_cost)
+        assert int(regions[0]) == begin << 32 | committed and int(regions[1]) == height << 32 | height
+        np.testing.assert_array_equal(pixels[begin:], expected[begin:])
+        if committed == 0:  # the owner decodes up to the new limit and stops there
+            assert share(data, pixels, regions, 0) == (0, begin)
+            np.testing.assert_array_equal(pixels, expected)
+    for committed in (height, height - 20, 500):  # done, too little left, or not worth the skipping
+        regions = np.array([height << 32 | committed, 0], np.uint64)
+        assert share(data, np.zeros_like(expected), regions, 1) == (0, 0)
+        assert int(regions[0]) == height << 32 | committed and int(regions[1]) == 0
 
 
 def test_a_busy_helper_is_not_waited_for() -> None:
-    """While a helper runs another image's band, a decode takes only the idle ones."""
-    data = jpeg_rgb(640, 700, seed=4)
-    release = threading.Event()
+    """While the decoder's helper runs another image's band, a decode runs alone, all its rows
+    on the calling thread, and takes the helper again once it is back."""
+    data = jpeg_rgb(640, 1400, seed=4)
     with ThreadPoolExecutor(1) as pool:
         bands = jpeg_bands.BandDecoder(1, lambda: pool)
-        blocker = RecordingConsumer()
-        blocker.write = lambda *_: release.wait(10)  # type: ignore[method-assign]
-        busy = threading.Thread(target=bands.decode, args=(data, np.zeros((700, 640, 3), np.uint8), 2, blocker))
-        busy.start()
-        try:
-            while not blocker.started:
-                threading.Event().wait(0.001)
-            assert bands.decode(data, np.zeros((700, 640, 3), np.uint8), 2, RecordingConsumer()) == 1
-        finally:
-            release.set()
-            busy.join()
-        assert bands.decode(data, np.zeros((700, 640, 3), np.uint8), 2) == 2  # the helper is back
+        assert bands._idle.acquire(blocking=False)  # the helper is busy elsewhere
+        alone = RecordingConsumer()
+        assert bands.decode(data, np.zeros((1400, 640, 3), np.uint8), 2, alone)
+        assert [(b, e, t) for b, e, t in alone.bands] == [(0, 1400, "MainThread")]
+        bands._idle.release()
+        pixels = np.zeros((1400, 640, 3), np.uint8)
+        assert bands.decode(data, pixels, 2)
+        np.testing.assert_array_equal(pixels, pillow_rgb(data))
+        assert bands._idle.acquire(blocking=False)  # released again after the decode
 
 
 def test_pipeline_patchifies_in_bands_exactly(corpus: Path) -> None:

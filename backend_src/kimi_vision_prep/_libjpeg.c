@@ -6,7 +6,7 @@
  *                               (dlsym on its handle searches the libraries it links, so these are
  *                               the very functions Pillow's JPEG decoder calls); returns the path
  *                               of the library they live in.
- *   decode_rows(data, out, width, height, row_begin, row_end)
+ *   decode_rows(data, out, width, height, row_begin, row_end) -> (begin, end)
  *                               decode rows [row_begin, row_end) of `data` as RGB into `out`, a
  *                               writable C-contiguous buffer of height * width * 3 bytes (row r at
  *                               offset r * width * 3); the rows above row_begin are skipped with
@@ -15,6 +15,13 @@
  *                               error *or warning* raises JpegError (a ValueError) with
  *                               libjpeg's message; bad arguments raise a plain ValueError.
  *                               The GIL is released while libjpeg runs.
+ *   decode_share(data, out, width, height, regions, index, multiple, min_rows, skip_cost,
+ *                row_cost) -> (begin, end)
+ *                               band `index` of one image decoded by several threads: band 0
+ *                               owns every row at first (regions[0] = height << 32); a band
+ *                               that starts later steals the bottom of the region with the most
+ *                               rows left (steal below), so a helper that wakes late takes less
+ *                               and one that wakes after the end takes nothing (0, 0).
  *
  * The headers are the system's libjpeg-turbo (Debian libjpeg62-turbo-dev); only the
  * JPEG_LIB_VERSION 62 ABI they describe is used, and jpeg_CreateDecompress checks it against the
@@ -27,6 +34,7 @@
 #include <dlfcn.h>
 #include <setjmp.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 
 #include <jpeglib.h>
@@ -66,13 +74,91 @@ static void on_message(j_common_ptr cinfo, int level) {
 
 #define ROWS_PER_CALL 16
 
-/* 0 on success; -1 with err->message set. Runs without the GIL. */
+/* A region word: the rows [committed, limit) a band still owns, as limit << 32 | committed. The
+ * band commits each chunk before decoding it; a thief lowers the limit. Both by compare-and-swap,
+ * so a band never decodes a row past a limit it was given and a thief never takes a committed row. */
+#define REGION(limit, committed) (((uint64_t)(limit) << 32) | (uint64_t)(committed))
+#define LIMIT(word) ((JDIMENSION)((word) >> 32))
+#define COMMITTED(word) ((JDIMENSION)((word)&0xffffffffu))
+
+typedef struct {
+  uint64_t *regions; /* NULL: decode [row_begin, row_end) as given */
+  Py_ssize_t count;
+  Py_ssize_t index;
+  JDIMENSION multiple;  /* a stolen region starts on a multiple of this */
+  JDIMENSION min_rows;  /* and holds at least this many rows */
+  double skip_cost;     /* a skipped row's cost against decoding it */
+  double row_cost;      /* a decoded row's cost with its consumer's work (1 + row_work) */
+} sharing;
+
+/* Take the bottom of the region with the most rows left, split so that its owner and the thief
+ * (who skips the rows above it first) finish together; 0 when none is worth taking. On success
+ * the thief's own region word is [*begin, old limit). */
+static int steal(const sharing *share, JDIMENSION *begin) {
+  for (;;) {
+    Py_ssize_t victim = -1, i;
+    uint64_t seen = 0;
+    JDIMENSION most = 0;
+    for (i = 0; i < share->count; i++) {
+      uint64_t word = __atomic_load_n(&share->regions[i], __ATOMIC_ACQUIRE);
+      if (i != share->index && word != 0 && LIMIT(word) > COMMITTED(word) && LIMIT(word) - COMMITTED(word) > most) {
+        most = LIMIT(word) - COMMITTED(word);
+        victim = i;
+        seen = word;
+      }
+    }
+    if (victim < 0) return 0;
+    {
+      const double c = COMMITTED(seen), l = LIMIT(seen), r = share->row_cost;
+      /* owner: (s - c) r; thief: skip_cost s + (l - s) r; equal at: */
+      double split = r * (c + l) / (2.0 * r - share->skip_cost);
+      JDIMENSION s = (JDIMENSION)split;
+      s = (s + share->multiple - 1) / share->multiple * share->multiple;
+      if (s < COMMITTED(seen)) s = (COMMITTED(seen) + share->multiple - 1) / share->multiple * share->multiple;
+      if (s >= LIMIT(seen) || LIMIT(seen) - s < share->min_rows) return 0;
+      if (__atomic_compare_exchange_n(&share->regions[victim], &seen, REGION(s, COMMITTED(seen)), 0, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&share->regions[share->index], REGION(LIMIT(seen), s), __ATOMIC_RELEASE);
+        *begin = s;
+        return 1;
+      }
+    }
+  }
+}
+
+/* How many rows from `scanline` to decode next: up to ROWS_PER_CALL within the limit, committed
+ * first; 0 when the region is done (or taken). */
+static JDIMENSION commit_chunk(const sharing *share, JDIMENSION scanline) {
+  uint64_t *word = &share->regions[share->index];
+  uint64_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+  for (;;) {
+    JDIMENSION count;
+    if (scanline >= LIMIT(seen)) return 0;
+    count = LIMIT(seen) - scanline;
+    if (count > ROWS_PER_CALL) count = ROWS_PER_CALL;
+    if (__atomic_compare_exchange_n(word, &seen, REGION(LIMIT(seen), scanline + count), 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      return count;
+  }
+}
+
+/* 0 on success, with [*begin, *end) the rows decoded; -1 with err->message set. Runs without the
+ * GIL. Without sharing it decodes [*begin, *end) as given; with it, the band's region. */
 static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned char *out, JDIMENSION width,
-                             JDIMENSION height, JDIMENSION row_begin, JDIMENSION row_end, strict_error *err) {
+                             JDIMENSION height, JDIMENSION *begin, JDIMENSION *end, const sharing *share,
+                             strict_error *err) {
   struct jpeg_decompress_struct cinfo;
   JSAMPROW rows[ROWS_PER_CALL];
   const size_t stride = (size_t)width * 3;
 
+  if (share->regions != NULL && share->index > 0) {
+    if (!steal(share, begin)) {
+      *end = *begin = 0;
+      return 0;
+    }
+  } else if (share->regions != NULL) {
+    *begin = 0;
+  }
   memset(&cinfo, 0, sizeof(cinfo)); /* a failed create leaves nothing for destroy to free */
   cinfo.err = lib.std_error(&err->pub);
   err->pub.error_exit = on_error;
@@ -94,48 +180,105 @@ static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned ch
     lib.destroy_decompress(&cinfo);
     return -1;
   }
-  if (row_begin > 0) lib.skip_scanlines(&cinfo, row_begin);
-  while (cinfo.output_scanline < row_end) {
-    JDIMENSION count = row_end - cinfo.output_scanline, i;
-    if (count > ROWS_PER_CALL) count = ROWS_PER_CALL;
+  if (*begin > 0) lib.skip_scanlines(&cinfo, *begin);
+  for (;;) {
+    JDIMENSION count, i;
+    if (share->regions != NULL)
+      count = commit_chunk(share, cinfo.output_scanline);
+    else
+      count = *end - cinfo.output_scanline < ROWS_PER_CALL ? *end - cinfo.output_scanline : ROWS_PER_CALL;
+    if (count == 0) break;
     for (i = 0; i < count; i++) rows[i] = out + (size_t)(cinfo.output_scanline + i) * stride;
-    lib.read_scanlines(&cinfo, rows, count);
+    for (i = 0; i < count;) { /* read_scanlines may return fewer rows than asked for */
+      JDIMENSION read = lib.read_scanlines(&cinfo, rows + i, count - i);
+      if (read == 0) {
+        snprintf(err->message, sizeof(err->message), "libjpeg returned no row at %u", cinfo.output_scanline);
+        longjmp(err->jump, 1);
+      }
+      i += read;
+    }
   }
-  /* The last band reads on to EOI, so a warning after the last row still refuses the file. */
-  if (row_end == height) lib.finish_decompress(&cinfo);
+  *end = cinfo.output_scanline;
+  /* The band that ends the image reads on to EOI, so a warning after the last row still refuses. */
+  if (*end == height) lib.finish_decompress(&cinfo);
   lib.destroy_decompress(&cinfo);
   return 0;
+}
+
+static int check_out(const Py_buffer *out, unsigned int width, unsigned int height) {
+  if (!bound) {
+    PyErr_SetString(PyExc_RuntimeError, "libjpeg is not bound: call bind() first");
+    return -1;
+  }
+  if ((size_t)out->len != (size_t)width * height * 3 || width == 0 || height == 0) {
+    PyErr_Format(PyExc_ValueError, "out must be a C-contiguous %ux%ux3 buffer", height, width);
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject *run(Py_buffer *data, Py_buffer *out, unsigned int width, unsigned int height, JDIMENSION begin,
+                     JDIMENSION end, const sharing *share) {
+  strict_error err;
+  int status;
+
+  Py_BEGIN_ALLOW_THREADS
+  status = decode_rows_nogil(data->buf, (size_t)data->len, out->buf, width, height, &begin, &end, share, &err);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(data);
+  PyBuffer_Release(out);
+  if (status != 0) {
+    PyErr_SetString(JpegError, err.message);
+    return NULL;
+  }
+  return Py_BuildValue("II", begin, end);
 }
 
 static PyObject *decode_rows(PyObject *self, PyObject *args) {
   Py_buffer data, out;
   unsigned int width, height, row_begin, row_end;
-  strict_error err;
-  int status;
+  const sharing alone = {NULL, 0, 0, 1, 1, 0.0, 1.0};
 
-  if (!bound) {
-    PyErr_SetString(PyExc_RuntimeError, "libjpeg is not bound: call bind() first");
-    return NULL;
-  }
   if (!PyArg_ParseTuple(args, "y*w*IIII", &data, &out, &width, &height, &row_begin, &row_end)) return NULL;
-  if (!PyBuffer_IsContiguous(&out, 'C') || (size_t)out.len != (size_t)width * height * 3 || width == 0 ||
-      row_begin >= row_end || row_end > height) {
+  if (check_out(&out, width, height) < 0 || row_begin >= row_end || row_end > height) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_ValueError, "rows [%u, %u) are not within the %u rows", row_begin, row_end, height);
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
-    PyErr_Format(PyExc_ValueError, "out must be a C-contiguous %ux%ux3 buffer and rows [%u, %u) within %u",
-                 height, width, row_begin, row_end, height);
     return NULL;
   }
-  Py_BEGIN_ALLOW_THREADS
-  status = decode_rows_nogil(data.buf, (size_t)data.len, out.buf, width, height, row_begin, row_end, &err);
-  Py_END_ALLOW_THREADS
-  PyBuffer_Release(&data);
-  PyBuffer_Release(&out);
-  if (status != 0) {
-    PyErr_SetString(JpegError, err.message);
+  return run(&data, &out, width, height, row_begin, row_end, &alone);
+}
+
+static PyObject *decode_share(PyObject *self, PyObject *args) {
+  Py_buffer data, out, regions;
+  unsigned int width, height, multiple, min_rows;
+  Py_ssize_t index;
+  double skip_cost, row_cost;
+  sharing share;
+  PyObject *result;
+
+  if (!PyArg_ParseTuple(args, "y*w*IIw*nIIdd", &data, &out, &width, &height, &regions, &index, &multiple, &min_rows,
+                        &skip_cost, &row_cost))
+    return NULL;
+  share.regions = regions.buf;
+  share.count = regions.len / (Py_ssize_t)sizeof(uint64_t);
+  share.index = index;
+  share.multiple = multiple;
+  share.min_rows = min_rows;
+  share.skip_cost = skip_cost;
+  share.row_cost = row_cost;
+  if (check_out(&out, width, height) < 0 || regions.len % sizeof(uint64_t) != 0 || index < 0 ||
+      index >= share.count || multiple == 0 || !(row_cost > skip_cost / 2.0)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad regions, index, multiple or costs");
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&regions);
     return NULL;
   }
-  Py_RETURN_NONE;
+  result = run(&data, &out, width, height, 0, height, &share);
+  PyBuffer_Release(&regions); /* the caller keeps the array alive until every band has returned */
+  return result;
 }
 
 #define RESOLVE(field, symbol)                                                      \
@@ -200,7 +343,10 @@ static PyObject *bind(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind(imaging_path) -> path of the libjpeg Pillow's _imaging links"},
     {"decode_rows", decode_rows, METH_VARARGS,
-     "decode_rows(data, out, width, height, row_begin, row_end): RGB rows of a JPEG into out (strict)"},
+     "decode_rows(data, out, width, height, row_begin, row_end) -> (begin, end): RGB rows into out (strict)"},
+    {"decode_share", decode_share, METH_VARARGS,
+     "decode_share(data, out, width, height, regions, index, multiple, min_rows, skip_cost, row_cost)"
+     " -> (begin, end): band `index` of a shared decode (strict)"},
     {NULL, NULL, 0, NULL},
 };
 

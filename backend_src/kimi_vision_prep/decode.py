@@ -376,15 +376,15 @@ class ImageDecoder:
 
     def _decode_libjpeg(self, plan: _Plan, bands: int, rows_for: RowsFor | None) -> None:
         """The ``libjpeg`` route: into :func:`~.buffers.scratch`, in row bands where the stream is a
-        single scan, each band's rows offered to ``rows_for``'s consumer when there are several."""
+        single scan and the image large enough for several, each band's rows handed to
+        ``rows_for``'s consumer then."""
         width, height = plan.image.size
         pixels = scratch((height, width, 3))
         single_scan = plan.scan is not None and plan.scan.single_scan
         bands = self._bands.bands_for(width, height, bands if single_scan else 1)
         consumer = rows_for(width, height) if rows_for is not None and bands > 1 else None
-        ran = self._bands.decode(plan.data, pixels, bands, consumer)
-        if ran:
-            consumed = consumer is not None and ran > 1
+        if self._bands.decode(plan.data, pixels, bands, consumer):
+            consumed = consumer is not None
             plan.result = DecodedImage(pixels, width, height, "bicubic", "libjpeg", rows_consumed=consumed)
 
     @staticmethod
@@ -413,9 +413,9 @@ class ImageDecoder:
         """Decode one image; raises a :class:`PreprocessError` subclass on bad input.
 
         ``rows_for(width, height)``: a :class:`~.jpeg_bands.RowConsumer` for the image's rows, or
-        None. Where the image is decoded in several row bands, each band hands its rows to it on the
-        band's thread as soon as they are decoded, and the result says ``rows_consumed``; otherwise
-        it is never started and the caller gets the whole pixels only."""
+        None. Where the image may be decoded in several row bands, each band hands its rows to it on
+        the band's thread as soon as they are decoded, and the result says ``rows_consumed``;
+        otherwise it is never started and the caller gets the whole pixels only."""
         result = self._decode_batch([data], preset, rows_for)[0]
         if isinstance(result, BaseException):
             raise result

@@ -136,7 +136,8 @@ class PatchRows:
     """Patches written band by band while a JPEG is decoded in row bands (a
     :class:`~.jpeg_bands.RowConsumer`): for an image the NaViT rule keeps at its stored size, each
     band pads, normalises and patchifies its own rows on its own thread right after decoding them,
-    so the output's write overlaps the rest of the decode. ``rows_for`` is the decoder's
+    so the output's write overlaps the rest of the decode, and no parallel kernel wakes numba's
+    threads after it. ``rows_for`` is the decoder's
     ``rows_for``; after a decode with ``rows_consumed``, :attr:`patches` holds the image's
     ``output`` (into ``out`` when given), equal to :func:`preprocess_decoded`'s."""
 
