@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kimi_vision_client import cli
+from kimi_vision_client import bench_local, cli
 from kimi_vision_client.samples import sample_images
 from kimi_vision_prep import PreprocessError, concat_results, preprocess_bytes
 from kimi_vision_prep.host import host_layout
@@ -418,5 +418,5 @@ def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: P
     assert {"all", "no-resize", "downscale", "batch"} <= set(result["summary"])
     assert {"ours_over_floor", "ours_over_decode", "decode_over_floor"} <= set(result["summary"]["all"])
     batch = result["summary"]["batch"]
-    assert len(batch["round_ratios"]) == 3 and min(batch["round_ratios"]) > 0  # one ratio per round
+    assert len(batch["round_ratios"]) == bench_local.BATCH_ROUNDS and min(batch["round_ratios"]) > 0  # one per round
     assert {p["size"] for p in result["profile"]} == {"1080p", "9 MP", "12 MP"}

@@ -195,6 +195,8 @@ def batch_throughput(images: list[BenchImage], preset_name: str, rounds: int) ->
 
 
 PROFILE_PIXELS = {"1080p": 1920 * 1080, "9 MP": 9_000_000, "12 MP": 12_000_000}
+# Rounds of the batch comparison: single rounds on the 2-core VM swung 1.07-2.2x (BENCHMARKS.md).
+BATCH_ROUNDS = 5
 
 
 def profile(images: list[BenchImage], preset_name: str, repeats: int) -> list[dict[str, Any]]:
@@ -277,7 +279,7 @@ def run(  # noqa: PLR0917
         print(_format_row(row), flush=True)
     summary = _summarise(rows)
     summary["throughput_2_threads_img_s"] = throughput(images, preset_name, 2, 3)
-    summary["batch"] = batch_throughput(images, preset_name, 3)
+    summary["batch"] = batch_throughput(images, preset_name, BATCH_ROUNDS)
     profiles = profile(images, preset_name, repeats)
     result = {
         "preset": preset_name,
