@@ -137,12 +137,12 @@ class PatchRows:
     :class:`~.jpeg_bands.RowConsumer`): for an image the NaViT rule keeps at its stored size, each
     band pads, normalises and patchifies its own rows on its own thread right after decoding them,
     so the output's write overlaps the rest of the decode, and no parallel kernel wakes numba's
-    threads after it. ``rows_for`` is the decoder's
-    ``rows_for``; after a decode with ``rows_consumed``, :attr:`patches` holds the image's
-    ``output`` (into ``out`` when given), equal to :func:`preprocess_decoded`'s."""
+    threads after it. :meth:`rows_for` is the decoder's ``rows_for``; after a decode with
+    ``rows_consumed``, :attr:`patches` holds the image's ``output`` (into ``out`` when given),
+    equal to :func:`preprocess_decoded`'s."""
 
     def __init__(self, preset: Preset, output: PixelOutput, out: Any) -> None:
-        self.preset, self.output, self.out = preset, output, out
+        self.preset, self.out = preset, out
         self.multiple, self.row_work = preset.patch_size, PATCH_ROW_WORK[output]
         float32 = output == "pixel_values"
         self.table = normalize_table(preset.image_mean, preset.image_std) if float32 else IDENTITY_TABLE
