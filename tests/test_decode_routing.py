@@ -383,14 +383,17 @@ def test_decode_outside_a_pipeline_call_returns_owned_pixels() -> None:
 
 def test_batch_workers_share_the_callers_numba_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two workers on a caller with 2 numba threads run their kernels on 1 thread each (they fill
-    the cores already); the caller's own setting is untouched, and the results are the same."""
+    the cores already), on the same threads from call to call; the caller's own setting is
+    untouched, and the results are the same."""
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 numba threads")
     seen: set[tuple[str, int]] = set()
+    idents: list[set[int]] = [set()]  # the threads of each call
     real = pipeline.preprocess_bytes
 
     def recorded(*args: Any, **kwargs: Any) -> PreprocessResult:
         seen.add((threading.current_thread().name.rsplit("_", 1)[0], numba.get_num_threads()))
+        idents[-1].add(threading.get_ident())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "preprocess_bytes", recorded)
@@ -398,11 +401,14 @@ def test_batch_workers_share_the_callers_numba_threads(monkeypatch: pytest.Monke
     threads = numba.get_num_threads()
     numba.set_num_threads(2)
     try:
+        kimi_vision_prep.preprocess_batch(images, workers=2)
+        idents.append(set())
         results = kimi_vision_prep.preprocess_batch(images, workers=2)
         assert numba.get_num_threads() == 2
     finally:
         numba.set_num_threads(threads)
     assert seen == {("kimi-prep-batch", 1)}, seen
+    assert idents[-1] <= idents[-2], idents  # the same threads, their scratch arenas warm
     for data, result in zip(images, results, strict=True):
         assert isinstance(result, PreprocessResult)
         assert_exact(result, data)
