@@ -32,6 +32,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, wait
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -107,6 +108,36 @@ def decode_rows(data: bytes, pixels: np.ndarray, row_begin: int, row_end: int) -
     return True
 
 
+@dataclass(frozen=True)
+class _SharedDecode:
+    """One image decoded by several bands: what each band's call into ``_libjpeg`` needs.
+    ``regions``: one word per band (``_libjpeg.c``), band 0's set to own every row."""
+
+    data: bytes
+    pixels: np.ndarray
+    regions: np.ndarray
+    multiple: int  # a stolen region starts on a multiple of this
+    min_rows: int  # and holds at least this many rows
+    row_cost: float  # a decoded row's cost with the consumer's work (skipped: SKIP_COST)
+    consumer: RowConsumer | None
+
+    def band(self, index: int) -> bool:
+        """Decode band ``index``'s rows (band 0 from the top, a helper's stolen ones) and hand them
+        to the consumer; False when libjpeg refused the file."""
+        libjpeg = _extension()
+        height, width = self.pixels.shape[0], self.pixels.shape[1]
+        try:
+            begin, end = libjpeg.decode_share(
+                self.data, self.pixels, width, height, self.regions, index, self.multiple, self.min_rows,
+                SKIP_COST, self.row_cost,
+            )
+        except libjpeg.JpegError:
+            return False
+        if self.consumer is not None and end > begin:
+            self.consumer.write(self.pixels, begin, end)
+        return True
+
+
 class BandDecoder:
     """Decodes one image on the calling thread and up to ``helpers`` threads of ``threads()`` (an
     executor with at least that many; made by the caller on first use).
@@ -145,14 +176,15 @@ class BandDecoder:
         regions = np.zeros(helpers + 1, np.uint64)
         regions[0] = height << 32  # band 0 owns rows [0, height)
         multiple = consumer.multiple if consumer is not None else DECODE_ROW_MULTIPLE
-        costs = (max(multiple, MIN_BAND_PIXELS // width), SKIP_COST, 1.0 + (consumer.row_work if consumer else 0.0))
-        share = (data, pixels, regions, multiple, *costs, consumer)
-        helper_bands = [self._threads().submit(self._helper_band, index, *share) for index in range(1, helpers + 1)]
+        row_cost = 1.0 + (consumer.row_work if consumer is not None else 0.0)
+        min_rows = max(multiple, MIN_BAND_PIXELS // width)
+        shared = _SharedDecode(data, pixels, regions, multiple, min_rows, row_cost, consumer)
+        helper_bands = [self._threads().submit(self._helper_band, shared, index) for index in range(1, helpers + 1)]
         try:
-            ok = self._band(0, *share)
+            ok = shared.band(0)
         finally:
             for band in helper_bands:
-                if band.cancel():  # never started: it would have found nothing left to take
+                if band.cancel():  # never started: the caller's band has done its rows by now
                     self._release(1)
             wait(helper_bands)  # never return while a helper still writes into pixels
         return ok and all(band.result() for band in helper_bands if not band.cancelled())
@@ -161,32 +193,8 @@ class BandDecoder:
         for _ in range(helpers):
             self._idle.release()
 
-    @staticmethod
-    def _band(  # noqa: PLR0917
-        index: int,
-        data: bytes,
-        pixels: np.ndarray,
-        regions: np.ndarray,
-        multiple: int,
-        min_rows: int,
-        skip_cost: float,
-        row_cost: float,
-        consumer: RowConsumer | None,
-    ) -> bool:
-        libjpeg = _extension()
-        height, width = pixels.shape[0], pixels.shape[1]
+    def _helper_band(self, shared: _SharedDecode, index: int) -> bool:
         try:
-            begin, end = libjpeg.decode_share(
-                data, pixels, width, height, regions, index, multiple, min_rows, skip_cost, row_cost
-            )
-        except libjpeg.JpegError:
-            return False
-        if consumer is not None and end > begin:
-            consumer.write(pixels, begin, end)
-        return True
-
-    def _helper_band(self, index: int, *share: object) -> bool:
-        try:
-            return self._band(index, *share)  # type: ignore[arg-type]
+            return shared.band(index)
         finally:
             self._idle.release()
