@@ -151,13 +151,10 @@ static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned ch
   JSAMPROW rows[ROWS_PER_CALL];
   const size_t stride = (size_t)width * 3;
 
-  if (share->regions != NULL && share->index > 0) {
-    if (!steal(share, begin)) {
-      *end = *begin = 0;
-      return 0;
-    }
-  } else if (share->regions != NULL) {
-    *begin = 0;
+  /* Band 0 starts at row 0 (decode_share passes it); a helper starts where it steals. */
+  if (share->regions != NULL && share->index > 0 && !steal(share, begin)) {
+    *end = *begin = 0;
+    return 0;
   }
   memset(&cinfo, 0, sizeof(cinfo)); /* a failed create leaves nothing for destroy to free */
   cinfo.err = lib.std_error(&err->pub);
