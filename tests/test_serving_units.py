@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -109,12 +110,13 @@ def test_decode_preprocess_and_fused_configs_carry_the_same_preset(family: str, 
 @pytest.mark.parametrize("family", [f for f, _ in FAMILIES])
 def test_fused_config_carries_the_decode_and_preprocess_settings(family: str, kind: str, pixels: str) -> None:
     """The fused models' parameters are the decode model's (preset block and decoder settings, at
-    DecoderSettings' defaults) plus the preprocess model's numba_threads, nothing else; their input
+    DecoderSettings' defaults) plus the preprocess model's numba_threads and scratch cap (both
+    return pixels), nothing else; their input
     and queue policy are the decode model's, their outputs the preprocess model's less the other
     pixel output (float32 for ``_vision_fused``, uint8 for ``_vision_fused_u8``)."""
     decode, prep, fused = (load_config(f"kimi_{family}_{k}") for k in ("decode", "preprocess", kind))
     decode_params, prep_params, fused_params = (model_parameters(config_dict(c.name)) for c in (decode, prep, fused))
-    assert fused_params == decode_params | {"numba_threads": prep_params["numba_threads"]}
+    assert fused_params == decode_params | {key: prep_params[key] for key in ("numba_threads", "scratch_cap_bytes")}
     assert DECODER_KEYS <= decode_params.keys(), f"missing decoder settings: {DECODER_KEYS - decode_params.keys()}"
     assert decoder_settings(fused_params) == decoder_settings(decode_params) == DecoderSettings()
     assert numba_threads(fused_params) == numba_threads(prep_params) == 0
@@ -209,7 +211,13 @@ class FakeTensor:
 
 
 class FakeResponse:
+    """A ``pb_utils.InferenceResponse``: host outputs are copied, as the stub copies them into its
+    shared memory when execute returns (a model may hand out arena memory the next execute reuses)."""
+
     def __init__(self, output_tensors: list[FakeTensor], error: FakeTritonError | None = None) -> None:
+        for tensor in output_tensors:
+            if isinstance(tensor.value, np.ndarray):
+                tensor.value = tensor.value.copy()
         self.outputs = {t.name: t for t in output_tensors}
         self.error = error
 
@@ -303,13 +311,15 @@ def images(corpus: Path) -> dict[str, bytes]:
 
 
 def test_every_python_model_applies_its_buffer_caps(pb: SimpleNamespace) -> None:
-    """Every Python model's config carries ServingDefaults' buffer caps, and a model built from it
-    applies them to its process (its stub); a config without them keeps the library's caps."""
+    """Every Python model's config carries ServingDefaults' buffer caps (the scratch cap only where
+    it returns pixels: preprocess and fused), and a model built from it applies them to its
+    process (its stub); a config without them keeps the library's caps."""
     for config in REPOSITORY.glob("*/config.pbtxt"):
         params = model_parameters(config_dict(config.parent.name))
         if 'backend: "python"' in config.read_text():
+            returns_pixels = config.parent.name.endswith(("_preprocess", "_vision_fused", "_vision_fused_u8"))
             assert buffer_caps(params) == {
-                "scratch_cap_bytes": SERVING_DEFAULTS.scratch_cap_bytes,
+                "scratch_cap_bytes": SERVING_DEFAULTS.scratch_cap_bytes if returns_pixels else 0,
                 "recycle_cap_bytes": SERVING_DEFAULTS.recycle_cap_bytes,
             }, config.parent.name
     assert buffer_caps({}) == {}
@@ -466,6 +476,45 @@ def test_decode_then_preprocess_equals_library(
         np.testing.assert_array_equal(outputs["PIXEL_VALUES"], expected.pixel_values[None])
         np.testing.assert_array_equal(outputs["GRID_THW"], expected.grid_thw[None, None])
         assert outputs["NUM_TOKENS"].dtype == np.int32 and outputs["NUM_TOKENS"].tolist() == [[expected.num_tokens]]
+
+
+@pytest.mark.parametrize("kind", ["preprocess", "vision_fused", "vision_fused_u8"])
+def test_pixel_outputs_reuse_one_arena_buffer_from_execute_to_execute(
+    pb: SimpleNamespace, images: dict[str, bytes], kind: str
+) -> None:
+    """A stub's pixel output is written into its thread's scratch arena, so the next execute's output
+    lands on the same pages (no fresh pages to fault in per request: a smaller image's output
+    reuses a larger one's buffer); each response is exact, and so is a request of two images
+    (written in place, not concatenated)."""
+    handed_out: list[int] = []
+
+    def tensor(name: str, value: Any) -> FakeTensor:
+        if name.startswith("PIXEL_"):
+            handed_out.append(value.__array_interface__["data"][0])
+        return FakeTensor(name, value)  # FakeResponse then copies it, as the stub does
+
+    pb.Tensor = tensor
+    model = f"kimi_k25_{kind}"
+    output = "pixel_patches" if kind.endswith("_u8") else "pixel_values"
+    name = output.upper()
+    photos = [images["imagers__large_image.jpg"], images["pil__hopper.jpg"]]
+    requests = [bytes_request(photo) for photo in photos] + [many_request(photos)]
+    if kind == "preprocess":  # the decode step on a thread of its own: its own arena, as in its own stub
+        decode = DecodeModel(pb, model_args("kimi_k25_decode"))
+        with ThreadPoolExecutor(1) as step:
+            decoded = [outputs_of(r) for r in step.submit(decode.execute, requests).result()]
+        requests = [FakeRequest(**{n: d[n] for n in DECODED}, requested=(name,)) for d in decoded]
+        handed_out.clear()
+        served = PreprocessModel(pb, model_args(model))
+    else:
+        served = FusedVisionModel(pb, model_args(model))
+        handed_out.clear()
+    expected = [getattr(preprocess_bytes(photo, "kimi-k2.5", output=output), output) for photo in photos]
+    with ThreadPoolExecutor(1) as stub:  # a fresh thread: no arena buffers of earlier tests' models
+        for request, pixels in zip(requests, [*expected, np.concatenate(expected)], strict=True):
+            (response,) = stub.submit(served.execute, [request]).result()
+            np.testing.assert_array_equal(outputs_of(response)[name], pixels[None])
+    assert len(handed_out) == 3 and handed_out[0] == handed_out[1]
 
 
 @pytest.mark.parametrize("kind", ["preprocess", "vision_fused", "vision_fused_u8"])

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..buffers import configure_buffers
+from ..buffers import configure_buffers, scratch_scope
 from ..errors import (
     CancelledError,
     InvalidRequestError,
@@ -162,17 +162,23 @@ class ServingModel:
             else:
                 live.append(index)
         started = time.perf_counter()
-        try:
-            handled = self.handle([requests[i] for i in live]) if live else []
-            for index, result in zip(live, handled, strict=True):
-                results[index] = result
-        except Exception as exc:  # a bug; it must not take the stub down
-            self.io.log("error", f"{self.name}: execute failed for {len(live)} request(s): {type(exc).__name__}: {exc}")
-            error = self.failed(exc)
-            for index in live:
-                results[index] = error
-        self.metrics.add_stage_seconds(self.stage, time.perf_counter() - started)
-        return [self._respond(request, result) for request, result in zip(requests, results, strict=True)]
+        # One scratch scope per execute: the arena buffers of this thread (decoded pixels, resize
+        # passes, pixel outputs) come back to the next execute, so their pages fault in once per
+        # stub, not once per request. Outputs may be arena memory: the stub copies each response
+        # into its shared memory when execute returns, before it calls execute again.
+        with scratch_scope():
+            try:
+                handled = self.handle([requests[i] for i in live]) if live else []
+                for index, result in zip(live, handled, strict=True):
+                    results[index] = result
+            except Exception as exc:  # a bug; it must not take the stub down
+                message = f"{self.name}: execute failed for {len(live)} request(s): {type(exc).__name__}: {exc}"
+                self.io.log("error", message)
+                error = self.failed(exc)
+                for index in live:
+                    results[index] = error
+            self.metrics.add_stage_seconds(self.stage, time.perf_counter() - started)
+            return [self._respond(request, result) for request, result in zip(requests, results, strict=True)]
 
     def _respond(self, request: Any, result: Result | None) -> Any:
         if result is None:

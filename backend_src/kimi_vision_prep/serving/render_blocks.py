@@ -57,15 +57,22 @@ class ServingDefaults:
     under load.
 
     ``scratch_cap_bytes`` / ``recycle_cap_bytes``: each stub's :func:`~kimi_vision_prep.configure_buffers`
-    caps (every Python model's parameters). 0: no reuse. A stub's outputs leave it as copies in
-    its shared memory, and its requests come one at a time, so kept buffers only add memory there:
-    at concurrency 16 the library's in-process defaults (128 MiB each) held ~400 MiB more over the
-    pair of K2.5 ensembles than 0 did, for the same perf_analyzer throughput (BENCHMARKS.md).
+    caps (in every Python model's parameters; 0: no reuse). ``scratch_cap_bytes`` is rendered
+    for the models that return pixels (preprocess, fused), 0 for the others. Each execute is one
+    scratch scope (``contract.ServingModel``), so a request's pixel output lands on the pages of
+    the last one's, which the stub copied into its shared memory in between: 64 MiB holds a K2.5
+    float32 output (37 MiB); larger needs get fresh pages. Measured on the pair of K2.5
+    ensembles (BENCHMARKS.md, "arena"): the preprocess stubs' page faults fell ~85% and the
+    float32 ensemble's server CPU per request 5-17%, at the same peak memory under load; the
+    decode stubs stay at 0: a 12 MP photo's decode and resize passes (~64 MiB) did not fit that
+    cap, and a cap that holds them adds ~64 MiB a stub. Freed outputs are not recycled (0): a
+    stub's outputs leave it as copies, so a free list only adds memory there (the library's 128
+    MiB in process held ~400 MiB more over the pair, BENCHMARKS.md).
     """
 
     max_batch_size: int = 8
     pixel_batch_size: int = 1
-    scratch_cap_bytes: int = 0
+    scratch_cap_bytes: int = 64 << 20
     recycle_cap_bytes: int = 0
     max_queue_delay_us: int = 1000
     max_queue_size: int = 128
@@ -170,9 +177,10 @@ def decoder_block(options: RenderOptions) -> str:
     )
 
 
-def buffers_block(defaults: ServingDefaults) -> str:
+def buffers_block(defaults: ServingDefaults, returns_pixels: bool = False) -> str:
+    scratch = defaults.scratch_cap_bytes if returns_pixels else 0
     return pbtxt.parameters(
-        {"scratch_cap_bytes": defaults.scratch_cap_bytes, "recycle_cap_bytes": defaults.recycle_cap_bytes},
+        {"scratch_cap_bytes": scratch, "recycle_cap_bytes": defaults.recycle_cap_bytes},
         "Large buffers this stub keeps for reuse (kimi_vision_prep.configure_buffers; 0: none).",
     )
 
@@ -229,11 +237,12 @@ def python_model(  # noqa: PLR0917
     defaults: ServingDefaults,
     decoupled: bool = False,
     batch: int | None = None,
+    returns_pixels: bool = False,
 ) -> ModelFiles:
     """A Python-backend model: batching and backpressure, tensors, instances, parameters;
     ``python_class`` is ``module.Class`` under ``kimi_vision_prep.serving``; ``decoupled``: any
     number of responses a request (a stream); ``batch``: its ``max_batch_size`` (default
-    ``defaults.max_batch_size``)."""
+    ``defaults.max_batch_size``); ``returns_pixels``: it gets the scratch cap (:class:`ServingDefaults`)."""
     batch = defaults.max_batch_size if batch is None else batch
     policy = (
         pbtxt.comment("Decoupled: one response per chunk as it is ready, then an empty one flagged final.")
@@ -249,7 +258,7 @@ def python_model(  # noqa: PLR0917
         + pbtxt.tensor_list("output", outputs)
         + instance_group(options)
         + "".join(blocks)
-        + buffers_block(defaults)
+        + buffers_block(defaults, returns_pixels)
     )
     return ModelFiles(name, config, python_class)
 

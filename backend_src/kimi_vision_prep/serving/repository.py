@@ -125,7 +125,9 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
         preset_block(preset, prefix),
     ]
     python_class, batch = "models.PreprocessModel", defaults.pixel_batch_size
-    return python_model(name, summary, inputs, outputs, blocks, python_class, options, defaults, batch=batch)
+    return python_model(
+        name, summary, inputs, outputs, blocks, python_class, options, defaults, batch=batch, returns_pixels=True
+    )
 
 
 # The two pixel wires by model-name suffix: float32 PIXEL_VALUES, or uint8 PIXEL_PATCHES (a quarter
@@ -152,7 +154,7 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
         outputs = [tensors[pixels], tensors["GRID_THW"], tensors["NUM_TOKENS"]]
         model = python_model(
             name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.FusedVisionModel", options, defaults,
-            batch=defaults.pixel_batch_size,
+            batch=defaults.pixel_batch_size, returns_pixels=True,
         )  # fmt: skip
         models.append(model)
     return models

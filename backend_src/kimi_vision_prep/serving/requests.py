@@ -51,13 +51,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from ..buffers import scratch
 from ..decode import DecodedImage
 from ..errors import ImageTooLargeError, InvalidRequestError
 from ..kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
 from ..normalize import concatenate_patches
-from ..pipeline import map_indexed, pixel_values_from_patches, preprocess_decoded
+from ..pipeline import PixelOutput, map_indexed, pixel_values_from_patches, preprocess_decoded
 from ..presets import Preset
-from ..sizing import navit_target_size
+from ..sizing import TargetSize, navit_target_size
 from .tensors import as_torch, check_dtype, host_array
 
 RESAMPLE_CODES: dict[str, int] = {"bicubic": 0, "nearest": 1}
@@ -265,10 +266,7 @@ def preprocess_outputs(
     outputs: Outputs = {}
     if {"PIXEL_VALUES", "PIXEL_PATCHES"} & wanted:
         output = "pixel_patches" if "PIXEL_PATCHES" in wanted else "pixel_values"
-        results = map_indexed(lambda image: preprocess_decoded(image, preset, output=output), decoded, "image")
-        targets = [result.target for result in results]
-        pixels = concatenate_patches([getattr(result, output) for result in results])
-        del results  # each image's patches live on in the concatenation only
+        targets, pixels = request_patches(decoded, preset, output)
         if "PIXEL_PATCHES" in wanted:
             outputs["PIXEL_PATCHES"] = pixels[None]
         if "PIXEL_VALUES" in wanted:
@@ -281,6 +279,28 @@ def preprocess_outputs(
     if "NUM_TOKENS" in wanted:
         outputs["NUM_TOKENS"] = np.array([[t.num_tokens for t in targets]], dtype=np.int32)
     return outputs
+
+
+def request_patches(
+    decoded: Sequence[DecodedImage], preset: Preset, output: PixelOutput
+) -> tuple[list[TargetSize], Any]:
+    """The NaViT sizes of one request's images and their ``output`` patches, ``(ΣN, 3, p, p)``.
+
+    numpy pixels are written straight into one :func:`~kimi_vision_prep.buffers.scratch` array
+    (in a model's execute: an arena buffer whose pages the next request reuses; no concatenation);
+    other pixels (torch tensors, Pillow images) are preprocessed one by one and concatenated."""
+    targets = map_indexed(lambda image: navit_target_size(image.width, image.height, preset), decoded, "image")
+    if not all(isinstance(image.pixels, np.ndarray) for image in decoded):
+        results = map_indexed(lambda image: preprocess_decoded(image, preset, output=output), decoded, "image")
+        return targets, concatenate_patches([getattr(result, output) for result in results])
+    p = preset.patch_size
+    dtype = np.float32 if output == "pixel_values" else np.uint8
+    pixels = scratch((sum(target.num_patches for target in targets), 3, p, p), dtype)
+    ends = np.cumsum([target.num_patches for target in targets]).tolist()
+    spans = zip(decoded, [0, *ends[:-1]], ends, strict=True)
+    write = lambda span: preprocess_decoded(span[0], preset, output=output, out=pixels[span[1] : span[2]])  # noqa: E731
+    map_indexed(write, spans, "image")
+    return targets, pixels
 
 
 def pixel_values_from_input(array: Any, patch_size: int) -> Any:
