@@ -60,6 +60,7 @@ bench: setup $(PERF_VENV)/bin/perf_analyzer
 	$(PY) benchmarks/bench_idle_memory.py --out-dir bench_results
 	$(PY) benchmarks/bench_load_memory.py --out-dir bench_results
 	$(PY) benchmarks/bench_server_malloc.py --perf-analyzer $(PERF_VENV)/bin/perf_analyzer --out-dir bench_results
+	$(PY) benchmarks/bench_stub_arena.py --perf-analyzer $(PERF_VENV)/bin/perf_analyzer --out-dir bench_results
 
 lint: setup
 	$(VENV)/bin/ruff check .

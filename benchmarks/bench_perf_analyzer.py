@@ -10,7 +10,8 @@ perf-data``), gRPC, at ``--concurrency`` (default 4), with and without system sh
 each model. In-process: the library on 2 threads producing the same output, measured right before
 each row (same load on the host). Triton's statistics of each model the request passes (the
 ensemble and its steps) split the server time into queue / compute_input / compute_infer /
-compute_output per request.
+compute_output per request; ``/proc`` gives the server's CPU ms and minor page faults per request,
+by process (tritonserver, each model's stubs).
 
     .venv/bin/python benchmarks/bench_perf_analyzer.py --perf-analyzer .venv-perf/bin/perf_analyzer
         [--concurrency 4] [--seconds 5] [--models ...] [--out-dir bench_results]
@@ -24,6 +25,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,6 +149,37 @@ def per_request_ms(before: dict[str, tuple[int, int]], after: dict[str, tuple[in
     return {part: (after[part][1] - before[part][1]) / requests / 1e6 for part in STAT_PARTS}
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+Usage = dict[str, tuple[float, int]]  # process group -> (CPU seconds, minor page faults)
+
+
+def process_usage(pids: list[int]) -> Usage:
+    """CPU seconds (user + system) and minor page faults so far of the server's processes, summed by
+    group: ``tritonserver``, and each model's stubs (the model folder on the stub's command line)."""
+    usage: Usage = {}
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # a stub restarted since the tree was listed
+            continue
+        model = re.search(r"/([^/ ]+)/\d+/model\.py", command)
+        group = model.group(1) if model else "tritonserver"
+        cpu_s, faults = usage.get(group, (0.0, 0))
+        usage[group] = (cpu_s + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, faults + int(fields[7]))
+    return usage
+
+
+def usage_per_request(before: Usage, after: Usage, requests: int) -> dict[str, Any]:
+    """``server_cpu_ms`` (all groups) and, by group, CPU ms and minor faults per request between two
+    :func:`process_usage` readings: less noisy than img/s on a shared host (another tenant's load
+    slows the server, it does not add to its CPU time)."""
+    requests = max(requests, 1)
+    cpu = {group: 1e3 * (after[group][0] - before.get(group, (0.0, 0))[0]) / requests for group in after}
+    faults = {group: (after[group][1] - before.get(group, (0.0, 0))[1]) / requests for group in after}
+    return {"server_cpu_ms": sum(cpu.values()), "cpu_ms_by_process": cpu, "minor_faults_by_process": faults}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--perf-analyzer", type=Path, default=Path(".venv-perf/bin/perf_analyzer"))
@@ -170,11 +203,15 @@ def main() -> int:
                     local = bench_local.throughput(images, "kimi-k2.5", 2, 3, output=MODELS[model])
                     models = chain(model, options)
                     before = {m: model_stats(server.http_url, m) for m in models}
+                    pids, usage = server.process_tree(), process_usage(server.process_tree())
                     served = run_perf_analyzer(
                         args.perf_analyzer, server.grpc_url, model, data, args.concurrency, shm, args.seconds
                     )
-                    steps = {m: per_request_ms(before[m], model_stats(server.http_url, m)) for m in models}
+                    after = {m: model_stats(server.http_url, m) for m in models}
+                    steps = {m: per_request_ms(before[m], after[m]) for m in models}
+                    requests = after[model]["success"][0] - before[model]["success"][0]
                     row = {"model": model, "shm": shm, "in_process_img_s": local, **served, "steps": steps}
+                    row |= usage_per_request(usage, process_usage(pids), requests)
                     row["served_over_in_process"] = served["inferences_s"] / local
                     print(json.dumps(row), flush=True)
                     rows.append(row)
@@ -187,14 +224,23 @@ def main() -> int:
 
 
 def print_tables(rows: list[dict[str, Any]]) -> None:
-    print("\n| model | shm | perf_analyzer img/s | in-process img/s | served / in-process | p50 / p99 ms |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(
+        "\n| model | shm | perf_analyzer img/s | in-process img/s | served / in-process | p50 / p99 ms "
+        "| server CPU ms / request |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['model']} | {'system' if r['shm'] else 'no'} | {r['inferences_s']:.1f} | "
             f"{r['in_process_img_s']:.1f} | {r['served_over_in_process']:.2f}x | "
-            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} |"
+            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} | {r['server_cpu_ms']:.1f} |"
         )
+    print("\n| model | shm | process | CPU ms / request | minor faults / request |")
+    print("|---|---|---|---:|---:|")
+    for r in rows:
+        for group, cpu_ms in r["cpu_ms_by_process"].items():
+            faults = r["minor_faults_by_process"][group]
+            print(f"| {r['model']} | {'system' if r['shm'] else 'no'} | {group} | {cpu_ms:.1f} | {faults:.0f} |")
     print("\n| model | shm | step | " + " | ".join(f"{part} ms" for part in STAT_PARTS) + " |")
     print("|---|---|---|" + "---:|" * len(STAT_PARTS))
     for r in rows:

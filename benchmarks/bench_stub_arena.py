@@ -1,0 +1,120 @@
+"""The stubs' scratch arena, A/B: perf_analyzer on the pair with ``scratch_cap_bytes`` 0 vs the default (issue 11).
+
+`kimi-prep serve --models kimi_k25_vision kimi_k25_vision_u8` at this host's layout, rendered
+alternately with the default ``ServingDefaults`` (the models that return pixels keep a 64 MiB
+arena: each request's output lands on the last one's pages) and with ``scratch_cap_bytes`` 0
+(every request's outputs on fresh pages), ``--rounds`` times. Each server gets perf_analyzer
+(gRPC, concurrency 4, the benchmark photos) on the float32 and uint8 wires with system shared
+memory; each row records img/s and, from ``/proc``, the server's CPU ms and minor page faults per
+request by process (``bench_perf_analyzer.process_usage``): the faults show the mechanism, the CPU
+time its cost, both steadier than img/s on a shared host.
+
+    .venv/bin/python benchmarks/bench_stub_arena.py [--rounds 3] [--out-dir bench_results]
+
+Writes ``bench_stub_arena.json`` and ``.png`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_perf_analyzer import model_stats, process_usage, run_perf_analyzer, usage_per_request
+from bench_server_malloc import wire_name
+from photos import benchmark_photos
+from plots import saved_axes
+
+from kimi_vision_client import bench_local
+from kimi_vision_client.cli import perf_input_data
+from kimi_vision_prep.host import host_layout
+from kimi_vision_prep.serving.launcher import EmbeddedServer
+from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
+from kimi_vision_prep.serving.repository import RenderOptions, render_repository
+
+SERVED = ("kimi_k25_vision", "kimi_k25_vision_u8")
+WIRES = (("kimi_k25_vision", True), ("kimi_k25_vision_u8", True))  # (model, system shared memory)
+ARENAS = {
+    f"{SERVING_DEFAULTS.scratch_cap_bytes >> 20} MiB (default)": SERVING_DEFAULTS,
+    "0": dataclasses.replace(SERVING_DEFAULTS, scratch_cap_bytes=0),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--perf-analyzer", type=Path, default=Path(".venv-perf/bin/perf_analyzer"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    args = parser.parse_args()
+    layout = host_layout()
+    options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
+    images = bench_local.bench_images("kimi-k2.5", benchmark_photos())
+    print(f"{layout.describe()}; {len(images)} photos", flush=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data.json"
+        data.write_text(json.dumps(perf_input_data([im.data for im in images])))
+        for round_index in range(args.rounds):
+            for arena, defaults in ARENAS.items():
+                repository = render_repository(Path(tmp) / f"{round_index}-{arena}", options, defaults, SERVED)
+                with EmbeddedServer(repository) as server:
+                    for model, shm in WIRES:
+                        before, pids = model_stats(server.http_url, model), server.process_tree()
+                        usage = process_usage(pids)
+                        served = run_perf_analyzer(
+                            args.perf_analyzer, server.grpc_url, model, data, 4, shm, args.seconds
+                        )
+                        requests = model_stats(server.http_url, model)["success"][0] - before["success"][0]
+                        row = {"round": round_index, "arena": arena, "wire": wire_name(model, shm), **served}
+                        row |= usage_per_request(usage, process_usage(pids), requests)
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+    print_table(rows)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"layout": layout.describe(), "photos": len(images), "rows": rows}
+    (args.out_dir / "bench_stub_arena.json").write_text(json.dumps(result, indent=2))
+    plot(rows, args.out_dir / "bench_stub_arena.png")
+    return 0
+
+
+def rows_of(rows: list[dict[str, Any]], wire: str, arena: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["wire"] == wire and r["arena"] == arena]
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print("\n| wire | stub arena | img/s per round | server CPU ms / request per round | median CPU ms "
+          "| preprocess stubs' minor faults / request |")  # fmt: skip
+    print("|---|---|---|---|---:|---|")
+    for model, shm in WIRES:
+        for arena in ARENAS:
+            mine = rows_of(rows, wire_name(model, shm), arena)
+            rates = ", ".join(f"{r['inferences_s']:.1f}" for r in mine)
+            cpu = [r["server_cpu_ms"] for r in mine]
+            faults = ", ".join(f"{r['minor_faults_by_process']['kimi_k25_preprocess']:.0f}" for r in mine)
+            listed, median = ", ".join(f"{x:.1f}" for x in cpu), statistics.median(cpu)
+            print(f"| {wire_name(model, shm)} | {arena} | {rates} | {listed} | {median:.1f} | {faults} |")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    with saved_axes(path, (9, 4.5)) as ax:
+        width = 0.8 / len(ARENAS)
+        for k, arena in enumerate(ARENAS):
+            for i, (model, shm) in enumerate(WIRES):
+                cpu = [r["server_cpu_ms"] for r in rows_of(rows, wire_name(model, shm), arena)]
+                ax.scatter([i + k * width] * len(cpu), cpu, color=f"C{k}", label=arena if i == 0 else None)
+        ax.set_xticks([i + width / 2 for i in range(len(WIRES))], [wire_name(m, s) for m, s in WIRES])
+        ax.set_ylabel("server CPU ms per request (tritonserver + stubs)")
+        ax.set_title("the stubs' scratch arena, the pair served, gRPC concurrency 4 (each round a dot)")
+        ax.legend()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
