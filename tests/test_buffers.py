@@ -34,6 +34,20 @@ def test_scratch_reuses_the_same_buffers_in_the_next_scope() -> None:
     assert not np.shares_memory(again[0], again[1])
 
 
+def test_a_nested_scope_is_a_frame() -> None:
+    """What a nested scope hands out is free again when it exits: the next frame reuses it; what the
+    enclosing scope handed out before the frames stays its own."""
+    with scratch_scope():
+        kept = scratch((300, 400, 3))
+        frames = []
+        for _ in range(2):
+            with scratch_scope():
+                frames.append(scratch((300, 400, 3)))
+        after = scratch((300, 400, 3))
+    assert np.shares_memory(frames[0], frames[1]) and np.shares_memory(frames[0], after)
+    assert not np.shares_memory(kept, frames[0])
+
+
 def test_scratch_outside_a_scope_is_a_new_array() -> None:
     assert not np.shares_memory(scratch((64, 64, 3)), scratch((64, 64, 3)))
 

@@ -9,10 +9,12 @@ reused, in two bounded ways:
 * **Scratch** (:func:`scratch`): buffers that never leave a pipeline call (the decoded pixels on
   the libjpeg and simplejpeg routes, the resize passes) come from a per-thread arena inside a
   :func:`scratch_scope`. The i-th request of a scope gets the arena's i-th buffer, grown when too
-  small, so the next image's requests land on pages already faulted in. Outside a scope
+  small, so the next image's requests land on pages already faulted in; a nested scope is a
+  frame, whose buffers the next requests of the enclosing scope reuse. Outside a scope
   :func:`scratch` is :func:`empty_output`: a public op never returns arena memory (pixels that
-  leave a call, e.g. a decode model's response, reuse recycled blocks instead while the recycle
-  cap allows: the served models set both caps to 0, ``ServingDefaults``).
+  leave a call reuse recycled blocks instead while the recycle cap allows). A served model's
+  execute is one scope (``serving/contract.py``): its outputs may be arena memory there, as the
+  stub copies them into its shared memory before it executes again.
 * **Outputs** (:func:`empty_output`): arrays handed to the caller are the caller's, but a large
   one's block goes back to a process-wide free list when the array and every view of it are gone,
   and the next output of a fitting size reuses it.
@@ -95,10 +97,15 @@ def _arena() -> _Arena:
 @contextlib.contextmanager
 def scratch_scope() -> Iterator[None]:
     """Within it, :func:`scratch` hands out this thread's arena buffers; they are free again when
-    the outermost scope exits (a nested scope shares the outer one's)."""
+    the outermost scope exits. A nested scope is a frame: what it hands out is free again when it
+    exits (nothing of it may outlive it), what the enclosing scope handed out before it stays."""
     arena = _arena()
     if arena.position is not None:
-        yield
+        entry = arena.position
+        try:
+            yield
+        finally:
+            arena.position = entry
         return
     if arena.held_bytes > _caps.scratch_bytes:  # the cap was lowered: none of them is in use now
         arena.buffers.clear()
