@@ -64,7 +64,8 @@ def main() -> int:
         data.write_text(json.dumps(perf_input_data([im.data for im in images])))
         for round_index in range(args.rounds):
             for arena, defaults in ARENAS.items():
-                repository = render_repository(Path(tmp) / f"{round_index}-{arena}", options, defaults, SERVED)
+                folder = Path(tmp) / f"round{round_index}-scratch{defaults.scratch_cap_bytes}"
+                repository = render_repository(folder, options, defaults, SERVED)
                 with EmbeddedServer(repository) as server:
                     for model, shm in WIRES:
                         before, pids = model_stats(server.http_url, model), server.process_tree()

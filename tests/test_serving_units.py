@@ -981,6 +981,18 @@ def test_server_args_and_embedded_layout(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert overridden.index(ours) < overridden.index(operators)  # the operator's comes last: it wins
 
 
+@pytest.mark.parametrize("folder", ["64 MiB", "cap(default)", "a;b"])
+def test_a_repository_path_no_stub_can_start_from_is_refused_at_once(tmp_path: Path, folder: str) -> None:
+    """Triton 2.51 starts stubs through `bash -c` with the path unquoted: such a repository would only
+    time out, so the launcher refuses it before starting tritonserver."""
+    repository = render_repository(tmp_path / folder, names=["kimi_k25_tokens"])
+    server = launcher.EmbeddedServer(repository, startup_timeout_s=5)
+    with pytest.raises(ValueError, match="cannot start a stub"), server:
+        pass
+    assert server.process is None  # no tritonserver was started
+    assert launcher.checked_repository_path(tmp_path / "plain_name-1.0") == tmp_path / "plain_name-1.0"
+
+
 def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> None:
     """``serve`` runs the server in the foreground, forwards SIGTERM and returns its exit code."""
     fake_server = tmp_path / "tritonserver"

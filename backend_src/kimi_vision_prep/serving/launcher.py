@@ -180,6 +180,22 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> i
     return process.returncode
 
 
+# tritonserver 2.51's Python backend starts each stub through `bash -c` with the model's path
+# unquoted: under a path with a space or a shell character no stub starts, and the server only
+# times out (seen with a folder named "64 MiB (default)").
+SAFE_REPOSITORY_PATH = re.compile(r"[\w./@%+=:,-]+")
+
+
+def checked_repository_path(repository: Path) -> Path:
+    """``repository``, or ValueError where its path would keep every Python stub from starting."""
+    if not SAFE_REPOSITORY_PATH.fullmatch(str(repository)):
+        raise ValueError(
+            f"model repository {str(repository)!r}: tritonserver's Python backend cannot start a stub "
+            "under a path with spaces or shell characters; serve it from a path of letters, digits and ._-/"
+        )
+    return repository
+
+
 def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     """Start a server as ``spec`` says; closing ``stack`` stops it and removes what it left."""
     install = find_tritonserver()
@@ -193,7 +209,7 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
         rendered = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_repo.")))
         options = spec.render or RenderOptions()
         repository = render_repository(rendered / "model_repository", options, names=spec.models)
-    repository = Path(repository).resolve()
+    repository = checked_repository_path(Path(repository).resolve())
     args = server_args(install, repository, spec.ports, spec.extra_args, shm_prefix)
     process = subprocess.Popen(
         args,
