@@ -240,6 +240,8 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         for group, cpu_ms in r["cpu_ms_by_process"].items():
             faults = r["minor_faults_by_process"][group]
+            if cpu_ms < 0.05:  # a model the request does not pass
+                continue
             print(f"| {r['model']} | {'system' if r['shm'] else 'no'} | {group} | {cpu_ms:.1f} | {faults:.0f} |")
     print("\n| model | shm | step | " + " | ".join(f"{part} ms" for part in STAT_PARTS) + " |")
     print("|---|---|---|" + "---:|" * len(STAT_PARTS))
