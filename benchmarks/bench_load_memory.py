@@ -102,32 +102,38 @@ def keep_loaded(
 
 def loaded_pss(options: RenderOptions, models: tuple[str, ...] | None, args: argparse.Namespace) -> dict[str, Any]:
     with EmbeddedServer(render=options, models=models) as server:
-        stop, tally = threading.Event(), Counter[str]()
-        items = payloads(args.photos)
-        load = threading.Thread(target=keep_loaded, args=(server.grpc_url, args.concurrency, stop, tally, items))
-        load.start()
-        time.sleep(args.warmup)
-        start, served_before = time.monotonic(), sum(tally.values())
-        samples, times = [], []
-        while time.monotonic() - start < args.seconds:
-            samples.append(sum(pss_kib(pid) for pid in server.process_tree()) / KIB)
-            times.append(time.monotonic() - start)
-            time.sleep(args.every)
-        rate = (sum(tally.values()) - served_before) / (time.monotonic() - start)
-        stop.set()
-        load.join()
-        third = max(len(samples) // 3, 1)
-        return {
-            "models": len(server.model_names),
-            "processes": len(server.process_tree()),
-            "peak_pss_mib": max(samples),
-            "median_pss_mib": statistics.median(samples),
-            "growth_mib": max(samples[-third:]) - max(samples[:third]),
-            "requests_s": rate,
-            "outcomes": dict(tally),
-            "samples_mib": samples,
-            "sample_times_s": times,
-        }
+        return pss_under_load(server, args)
+
+
+def pss_under_load(server: EmbeddedServer, args: argparse.Namespace) -> dict[str, Any]:
+    """The PSS samples of ``server``'s processes under this benchmark's load (``args``: concurrency,
+    photos, warmup, seconds, every), with the peak, median, growth and requests/s."""
+    stop, tally = threading.Event(), Counter[str]()
+    items = payloads(args.photos)
+    load = threading.Thread(target=keep_loaded, args=(server.grpc_url, args.concurrency, stop, tally, items))
+    load.start()
+    time.sleep(args.warmup)
+    start, served_before = time.monotonic(), sum(tally.values())
+    samples, times = [], []
+    while time.monotonic() - start < args.seconds:
+        samples.append(sum(pss_kib(pid) for pid in server.process_tree()) / KIB)
+        times.append(time.monotonic() - start)
+        time.sleep(args.every)
+    rate = (sum(tally.values()) - served_before) / (time.monotonic() - start)
+    stop.set()
+    load.join()
+    third = max(len(samples) // 3, 1)
+    return {
+        "models": len(server.model_names),
+        "processes": len(server.process_tree()),
+        "peak_pss_mib": max(samples),
+        "median_pss_mib": statistics.median(samples),
+        "growth_mib": max(samples[-third:]) - max(samples[:third]),
+        "requests_s": rate,
+        "outcomes": dict(tally),
+        "samples_mib": samples,
+        "sample_times_s": times,
+    }
 
 
 def main() -> int:

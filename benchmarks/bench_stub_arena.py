@@ -7,9 +7,11 @@ arena: each request's output lands on the last one's pages) and with ``scratch_c
 (gRPC, concurrency 4, the benchmark photos) on the float32 and uint8 wires with system shared
 memory; each row records img/s and, from ``/proc``, the server's CPU ms and minor page faults per
 request by process (``bench_perf_analyzer.process_usage``): the faults show the mechanism, the CPU
-time its cost, both steadier than img/s on a shared host.
+time its cost, both steadier than img/s on a shared host. Then the same server gets
+``bench_load_memory``'s load (gRPC concurrency 16 on ``kimi_k25_vision``, good and bad photos):
+the PSS peak and median of what the arena keeps.
 
-    .venv/bin/python benchmarks/bench_stub_arena.py [--rounds 3] [--out-dir bench_results]
+    .venv/bin/python benchmarks/bench_stub_arena.py [--rounds 2] [--out-dir bench_results]
 
 Writes ``bench_stub_arena.json`` and ``.png`` and prints a Markdown table.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_load_memory import pss_under_load
 from bench_perf_analyzer import model_stats, process_usage, run_perf_analyzer, usage_per_request
 from bench_server_malloc import wire_name
 from photos import benchmark_photos
@@ -50,8 +53,13 @@ ARENAS = {
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--perf-analyzer", type=Path, default=Path(".venv-perf/bin/perf_analyzer"))
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=5.0)
+    # bench_load_memory's load, in pss_under_load's names
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--warmup", type=float, default=20.0)
+    parser.add_argument("--load-seconds", dest="load_seconds", type=float, default=60.0)
+    parser.add_argument("--every", type=float, default=1.0)
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     layout = host_layout()
@@ -59,6 +67,7 @@ def main() -> int:
     images = bench_local.bench_images("kimi-k2.5", benchmark_photos())
     print(f"{layout.describe()}; {len(images)} photos", flush=True)
     rows: list[dict[str, Any]] = []
+    memories: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data.json"
         data.write_text(json.dumps(perf_input_data([im.data for im in images])))
@@ -78,9 +87,13 @@ def main() -> int:
                         row |= usage_per_request(usage, process_usage(pids), requests)
                         print(json.dumps(row), flush=True)
                         rows.append(row)
-    print_table(rows)
+                    load = argparse.Namespace(**{**vars(args), "seconds": args.load_seconds, "photos": "benchmark"})
+                    memory = {"round": round_index, "arena": arena, "wire": "memory"} | pss_under_load(server, load)
+                    print(json.dumps({k: v for k, v in memory.items() if not k.startswith("sample")}), flush=True)
+                    memories.append(memory)
+    print_table(rows, memories)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"layout": layout.describe(), "photos": len(images), "rows": rows}
+    result = {"layout": layout.describe(), "photos": len(images), "rows": rows, "memory": memories}
     (args.out_dir / "bench_stub_arena.json").write_text(json.dumps(result, indent=2))
     plot(rows, args.out_dir / "bench_stub_arena.png")
     return 0
@@ -90,7 +103,7 @@ def rows_of(rows: list[dict[str, Any]], wire: str, arena: str) -> list[dict[str,
     return [r for r in rows if r["wire"] == wire and r["arena"] == arena]
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
+def print_table(rows: list[dict[str, Any]], memories: list[dict[str, Any]]) -> None:
     print("\n| wire | stub arena | img/s per round | server CPU ms / request per round | median CPU ms "
           "| preprocess stubs' minor faults / request |")  # fmt: skip
     print("|---|---|---|---|---:|---|")
@@ -102,6 +115,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             faults = ", ".join(f"{r['minor_faults_by_process']['kimi_k25_preprocess']:.0f}" for r in mine)
             listed, median = ", ".join(f"{x:.1f}" for x in cpu), statistics.median(cpu)
             print(f"| {wire_name(model, shm)} | {arena} | {rates} | {listed} | {median:.1f} | {faults} |")
+    print("\n| stub arena | peak PSS MiB per round | median PSS MiB per round | requests/s per round |")
+    print("|---|---|---|---|")
+    for arena in ARENAS:
+        mine = [m for m in memories if m["arena"] == arena]
+        columns = [", ".join(f"{m[key]:.{digits}f}" for m in mine) for key, digits in (
+            ("peak_pss_mib", 0), ("median_pss_mib", 0), ("requests_s", 1))]  # fmt: skip
+        print(f"| {arena} | {' | '.join(columns)} |")
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
