@@ -62,8 +62,8 @@ class ServingDefaults:
     scratch scope (``contract.ServingModel``), so a request's pixel output lands on the pages of
     the last one's, which the stub copied into its shared memory in between: 64 MiB holds a K2.5
     float32 output (37 MiB); larger needs get fresh pages. Measured on the pair of K2.5
-    ensembles (BENCHMARKS.md, "arena"): the preprocess stubs' page faults fell ~85% and the
-    float32 ensemble's server CPU per request 5-17%, at the same peak memory under load; the
+    ensembles (BENCHMARKS.md, "arena"): the preprocess stubs' page faults fell ~90% and the
+    float32 ensemble's server CPU per request 2-18%, at the same peak memory under load; the
     decode stubs stay at 0: a 12 MP photo's decode and resize passes (~64 MiB) did not fit that
     cap, and a cap that holds them adds ~64 MiB a stub. Freed outputs are not recycled (0): a
     stub's outputs leave it as copies, so a free list only adds memory there (the library's 128
