@@ -56,7 +56,7 @@ from ..decode import DecodedImage
 from ..errors import ImageTooLargeError, InvalidRequestError
 from ..kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
 from ..normalize import concatenate_patches
-from ..pipeline import PixelOutput, map_indexed, pixel_values_from_patches, preprocess_decoded
+from ..pipeline import PixelOutput, map_indexed, out_rows, pixel_values_from_patches, preprocess_decoded
 from ..presets import Preset
 from ..sizing import TargetSize, navit_target_size
 from .tensors import as_torch, check_dtype, host_array
@@ -286,21 +286,20 @@ def request_patches(
 ) -> tuple[list[TargetSize], Any]:
     """The NaViT sizes of one request's images and their ``output`` patches, ``(ΣN, 3, p, p)``.
 
-    numpy pixels are written straight into one :func:`~kimi_vision_prep.buffers.scratch` array
-    (in a model's execute: an arena buffer whose pages the next request reuses; no concatenation);
-    other pixels (torch tensors, Pillow images) are preprocessed one by one and concatenated."""
-    targets = map_indexed(lambda image: navit_target_size(image.width, image.height, preset), decoded, "image")
-    if not all(isinstance(image.pixels, np.ndarray) for image in decoded):
-        results = map_indexed(lambda image: preprocess_decoded(image, preset, output=output), decoded, "image")
-        return targets, concatenate_patches([getattr(result, output) for result in results])
-    p = preset.patch_size
-    dtype = np.float32 if output == "pixel_values" else np.uint8
-    pixels = scratch((sum(target.num_patches for target in targets), 3, p, p), dtype)
-    ends = np.cumsum([target.num_patches for target in targets]).tolist()
-    spans = zip(decoded, [0, *ends[:-1]], ends, strict=True)
-    write = lambda span: preprocess_decoded(span[0], preset, output=output, out=pixels[span[1] : span[2]])  # noqa: E731
-    map_indexed(write, spans, "image")
-    return targets, pixels
+    numpy pixels are written straight into their rows (:func:`~kimi_vision_prep.pipeline.out_rows`)
+    of one :func:`~kimi_vision_prep.buffers.scratch` array (in a model's execute: an arena buffer
+    whose pages the next request reuses; no concatenation); other pixels (torch tensors, Pillow
+    images) are preprocessed one by one and concatenated."""
+    pixels = None
+    if all(isinstance(image.pixels, np.ndarray) for image in decoded):
+        count = sum(navit_target_size(image.width, image.height, preset).num_patches for image in decoded)
+        p = preset.patch_size
+        pixels = scratch((count, 3, p, p), np.float32 if output == "pixel_values" else np.uint8)
+    write = lambda pair: preprocess_decoded(pair[0], preset, output=output, out=pair[1])  # noqa: E731
+    results = map_indexed(write, zip(decoded, out_rows(decoded, preset, pixels), strict=True), "image")
+    if pixels is None:
+        pixels = concatenate_patches([getattr(result, output) for result in results])
+    return [result.target for result in results], pixels
 
 
 def pixel_values_from_input(array: Any, patch_size: int) -> Any:
