@@ -180,6 +180,29 @@ def usage_per_request(before: Usage, after: Usage, requests: int) -> dict[str, A
     return {"server_cpu_ms": sum(cpu.values()), "cpu_ms_by_process": cpu, "minor_faults_by_process": faults}
 
 
+def measured_run(  # noqa: PLR0917
+    server: EmbeddedServer,
+    perf_analyzer: Path,
+    model: str,
+    data: Path,
+    concurrency: int,
+    shm: bool,
+    seconds: float,
+    steps: list[str],
+) -> dict[str, Any]:
+    """:func:`run_perf_analyzer`'s row for ``model`` on ``server``, with what the run cost the server:
+    ``steps`` (the models a request passes, :func:`chain`) each split per request by Triton's
+    statistics, and the CPU ms and minor faults per request by process (:func:`usage_per_request`)."""
+    before = {m: model_stats(server.http_url, m) for m in steps}
+    pids = server.process_tree()
+    usage = process_usage(pids)
+    served = run_perf_analyzer(perf_analyzer, server.grpc_url, model, data, concurrency, shm, seconds)
+    after = {m: model_stats(server.http_url, m) for m in steps}
+    requests = after[model]["success"][0] - before[model]["success"][0]
+    served["steps"] = {m: per_request_ms(before[m], after[m]) for m in steps}
+    return served | usage_per_request(usage, process_usage(pids), requests)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--perf-analyzer", type=Path, default=Path(".venv-perf/bin/perf_analyzer"))
@@ -202,16 +225,10 @@ def main() -> int:
                 for shm in (False, True):
                     local = bench_local.throughput(images, "kimi-k2.5", 2, 3, output=MODELS[model])
                     models = chain(model, options)
-                    before = {m: model_stats(server.http_url, m) for m in models}
-                    pids, usage = server.process_tree(), process_usage(server.process_tree())
-                    served = run_perf_analyzer(
-                        args.perf_analyzer, server.grpc_url, model, data, args.concurrency, shm, args.seconds
+                    served = measured_run(
+                        server, args.perf_analyzer, model, data, args.concurrency, shm, args.seconds, models
                     )
-                    after = {m: model_stats(server.http_url, m) for m in models}
-                    steps = {m: per_request_ms(before[m], after[m]) for m in models}
-                    requests = after[model]["success"][0] - before[model]["success"][0]
-                    row = {"model": model, "shm": shm, "in_process_img_s": local, **served, "steps": steps}
-                    row |= usage_per_request(usage, process_usage(pids), requests)
+                    row = {"model": model, "shm": shm, "in_process_img_s": local, **served}
                     row["served_over_in_process"] = served["inferences_s"] / local
                     print(json.dumps(row), flush=True)
                     rows.append(row)

@@ -6,7 +6,7 @@ arena: each request's output lands on the last one's pages) and with ``scratch_c
 (every request's outputs on fresh pages), ``--rounds`` times. Each server gets perf_analyzer
 (gRPC, concurrency 4, the benchmark photos) on the float32 and uint8 wires with system shared
 memory; each row records img/s and, from ``/proc``, the server's CPU ms and minor page faults per
-request by process (``bench_perf_analyzer.process_usage``): the faults show the mechanism, the CPU
+request by process (``bench_perf_analyzer.measured_run``): the faults show the mechanism, the CPU
 time its cost, both steadier than img/s on a shared host. Then the same server gets
 ``bench_load_memory``'s load (gRPC concurrency 16 on ``kimi_k25_vision``, good and bad photos):
 the PSS peak and median of what the arena keeps.
@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_load_memory import pss_under_load
-from bench_perf_analyzer import model_stats, process_usage, run_perf_analyzer, usage_per_request
+from bench_perf_analyzer import measured_run
 from bench_server_malloc import wire_name
 from photos import benchmark_photos
 from plots import saved_axes
@@ -77,14 +77,8 @@ def main() -> int:
                 repository = render_repository(folder, options, defaults, SERVED)
                 with EmbeddedServer(repository) as server:
                     for model, shm in WIRES:
-                        before, pids = model_stats(server.http_url, model), server.process_tree()
-                        usage = process_usage(pids)
-                        served = run_perf_analyzer(
-                            args.perf_analyzer, server.grpc_url, model, data, 4, shm, args.seconds
-                        )
-                        requests = model_stats(server.http_url, model)["success"][0] - before["success"][0]
+                        served = measured_run(server, args.perf_analyzer, model, data, 4, shm, args.seconds, [model])
                         row = {"round": round_index, "arena": arena, "wire": wire_name(model, shm), **served}
-                        row |= usage_per_request(usage, process_usage(pids), requests)
                         print(json.dumps(row), flush=True)
                         rows.append(row)
                     load = argparse.Namespace(**{**vars(args), "seconds": args.load_seconds, "photos": "benchmark"})
