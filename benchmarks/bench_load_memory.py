@@ -8,7 +8,12 @@ INVALID_ARG while the good ones succeed. After ``--warmup`` seconds the PSS
 (``/proc/PID/smaps_rollup``, shared pages counted once) of the whole process tree is sampled every
 ``--every`` seconds for ``--seconds``. Reported: the peak, the median, and the growth (peak of the
 last third minus peak of the first third: a working set swings with what is in flight, a leak
-raises every later peak). The first selection runs three times: as the launcher starts it
+raises every later peak). With each sample, the answers Triton has finished that the load generator
+has not yet received (Triton's success count of the model minus the generator's, read one after
+the other): a float32 answer waiting for its client is held twice by tritonserver's gRPC frontend
+(the response message and its serialized copy, 2 x 37 MiB at the patch cap), so on this 2-core
+host, where the client shares the cores, that backlog is most of tritonserver's memory under load.
+The first selection runs three times: as the launcher starts it
 (jemalloc in tritonserver where the host has it, ``allocator.server_allocator_env``), with glibc's
 malloc everywhere (``LD_PRELOAD=``), and with glibc's retention setting (``allocator.allocator_env``:
 large buffers kept on the heap), so each allocator's cost in memory and its throughput are
@@ -39,6 +44,7 @@ import tritonclient.grpc as grpcclient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_idle_memory import pss_kib
+from bench_perf_analyzer import model_stats
 from bench_server_malloc import ALLOCATORS as SERVER_MALLOCS
 from bench_server_malloc import launcher_environment
 from photos import benchmark_photos, corpus_photos
@@ -111,12 +117,15 @@ def pss_under_load(server: EmbeddedServer, args: argparse.Namespace) -> dict[str
     stop, tally = threading.Event(), Counter[str]()
     items = payloads(args.photos)
     load = threading.Thread(target=keep_loaded, args=(server.grpc_url, args.concurrency, stop, tally, items))
+    answered_before = model_stats(server.http_url, LOADED_MODEL)["success"][0]  # the warm-up's
     load.start()
     time.sleep(args.warmup)
     start, served_before = time.monotonic(), sum(tally.values())
-    samples, times = [], []
+    samples, times, waiting = [], [], []
     while time.monotonic() - start < args.seconds:
         samples.append(sum(pss_kib(pid) for pid in server.process_tree()) / KIB)
+        answered = model_stats(server.http_url, LOADED_MODEL)["success"][0] - answered_before
+        waiting.append(answered - tally["good ok"])
         times.append(time.monotonic() - start)
         time.sleep(args.every)
     rate = (sum(tally.values()) - served_before) / (time.monotonic() - start)
@@ -130,8 +139,11 @@ def pss_under_load(server: EmbeddedServer, args: argparse.Namespace) -> dict[str
         "median_pss_mib": statistics.median(samples),
         "growth_mib": max(samples[-third:]) - max(samples[:third]),
         "requests_s": rate,
+        "answers_waiting_median": statistics.median(waiting),
+        "answers_waiting_max": max(waiting),
         "outcomes": dict(tally),
         "samples_mib": samples,
+        "sample_answers_waiting": waiting,
         "sample_times_s": times,
     }
 
@@ -159,13 +171,17 @@ def main() -> int:
             row = {"selection": selection, "allocator": allocator, **loaded_pss(options, SELECTIONS[selection], args)}
         print(json.dumps({k: v for k, v in row.items() if not k.startswith("sample")}), flush=True)
         rows.append(row)
-    print("\n| served | malloc | models | processes | peak PSS MiB | median | growth MiB | requests/s | outcomes |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "\n| served | malloc | models | processes | peak PSS MiB | median | growth MiB | requests/s "
+        "| answers waiting for the client: median / max | outcomes |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(r["outcomes"].items()))
         print(
             f"| {r['selection']} | {r['allocator']} | {r['models']} | {r['processes']} | {r['peak_pss_mib']:.0f} | "
-            f"{r['median_pss_mib']:.0f} | {r['growth_mib']:+.0f} | {r['requests_s']:.1f} | {outcomes} |"
+            f"{r['median_pss_mib']:.0f} | {r['growth_mib']:+.0f} | {r['requests_s']:.1f} | "
+            f"{r['answers_waiting_median']:.0f} / {r['answers_waiting_max']:.0f} | {outcomes} |"
         )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     result = {"layout": layout.describe(), "concurrency": args.concurrency, "photos": args.photos, "rows": rows}

@@ -7,14 +7,19 @@ plus the peer a Triton user would write instead: the plain reference processor i
 bench-only repository. perf_analyzer (from the ``tritonclient==2.41.0`` wheel in its own venv,
 ``make perf-analyzer``) sends the benchmark photos (``photos.benchmark_photos``, ``kimi-prep
 perf-data``), gRPC, at ``--concurrency`` (default 4), with and without system shared memory, to
-each model. In-process: the library on 2 threads producing the same output, measured right before
-each row (same load on the host). Triton's statistics of each model the request passes (the
+each model. In-process: the library on 2 threads producing the same output. Each row is
+``--rounds`` pairs of one in-process round and one perf_analyzer run, alternating, so that a slow
+spell of a shared host falls on both sides of a ratio (the VM this was built on moved 30-50%
+between minutes); the row reports each pair's ratio, their median and range, and the pair of the
+median ratio in full. A second ratio, in-process CPU ms per image over the server's CPU ms per
+request, says the same where both saturate the host and moves less with another tenant's load
+(it slows a process, it adds less to its CPU time). Triton's statistics of each model the request passes (the
 ensemble and its steps) split the server time into queue / compute_input / compute_infer /
 compute_output per request; ``/proc`` gives the server's CPU ms and minor page faults per request,
 by process (tritonserver, each model's stubs).
 
     .venv/bin/python benchmarks/bench_perf_analyzer.py --perf-analyzer .venv-perf/bin/perf_analyzer
-        [--concurrency 4] [--seconds 5] [--models ...] [--out-dir bench_results]
+        [--concurrency 4] [--seconds 5] [--rounds 3] [--models ...] [--out-dir bench_results]
 
 Writes ``bench_perf_analyzer.json`` and ``.png`` and prints Markdown tables.
 """
@@ -27,12 +32,15 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -48,8 +56,7 @@ from kimi_vision_prep.serving.render_blocks import IMAGE_BYTES_INPUT, SERVING_DE
 from kimi_vision_prep.serving.repository import RenderOptions, default_model_names, render_repository, repository_models
 
 PEER = "reference_k25_vision"
-# model -> the in-process output it is compared with (the peer: with ours producing the same float32);
-# in-process is bench_local.throughput on 2 threads, best of 3 rounds.
+# model -> the in-process output it is compared with (the peer: with ours producing the same float32).
 MODELS = {
     "kimi_k25_vision": "pixel_values",
     "kimi_k25_vision_u8": "pixel_patches",
@@ -203,11 +210,42 @@ def measured_run(  # noqa: PLR0917
     return served | usage_per_request(usage, process_usage(pids), requests)
 
 
+def paired_row(  # noqa: PLR0917
+    server: EmbeddedServer,
+    images: list[bench_local.BenchImage],
+    data: Path,
+    model: str,
+    shm: bool,
+    options: RenderOptions,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """``args.rounds`` pairs of one in-process round (:func:`bench_local.timed_rounds`, 2 threads)
+    and one :func:`measured_run`, alternating: the pair of the median ratio in full, and each pair's
+    img/s, ratio and CPU ratio (in-process CPU ms per image / server CPU ms per request)."""
+    pairs = []
+    for _ in range(args.rounds):
+        ((local_img_s, local_cpu_ms),) = bench_local.timed_rounds(images, "kimi-k2.5", 2, 1, output=MODELS[model])
+        served = measured_run(
+            server, args.perf_analyzer, model, data, args.concurrency, shm, args.seconds, chain(model, options)
+        )
+        pairs.append({"in_process_img_s": local_img_s, "in_process_cpu_ms": local_cpu_ms, **served})
+        pairs[-1]["served_over_in_process"] = served["inferences_s"] / local_img_s
+        pairs[-1]["cpu_ratio"] = local_cpu_ms / served["server_cpu_ms"]
+    ratios = [pair["served_over_in_process"] for pair in pairs]
+    median = pairs[ratios.index(statistics.median_low(ratios))]
+    keys = ("inferences_s", "in_process_img_s", "served_over_in_process", "in_process_cpu_ms", "server_cpu_ms")
+    return median | {
+        "cpu_ratio": statistics.median(pair["cpu_ratio"] for pair in pairs),
+        "pairs": [{key: pair[key] for key in (*keys, "cpu_ratio")} for pair in pairs],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--perf-analyzer", type=Path, default=Path(".venv-perf/bin/perf_analyzer"))
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3, help="in-process / served pairs per row")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
@@ -223,13 +261,7 @@ def main() -> int:
         with EmbeddedServer(repository) as server:
             for model in args.models:
                 for shm in (False, True):
-                    local = bench_local.throughput(images, "kimi-k2.5", 2, 3, output=MODELS[model])
-                    models = chain(model, options)
-                    served = measured_run(
-                        server, args.perf_analyzer, model, data, args.concurrency, shm, args.seconds, models
-                    )
-                    row = {"model": model, "shm": shm, "in_process_img_s": local, **served}
-                    row["served_over_in_process"] = served["inferences_s"] / local
+                    row = {"model": model, "shm": shm, **paired_row(server, images, data, model, shm, options, args)}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     print_tables(rows)
@@ -242,15 +274,16 @@ def main() -> int:
 
 def print_tables(rows: list[dict[str, Any]]) -> None:
     print(
-        "\n| model | shm | perf_analyzer img/s | in-process img/s | served / in-process | p50 / p99 ms "
-        "| server CPU ms / request |"
+        "\n| model | shm | perf_analyzer img/s | in-process img/s | served / in-process: median (each pair) "
+        "| CPU ratio | p50 / p99 ms | server CPU ms / request | in-process CPU ms / image |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
+        each = ", ".join(f"{pair['served_over_in_process']:.2f}" for pair in r["pairs"])
         print(
             f"| {r['model']} | {'system' if r['shm'] else 'no'} | {r['inferences_s']:.1f} | "
-            f"{r['in_process_img_s']:.1f} | {r['served_over_in_process']:.2f}x | "
-            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} | {r['server_cpu_ms']:.1f} |"
+            f"{r['in_process_img_s']:.1f} | {r['served_over_in_process']:.2f}x ({each}) | {r['cpu_ratio']:.2f}x | "
+            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} | {r['server_cpu_ms']:.1f} | {r['in_process_cpu_ms']:.1f} |"
         )
     print("\n| model | shm | process | CPU ms / request | minor faults / request |")
     print("|---|---|---|---:|---:|")
@@ -269,12 +302,19 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Per row: the median throughput ratio with its pairs' range, and the CPU ratio beside it."""
     labels = [f"{r['model'].removeprefix('kimi_k25_')}\n{'shm' if r['shm'] else 'no shm'}" for r in rows]
+    x = np.arange(len(rows))
+    medians = np.array([r["served_over_in_process"] for r in rows])
+    spans = [[pair["served_over_in_process"] for pair in r["pairs"]] for r in rows]
+    errors = [medians - [min(span) for span in spans], [max(span) for span in spans] - medians]
     with saved_axes(path, (12, 4.5)) as ax:
-        ax.bar(labels, [r["served_over_in_process"] for r in rows])
+        ax.bar(x - 0.2, medians, 0.4, yerr=errors, capsize=3, label="img/s ratio (median, range of pairs)")
+        ax.bar(x + 0.2, [r["cpu_ratio"] for r in rows], 0.4, label="CPU ratio (in-process / server ms)")
         ax.axhline(0.8, color="grey", linestyle="--", label="0.8x target")
-        ax.set_ylabel("perf_analyzer img/s / in-process img/s")
-        ax.set_title("default kimi-prep serve, gRPC")
+        ax.set_xticks(x, labels)
+        ax.set_ylabel("served / in-process")
+        ax.set_title("default kimi-prep serve, perf_analyzer gRPC, pairs alternating")
         ax.legend()
 
 

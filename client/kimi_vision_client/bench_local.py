@@ -157,16 +157,26 @@ def throughput(
 ) -> float:
     """Images/s of ``preprocess_bytes`` producing ``output`` over the image set on ``threads``
     threads (one warm-up round, then the best of ``rounds``)."""
+    return max(rate for rate, _ in timed_rounds(images, preset_name, threads, rounds, output))
+
+
+def timed_rounds(
+    images: list[BenchImage], preset_name: str, threads: int, rounds: int, output: PixelOutput = "pixel_values"
+) -> list[tuple[float, float]]:
+    """(images/s, CPU ms per image) of each of ``rounds`` rounds of ``preprocess_bytes`` producing
+    ``output`` over the image set on ``threads`` threads, after one warm-up round. The CPU time is
+    this process's (every thread, numba's and the decoders' included)."""
     decoder = ImageDecoder(pool_size=threads)
     work = lambda im: preprocess_bytes(im.data, preset_name, decoder=decoder, output=output)  # noqa: E731
-    best = 0.0
+    measured = []
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(work, images))
         for _ in range(rounds):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             list(pool.map(work, images))
-            best = max(best, len(images) / (time.perf_counter() - start))
-    return best
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+            measured.append((len(images) / wall, 1e3 * cpu / len(images)))
+    return measured
 
 
 def batch_throughput(images: list[BenchImage], preset_name: str, rounds: int) -> dict[str, Any]:
