@@ -13,6 +13,7 @@ has not yet received (Triton's success count of the model minus the generator's,
 the other): a float32 answer waiting for its client is held twice by tritonserver's gRPC frontend
 (the response message and its serialized copy, 2 x 37 MiB at the patch cap), so on this 2-core
 host, where the client shares the cores, that backlog is most of tritonserver's memory under load.
+The load generator's own CPU ms per request (this process's) says how much of the host it takes.
 The first selection runs three times: as the launcher starts it
 (jemalloc in tritonserver where the host has it, ``allocator.server_allocator_env``), with glibc's
 malloc everywhere (``LD_PRELOAD=``), and with glibc's retention setting (``allocator.allocator_env``:
@@ -120,7 +121,7 @@ def pss_under_load(server: EmbeddedServer, args: argparse.Namespace) -> dict[str
     answered_before = model_stats(server.http_url, LOADED_MODEL)["success"][0]  # the warm-up's
     load.start()
     time.sleep(args.warmup)
-    start, served_before = time.monotonic(), sum(tally.values())
+    start, served_before, cpu_before = time.monotonic(), sum(tally.values()), time.process_time()
     samples, times, waiting = [], [], []
     while time.monotonic() - start < args.seconds:
         samples.append(sum(pss_kib(pid) for pid in server.process_tree()) / KIB)
@@ -128,7 +129,8 @@ def pss_under_load(server: EmbeddedServer, args: argparse.Namespace) -> dict[str
         waiting.append(answered - tally["good ok"])
         times.append(time.monotonic() - start)
         time.sleep(args.every)
-    rate = (sum(tally.values()) - served_before) / (time.monotonic() - start)
+    requests = sum(tally.values()) - served_before
+    rate, load_cpu_s = requests / (time.monotonic() - start), time.process_time() - cpu_before
     stop.set()
     load.join()
     third = max(len(samples) // 3, 1)
@@ -139,6 +141,7 @@ def pss_under_load(server: EmbeddedServer, args: argparse.Namespace) -> dict[str
         "median_pss_mib": statistics.median(samples),
         "growth_mib": max(samples[-third:]) - max(samples[:third]),
         "requests_s": rate,
+        "load_cpu_ms_per_request": 1e3 * load_cpu_s / max(requests, 1),
         "answers_waiting_median": statistics.median(waiting),
         "answers_waiting_max": max(waiting),
         "outcomes": dict(tally),
@@ -173,15 +176,16 @@ def main() -> int:
         rows.append(row)
     print(
         "\n| served | malloc | models | processes | peak PSS MiB | median | growth MiB | requests/s "
-        "| answers waiting for the client: median / max | outcomes |"
+        "| answers waiting for the client: median / max | load generator CPU ms / request | outcomes |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(r["outcomes"].items()))
         print(
             f"| {r['selection']} | {r['allocator']} | {r['models']} | {r['processes']} | {r['peak_pss_mib']:.0f} | "
             f"{r['median_pss_mib']:.0f} | {r['growth_mib']:+.0f} | {r['requests_s']:.1f} | "
-            f"{r['answers_waiting_median']:.0f} / {r['answers_waiting_max']:.0f} | {outcomes} |"
+            f"{r['answers_waiting_median']:.0f} / {r['answers_waiting_max']:.0f} | "
+            f"{r['load_cpu_ms_per_request']:.1f} | {outcomes} |"
         )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     result = {"layout": layout.describe(), "concurrency": args.concurrency, "photos": args.photos, "rows": rows}

@@ -303,7 +303,8 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Per row: the median throughput ratio with its pairs' range, and the CPU ratio beside it."""
-    labels = [f"{r['model'].removeprefix('kimi_k25_')}\n{'shm' if r['shm'] else 'no shm'}" for r in rows]
+    names = [r["model"].removeprefix("kimi_k25_") if r["model"] != PEER else "peer" for r in rows]
+    labels = [f"{name}\n{'shm' if r['shm'] else 'no shm'}" for name, r in zip(names, rows, strict=True)]
     x = np.arange(len(rows))
     medians = np.array([r["served_over_in_process"] for r in rows])
     spans = [[pair["served_over_in_process"] for pair in r["pairs"]] for r in rows]
@@ -312,7 +313,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.bar(x - 0.2, medians, 0.4, yerr=errors, capsize=3, label="img/s ratio (median, range of pairs)")
         ax.bar(x + 0.2, [r["cpu_ratio"] for r in rows], 0.4, label="CPU ratio (in-process / server ms)")
         ax.axhline(0.8, color="grey", linestyle="--", label="0.8x target")
-        ax.set_xticks(x, labels)
+        ax.set_xticks(x, labels, fontsize=8)
         ax.set_ylabel("served / in-process")
         ax.set_title("default kimi-prep serve, perf_analyzer gRPC, pairs alternating")
         ax.legend()
