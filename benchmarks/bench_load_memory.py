@@ -118,7 +118,8 @@ def pss_under_load(server: EmbeddedServer, args: argparse.Namespace) -> dict[str
     stop, tally = threading.Event(), Counter[str]()
     items = payloads(args.photos)
     load = threading.Thread(target=keep_loaded, args=(server.grpc_url, args.concurrency, stop, tally, items))
-    answered_before = model_stats(server.http_url, LOADED_MODEL)["success"][0]  # the warm-up's
+    # Triton's count starts with the server's own warm-up requests.
+    answered_before = model_stats(server.http_url, LOADED_MODEL)["success"][0]
     load.start()
     time.sleep(args.warmup)
     start, served_before, cpu_before = time.monotonic(), sum(tally.values()), time.process_time()

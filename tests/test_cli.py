@@ -424,7 +424,7 @@ def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: P
 
 def test_timed_rounds_gives_each_rounds_rate_and_cpu_per_image(corpus: Path) -> None:
     """bench_perf_analyzer pairs one such round with each served run: one (img/s, CPU ms per image)
-    per round, after a warm-up round; throughput is the best rate of them."""
+    per round, after a warm-up round."""
     images = bench_local.bench_images("kimi-k2.5", [(p.name, p.read_bytes()) for p in (corpus / "pil__iptc.jpg",)])
     rounds = bench_local.timed_rounds(images, "kimi-k2.5", 2, 2, output="pixel_patches")
     assert len(rounds) == 2 and all(rate > 0 and cpu_ms > 0 for rate, cpu_ms in rounds)
