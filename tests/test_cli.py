@@ -6,6 +6,7 @@ Expected arrays are recomputed here with ``kimi_vision_prep.preprocess_bytes`` o
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -419,6 +420,7 @@ def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: P
     assert {"ours_over_floor", "ours_over_decode", "decode_over_floor"} <= set(result["summary"]["all"])
     batch = result["summary"]["batch"]
     assert len(batch["round_ratios"]) == bench_local.BATCH_ROUNDS and min(batch["round_ratios"]) > 0  # one per round
+    assert batch["default_over_single_thread"] == statistics.median(batch["round_ratios"])  # the paired figure
     assert {p["size"] for p in result["profile"]} == {"1080p", "9 MP", "12 MP"}
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, uint8, uint64
 
 # Outcome codes of _scan: module-level ints (numba reads them as compile-time constants), each an
 # index into SCAN_REASONS.
@@ -50,6 +50,32 @@ SCAN_REASONS = (
 # SOF markers libjpeg-turbo's DCT decoder handles and nvImageCodec decodes like Pillow:
 # baseline, extended and progressive Huffman, extended and progressive arithmetic.
 _FAST_SOF = (0xC0, 0xC1, 0xC2, 0xC9, 0xCA)
+
+
+# Bytes per block of :func:`_next_ff`'s skip: entropy-coded data has a 0xFF about every 256 bytes.
+_FF_BLOCK = 64
+
+
+@njit(cache=True, nogil=True)
+def _next_ff(buf: np.ndarray, pos: int) -> int:
+    """The index of the first 0xFF byte of ``buf`` (uint8) at or after ``pos``, or ``len(buf)``.
+
+    Blocks without one are skipped by a max over the block, which LLVM vectorises: 2.5-3x faster
+    than a byte-by-byte test over the benchmark photos. Unsigned indices (numba wraps a signed
+    one, which keeps a loop scalar) and a block end that is not a constant (a constant trip count
+    is unrolled into scalar code before the vectoriser sees it)."""
+    n, at = uint64(buf.shape[0]), uint64(pos)
+    while at < n:
+        end = min(at + uint64(_FF_BLOCK), n)
+        block_max = uint8(0)
+        for k in range(at, end):
+            block_max = max(block_max, buf[k])
+        if block_max == 0xFF:
+            break
+        at = end
+    while at < n and buf[at] != 0xFF:
+        at += uint64(1)
+    return np.int64(at)
 
 
 @njit(cache=True, nogil=True)
@@ -125,11 +151,9 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
             scans += 1
             next_rst = 0
             while True:
+                pos = _next_ff(buf, pos)
                 if pos >= n:
                     return TRUNCATED, sof, precision, height, width, comps, scans
-                if buf[pos] != 0xFF:
-                    pos += 1
-                    continue
                 # 0xFF: stuffed zero, restart marker, fill bytes, or the marker ending the scan.
                 q = pos + 1
                 while q < n and buf[q] == 0xFF:
