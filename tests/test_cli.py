@@ -421,6 +421,7 @@ def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: P
     batch = result["summary"]["batch"]
     assert len(batch["round_ratios"]) == bench_local.BATCH_ROUNDS and min(batch["round_ratios"]) > 0  # one per round
     assert batch["default_over_single_thread"] == statistics.median(batch["round_ratios"])  # the paired figure
+    assert len(batch["ceiling_round_ratios"]) == bench_local.BATCH_ROUNDS and min(batch["ceiling_round_ratios"]) > 0
     assert {p["size"] for p in result["profile"]} == {"1080p", "9 MP", "12 MP"}
 
 

@@ -19,6 +19,7 @@ photos, and ``benchmarks/bench_local_corpus.py`` runs it on the test corpus agai
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import statistics
@@ -185,26 +186,49 @@ def batch_throughput(images: list[BenchImage], preset_name: str, rounds: int) ->
     alternate within each round (after one warm-up round of each), so a slow spell of a noisy
     host falls on both rather than on one's whole series. ``default_over_single_thread`` is the
     median of the rounds' ratios (``round_ratios``), as the served/in-process pairs are: the two
-    best rounds came from different rounds, so their ratio measured the host's luck too."""
+    best rounds came from different rounds, so their ratio measured the host's luck too.
+
+    Each round also times the host's own ceiling: the floor decoder (:func:`fastest_exact_decode`,
+    no shared state) over the set on one thread and on numba's thread count
+    (``ceiling_round_ratios``, median ``ceiling_over_single_thread``). On a VM whose single-thread
+    speed wanders it is the figure the batch ratio reads against."""
     items = [im.data for im in images]
     threads = numba.get_num_threads()
     runs = {"single_thread": (ImageDecoder(decoder_threads=1), 1, 1), "default": (ImageDecoder(), None, threads)}
-    rates: dict[str, list[float]] = {name: [] for name in runs}
+    rates: dict[str, list[float]] = {name: [] for name in (*runs, "ceiling_1", "ceiling_n")}
     try:
-        for round_index in range(rounds + 1):
-            for name, (decoder, workers, numba_threads) in runs.items():
-                numba.set_num_threads(numba_threads)
-                start = time.perf_counter()
-                preprocess_batch(items, preset_name, decoder=decoder, workers=workers)
+        with ThreadPoolExecutor(threads) as decode_pool:
+            for round_index in range(rounds + 1):
+                timed = {}
+                for name, (decoder, workers, numba_threads) in runs.items():
+                    numba.set_num_threads(numba_threads)
+                    batch = functools.partial(preprocess_batch, items, preset_name, decoder=decoder, workers=workers)
+                    timed[name] = _rate(len(items), batch)
+                timed["ceiling_1"] = _rate(len(images), lambda: [fastest_exact_decode(im) for im in images])
+                timed["ceiling_n"] = _rate(len(images), lambda: list(decode_pool.map(fastest_exact_decode, images)))
                 if round_index:
-                    rates[name].append(len(items) / (time.perf_counter() - start))
+                    for name, rate in timed.items():
+                        rates[name].append(rate)
     finally:
         numba.set_num_threads(threads)
-    result: dict[str, Any] = {f"{name}_img_s": max(series) for name, series in rates.items()}
-    result["round_ratios"] = [d / s for d, s in zip(rates["default"], rates["single_thread"], strict=True)]
+    result: dict[str, Any] = {f"{name}_img_s": max(rates[name]) for name in runs}
+    result["round_ratios"] = _ratios(rates["default"], rates["single_thread"])
     result["default_over_single_thread"] = statistics.median(result["round_ratios"])
     result["best_over_best"] = result["default_img_s"] / result["single_thread_img_s"]
+    result["ceiling_round_ratios"] = _ratios(rates["ceiling_n"], rates["ceiling_1"])
+    result["ceiling_over_single_thread"] = statistics.median(result["ceiling_round_ratios"])
     return result
+
+
+def _rate(count: int, fn: Callable[[], Any]) -> float:
+    """``count`` items / the seconds ``fn()`` took."""
+    start = time.perf_counter()
+    fn()
+    return count / (time.perf_counter() - start)
+
+
+def _ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
+    return [n / d for n, d in zip(numerators, denominators, strict=True)]
 
 
 PROFILE_PIXELS = {"1080p": 1920 * 1080, "9 MP": 9_000_000, "12 MP": 12_000_000}
@@ -373,6 +397,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"preprocess_batch: {batch['single_thread_img_s']:.1f} img/s single-thread, {batch['default_img_s']:.1f} img/s "
         f"default (median of the rounds {batch['default_over_single_thread']:.2f}x: "
         f"{', '.join(f'{r:.2f}x' for r in batch['round_ratios'])}; best over best {batch['best_over_best']:.2f}x)"
+    )
+    print(
+        f"the host's ceiling, the floor decoder on {numba.get_num_threads()} threads over 1, same rounds: median "
+        f"{batch['ceiling_over_single_thread']:.2f}x: {', '.join(f'{r:.2f}x' for r in batch['ceiling_round_ratios'])}"
     )
 
 
