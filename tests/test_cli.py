@@ -5,6 +5,7 @@ Expected arrays are recomputed here with ``kimi_vision_prep.preprocess_bytes`` o
 
 from __future__ import annotations
 
+import io
 import json
 import statistics
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from kimi_vision_client import bench_local, cli
 from kimi_vision_client.samples import sample_images
@@ -423,6 +425,18 @@ def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: P
     assert batch["default_over_single_thread"] == statistics.median(batch["round_ratios"])  # the paired figure
     assert len(batch["ceiling_round_ratios"]) == bench_local.BATCH_ROUNDS and min(batch["ceiling_round_ratios"]) > 0
     assert {p["size"] for p in result["profile"]} == {"1080p", "9 MP", "12 MP"}
+
+
+def test_bench_floor_is_the_one_exact_decoder_that_takes_the_file(corpus: Path) -> None:
+    """The floor of a JPEG simplejpeg's strict mode refuses (libjpeg warns of extraneous bytes) is
+    Pillow alone, not a refused simplejpeg attempt and then Pillow; a clean one is simplejpeg. Both
+    give Pillow's RGB pixels."""
+    names = ("imagers__extraneous-bytes-after-sos.jpg", "pil__iptc.jpg")
+    images = bench_local.bench_images("kimi-k2.5", [(name, (corpus / name).read_bytes()) for name in names])
+    assert [im.floor for im in images] == ["pillow", "simplejpeg"]
+    for im in images:
+        expected = np.asarray(Image.open(io.BytesIO(im.data)).convert("RGB"))
+        np.testing.assert_array_equal(bench_local.fastest_exact_decode(im), expected)
 
 
 def test_timed_rounds_gives_each_rounds_rate_and_cpu_per_image(corpus: Path) -> None:

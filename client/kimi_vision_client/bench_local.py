@@ -54,6 +54,7 @@ class BenchImage:
     height: int
     image_class: str  # "no-resize" | "downscale"
     synthetic: bool
+    floor: str  # the fastest exact single-thread decoder of the file: "simplejpeg" | "pillow"
 
 
 @dataclass
@@ -94,9 +95,10 @@ def plain_preprocess(data: bytes, preset_name: str) -> np.ndarray:
 
 
 def fastest_exact_decode(im: BenchImage) -> np.ndarray:
-    """The floor: RGB pixels by the fastest single-thread decoder exact for the file (simplejpeg,
-    :func:`~kimi_vision_prep.decode.decode_simplejpeg`, else Pillow), nothing else."""
-    pixels = decode_simplejpeg(im.data, im.width, im.height)
+    """The floor: RGB pixels by the fastest single-thread decoder exact for the file (``im.floor``:
+    simplejpeg, :func:`~kimi_vision_prep.decode.decode_simplejpeg`, where its strict mode takes the
+    file, else Pillow), nothing else: not the attempt of a decoder that refuses the file."""
+    pixels = decode_simplejpeg(im.data, im.width, im.height) if im.floor == "simplejpeg" else None
     return pixels if pixels is not None else pillow_rgb(im.data)
 
 
@@ -126,7 +128,8 @@ def bench_images(preset_name: str, sources: Sequence[tuple[str, bytes]] | None =
         width, height = Image.open(io.BytesIO(data)).size
         target = navit_target_size(width, height, preset)
         image_class = "downscale" if target.needs_resize else "no-resize"
-        images.append(BenchImage(name, data, width, height, image_class, synthetic))
+        floor = "pillow" if decode_simplejpeg(data, width, height) is None else "simplejpeg"
+        images.append(BenchImage(name, data, width, height, image_class, synthetic, floor))
     return images
 
 
