@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(CUDA_EXTRA)
 
 .PHONY: setup test serve repository demo lint bench perf-analyzer soak fuzz clean
 
-$(STAMP): pyproject.toml backend_src/kimi_vision_prep/_libjpeg.c
+$(STAMP): pyproject.toml backend_src/kimi_vision_prep/_libjpeg.c backend_src/kimi_vision_prep/_triton_patchify.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# torch first and pinned: the CPU build (a plain `torch` pulls several GB of CUDA).

@@ -5,13 +5,16 @@ wheel ``nvidia-pytriton`` ships tritonserver 2.51 with the Python backend (it ru
 backend directory is laid out once in a cache dir (``$XDG_CACHE_HOME/kimi_vision_prep/triton`` or
 ``~/.cache/kimi_vision_prep/triton``) with the Python stub matching the running interpreter, and
 the environment is set so that stub loads this interpreter's libpython and this venv's packages.
-There tritonserver runs with jemalloc where the host has it (``allocator.server_allocator_env``),
-and the stubs start through :data:`STUB_WRAPPER`, which keeps it out of them.
+The C backend ``kimi_patchify`` (``_triton_patchify.c``, built with the package) is laid out
+next to it (:func:`patchify_library`). There tritonserver runs with jemalloc where the host has
+it (``allocator.server_allocator_env``), and the stubs start through :data:`STUB_WRAPPER`, which
+keeps it out of them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -25,6 +28,7 @@ from ..host import codec_env
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../kimi_vision_prep
 STUB = "triton_python_backend_stub"
+PATCHIFY_BACKEND = "kimi_patchify"
 # The Python backend runs <backends>/python/triton_python_backend_stub; this script stands there and
 # runs the real stub (in bin/, under its own name, which the watchdog looks for) without the
 # entries of tritonserver's environment that are its own (allocator.SERVER_ONLY_ENV).
@@ -74,18 +78,28 @@ def _stub_env(env: dict[str, str]) -> None:
     env.setdefault("NUMBA_CACHE_DIR", str(cache_root() / "numba"))
 
 
+def patchify_library() -> Path:
+    """The built ``kimi_patchify`` backend: the package's ``_triton_patchify`` extension (a plain
+    shared object; Triton loads it as ``libtriton_kimi_patchify.so``)."""
+    spec = importlib.util.find_spec(f"{PACKAGE_ROOT.name}._triton_patchify")  # found, not imported
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the kimi_patchify backend is not built: reinstall the package (`make setup`)")
+    return Path(spec.origin)
+
+
 def _layout_embedded_backends(pytriton_dir: Path) -> Path:
-    """``<cache>/<version>/backends/python/`` with the backend library, utils, the matching stub (in
-    ``bin/``) and :data:`STUB_WRAPPER` in the stub's place."""
+    """``<cache>/<version>/backends/`` with ``python/`` (the backend library, utils, the matching
+    stub in ``bin/`` and :data:`STUB_WRAPPER` in the stub's place) and ``kimi_patchify/``."""
     version = f"py{sys.version_info.major}.{sys.version_info.minor}"
     stub = pytriton_dir / "tritonserver" / "python_backend_stubs" / version[2:] / STUB
     if not stub.exists():
         raise RuntimeError(f"nvidia-pytriton has no Python backend stub for Python {version[2:]} ({stub})")
     source = pytriton_dir / "tritonserver" / "backends" / "python"
-    files = {
-        "libtriton_python.so": source / "libtriton_python.so",
-        "triton_python_backend_utils.py": source / "triton_python_backend_utils.py",
-        f"bin/{STUB}": stub,
+    files = {  # path under backends/ -> its source
+        "python/libtriton_python.so": source / "libtriton_python.so",
+        "python/triton_python_backend_utils.py": source / "triton_python_backend_utils.py",
+        f"python/bin/{STUB}": stub,
+        f"{PATCHIFY_BACKEND}/libtriton_{PATCHIFY_BACKEND}.so": patchify_library(),
     }
     stamp = "|".join([*(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files.values()), STUB_WRAPPER])
     backends = cache_dir() / f"{version}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}" / "backends"
@@ -93,9 +107,9 @@ def _layout_embedded_backends(pytriton_dir: Path) -> Path:
         return backends
     backends.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="backends.", dir=backends.parent))
-    (staging / "python" / "bin").mkdir(parents=True)
     for name, path in files.items():
-        shutil.copy2(path, staging / "python" / name)
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, staging / name)
     wrapper = staging / "python" / STUB
     wrapper.write_text(STUB_WRAPPER)
     wrapper.chmod(0o755)

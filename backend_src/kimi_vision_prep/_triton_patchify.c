@@ -1,0 +1,609 @@
+/* kimi_patchify: a Triton backend (C API) that pads, normalises and patchifies decoded RGB images.
+ *
+ * The last step of the kimi_*_vision ensembles on CPU hosts (serving/repository.py renders it as
+ * kimi_*_patchify). It runs inside tritonserver: no Python stub, so the decoded image is read
+ * where the decode step's output lies and the pixels are written straight into the buffer Triton
+ * hands out (the ensemble's, or the client's shared-memory region), where the Python preprocess
+ * step copied its input into and its 37 MiB float32 output out of the stub's shared memory
+ * (BENCHMARKS.md, "patchify").
+ *
+ * Inputs (one request = one batch row, max_batch_size >= 1):
+ *   IMAGE         uint8 [1, L]: K RGB images, flat (serving/requests.py: the decode step's layout)
+ *   IMAGE_SHAPES  int64 [1, K, 4]: height, width, channels (3), offset into IMAGE
+ * Outputs, each computed only when requested:
+ *   PIXEL_VALUES  float32 [1, N, 3, p, p]: normalize_table(mean, std)[pixel, c], zero pixels as
+ *                 padding to a multiple of merge_kernel_size * patch_size (normalize.write_patches)
+ *   PIXEL_PATCHES uint8 [1, N, 3, p, p]: the same patches before the lookup
+ *   GRID_THW      int64 [1, K, 3]: (1, grid_h, grid_w);  NUM_TOKENS int32 [1, K]
+ * Parameters: the preset block every kimi model gets (patch_size, merge_kernel_size, image_mean,
+ * image_std, patch_limit_on_one_side, in_patch_limit) and max_images_per_request.
+ *
+ * The images are taken at the size they come in (the decode step sends their NaViT size; this
+ * step does not resize). Bounds, so that no request can make it write more than a preset's
+ * budget allows: each side at most patch_limit_on_one_side patches after padding, and at most
+ * 2 * in_patch_limit patches an image (a NaViT size has up to ~1.07x the budget after padding,
+ * tests/test_patchify_backend.py). A bad request gets its own error, tagged with the class of
+ * kimi_vision_prep.errors that error_from_served turns it back into, with that class's Triton code.
+ *
+ * The Triton API is declared here (the functions this file calls, as tritonserver.h and
+ * tritonbackend.h of API 1.x declare them) and weak: the shared object then also loads outside
+ * tritonserver (ctypes, for the kernel tests), and TRITONBACKEND_Initialize refuses a server
+ * that lacks one of them. Inside tritonserver they bind to its libtritonserver.
+ */
+
+#define _GNU_SOURCE /* memmem */
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ----------------------------------------------------------------------- the Triton C API (1.x) */
+
+typedef struct TRITONSERVER_Error TRITONSERVER_Error;
+typedef struct TRITONSERVER_Message TRITONSERVER_Message;
+typedef struct TRITONBACKEND_Backend TRITONBACKEND_Backend;
+typedef struct TRITONBACKEND_Model TRITONBACKEND_Model;
+typedef struct TRITONBACKEND_ModelInstance TRITONBACKEND_ModelInstance;
+typedef struct TRITONBACKEND_Request TRITONBACKEND_Request;
+typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
+typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
+typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
+
+typedef enum { TYPE_UINT8 = 2, TYPE_INT32 = 8, TYPE_INT64 = 9, TYPE_FP32 = 11 } DataType;
+typedef enum { MEMORY_CPU = 0, MEMORY_CPU_PINNED = 1, MEMORY_GPU = 2 } MemoryType;
+typedef enum { ERROR_INTERNAL = 1, ERROR_INVALID_ARG = 3 } ErrorCode;
+typedef enum { LOG_INFO = 0, LOG_ERROR = 2 } LogLevel;
+enum { REQUEST_RELEASE_ALL = 1, RESPONSE_COMPLETE_FINAL = 1, BACKEND_API_MAJOR = 1 };
+
+#define WEAK __attribute__((weak))
+WEAK TRITONSERVER_Error *TRITONSERVER_ErrorNew(int code, const char *msg);
+WEAK void TRITONSERVER_ErrorDelete(TRITONSERVER_Error *error);
+WEAK const char *TRITONSERVER_ErrorMessage(TRITONSERVER_Error *error);
+WEAK TRITONSERVER_Error *TRITONSERVER_MessageSerializeToJson(TRITONSERVER_Message *message, const char **base,
+                                                             size_t *byte_size);
+WEAK TRITONSERVER_Error *TRITONSERVER_MessageDelete(TRITONSERVER_Message *message);
+WEAK TRITONSERVER_Error *TRITONSERVER_LogMessage(int level, const char *filename, int line, const char *msg);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ApiVersion(uint32_t *major, uint32_t *minor);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelName(TRITONBACKEND_Model *model, const char **name);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelConfig(TRITONBACKEND_Model *model, uint32_t config_version,
+                                                   TRITONSERVER_Message **model_config);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelState(TRITONBACKEND_Model *model, void **state);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelSetState(TRITONBACKEND_Model *model, void *state);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelInstanceModel(TRITONBACKEND_ModelInstance *instance,
+                                                          TRITONBACKEND_Model **model);
+WEAK TRITONSERVER_Error *TRITONBACKEND_RequestInput(TRITONBACKEND_Request *request, const char *name,
+                                                    TRITONBACKEND_Input **input);
+WEAK TRITONSERVER_Error *TRITONBACKEND_InputProperties(TRITONBACKEND_Input *input, const char **name,
+                                                       int *datatype, const int64_t **shape, uint32_t *dims_count,
+                                                       uint64_t *byte_size, uint32_t *buffer_count);
+WEAK TRITONSERVER_Error *TRITONBACKEND_InputBuffer(TRITONBACKEND_Input *input, uint32_t index, const void **buffer,
+                                                   uint64_t *buffer_byte_size, int *memory_type,
+                                                   int64_t *memory_type_id);
+WEAK TRITONSERVER_Error *TRITONBACKEND_RequestOutputCount(TRITONBACKEND_Request *request, uint32_t *count);
+WEAK TRITONSERVER_Error *TRITONBACKEND_RequestOutputName(TRITONBACKEND_Request *request, uint32_t index,
+                                                         const char **output_name);
+WEAK TRITONSERVER_Error *TRITONBACKEND_RequestRelease(TRITONBACKEND_Request *request, uint32_t release_flags);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ResponseNew(TRITONBACKEND_Response **response, TRITONBACKEND_Request *request);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ResponseOutput(TRITONBACKEND_Response *response, TRITONBACKEND_Output **output,
+                                                      const char *name, int datatype, const int64_t *shape,
+                                                      uint32_t dims_count);
+WEAK TRITONSERVER_Error *TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output *output, void **buffer,
+                                                    uint64_t buffer_byte_size, int *memory_type,
+                                                    int64_t *memory_type_id);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ResponseSend(TRITONBACKEND_Response *response, uint32_t send_flags,
+                                                    TRITONSERVER_Error *error);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelInstanceReportStatistics(TRITONBACKEND_ModelInstance *instance,
+                                                                     TRITONBACKEND_Request *request, bool success,
+                                                                     uint64_t exec_start_ns, uint64_t compute_start_ns,
+                                                                     uint64_t compute_end_ns, uint64_t exec_end_ns);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelInstanceReportBatchStatistics(TRITONBACKEND_ModelInstance *instance,
+                                                                          uint64_t batch_size, uint64_t exec_start_ns,
+                                                                          uint64_t compute_start_ns,
+                                                                          uint64_t compute_end_ns,
+                                                                          uint64_t exec_end_ns);
+
+/* ----------------------------------------------------------------------------------- the kernels */
+
+/* The reference's normalised value of every (value, channel), channel-major (tables[c * 256 + v]):
+ * x = float32(v / 255.0), then x -= mean and x *= 1 / std with float64 operands, each stored
+ * back to float32 (normalize.normalize_table, the same operations in the same order). */
+void kimi_normalize_tables(const double mean[3], const double std[3], float tables[3 * 256]) {
+  for (int c = 0; c < 3; c++) {
+    const double scale = 1.0 / std[c];
+    for (int v = 0; v < 256; v++) {
+      float x = (float)(v / 255.0);
+      x = (float)((double)x - mean[c]);
+      tables[c * 256 + v] = (float)((double)x * scale);
+    }
+  }
+}
+
+/* The uint8 tables of PIXEL_PATCHES: tables[c * 256 + v] = v. */
+static void identity_tables(uint8_t tables[3 * 256]) {
+  for (int c = 0; c < 3; c++)
+    for (int v = 0; v < 256; v++) tables[c * 256 + v] = (uint8_t)v;
+}
+
+/* One kernel for both pixel outputs (T: float or uint8_t): out[gy * grid_w + gx, c, y, x] =
+ * tables[c][image[gy * p + y, gx * p + x, c]], tables[c][0] past the image's edge. One channel
+ * plane of a patch after the other, so each patch is written as one ascending stream; the edge
+ * test is per patch row, the inner loops branch-free (as normalize._patch_row_by_plane). */
+#define WRITE_PATCHES(T)                                                                                   \
+  static void write_patches_##T(const uint8_t *image, size_t height, size_t width, const T *tables, T *out, \
+                                size_t grid_h, size_t grid_w, size_t p) {                                  \
+    for (size_t gy = 0; gy < grid_h; gy++) {                                                               \
+      const size_t y0 = gy * p;                                                                            \
+      const size_t rows = height > y0 ? (height - y0 < p ? height - y0 : p) : 0;                           \
+      for (size_t gx = 0; gx < grid_w; gx++) {                                                             \
+        const size_t x0 = gx * p;                                                                          \
+        const size_t cols = width > x0 ? (width - x0 < p ? width - x0 : p) : 0;                            \
+        T *patch = out + (gy * grid_w + gx) * 3 * p * p;                                                   \
+        for (size_t c = 0; c < 3; c++) {                                                                   \
+          const T *table = tables + c * 256;                                                               \
+          for (size_t y = 0; y < p; y++) {                                                                 \
+            T *o = patch + (c * p + y) * p;                                                                \
+            const size_t filled = y < rows ? cols : 0;                                                     \
+            const uint8_t *src = image + ((y0 + (y < rows ? y : 0)) * width + x0) * 3 + c;                 \
+            for (size_t x = 0; x < filled; x++) o[x] = table[src[3 * x]];                                  \
+            for (size_t x = filled; x < p; x++) o[x] = table[0];                                           \
+          }                                                                                                \
+        }                                                                                                  \
+      }                                                                                                    \
+    }                                                                                                      \
+  }
+WRITE_PATCHES(float)
+WRITE_PATCHES(uint8_t)
+
+/* Exported for the tests (ctypes): the kernels on one uint8 (height, width, 3) image into
+ * (grid_h * grid_w, 3, p, p); the caller guarantees height <= grid_h * p and width <= grid_w * p. */
+void kimi_write_patches_f32(const uint8_t *image, size_t height, size_t width, const float *tables, float *out,
+                            size_t grid_h, size_t grid_w, size_t p) {
+  write_patches_float(image, height, width, tables, out, grid_h, grid_w, p);
+}
+
+void kimi_write_patches_u8(const uint8_t *image, size_t height, size_t width, uint8_t *out, size_t grid_h,
+                           size_t grid_w, size_t p) {
+  uint8_t tables[3 * 256];
+  identity_tables(tables);
+  write_patches_uint8_t(image, height, width, tables, out, grid_h, grid_w, p);
+}
+
+/* -------------------------------------------------------------------------------- the model state */
+
+typedef struct {
+  char name[128];
+  int64_t patch_size, factor, side_limit, patch_budget, max_images;
+  float value_tables[3 * 256];
+  uint8_t patch_tables[3 * 256];
+} ModelState;
+
+static TRITONSERVER_Error *error_new(int code, const char *tag, const char *format, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* An error whose message starts with ``tag: `` (a class of kimi_vision_prep.errors). */
+static TRITONSERVER_Error *error_new(int code, const char *tag, const char *format, ...) {
+  char message[1024];
+  int used = snprintf(message, sizeof message, "%s: ", tag);
+  va_list args;
+  va_start(args, format);
+  vsnprintf(message + used, sizeof message - (size_t)used, format, args);
+  va_end(args);
+  return TRITONSERVER_ErrorNew(code, message);
+}
+
+#define INVALID_REQUEST(...) error_new(ERROR_INVALID_ARG, "InvalidRequestError", __VA_ARGS__)
+#define TOO_LARGE(...) error_new(ERROR_INVALID_ARG, "ImageTooLargeError", __VA_ARGS__)
+#define INTERNAL(...) error_new(ERROR_INTERNAL, "PreprocessError", "internal error: " __VA_ARGS__)
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    TRITONSERVER_Error *error_ = (expr);     \
+    if (error_ != NULL) return error_;       \
+  } while (0)
+
+static const char *skip_space(const char *at, const char *end) {
+  while (at < end && (*at == ' ' || *at == '\n' || *at == '\r' || *at == '\t')) at++;
+  return at;
+}
+
+/* Past the JSON string starting at ``at`` (its opening quote); NULL if it does not end. */
+static const char *skip_string(const char *at, const char *end) {
+  for (at++; at < end; at++) {
+    if (*at == '\\') at++;
+    else if (*at == '"') return at + 1;
+  }
+  return NULL;
+}
+
+/* The string_value of parameter ``key`` in the model config's JSON, copied into ``value``; false
+ * where the config has no such parameter. Looks only at the top-level "parameters" object (its
+ * entries are {"key": {"string_value": "..."}}); the values read here hold no escapes. */
+static bool config_parameter(const char *json, size_t size, const char *key, char *value, size_t capacity) {
+  const char *at = json, *end = json + size;
+  int depth = 0;
+  const size_t key_length = strlen(key);
+  while (at < end) {
+    if (*at == '"') {
+      const char *after = skip_string(at, end);
+      if (after == NULL) return false;
+      bool is_parameters = depth == 1 && after - at == 12 && memcmp(at, "\"parameters\"", 12) == 0;
+      at = skip_space(after, end);
+      if (!is_parameters || at >= end || *at != ':') continue;
+      at = skip_space(at + 1, end);
+      if (at >= end || *at != '{') return false;
+      for (at = skip_space(at + 1, end); at < end && *at == '"'; at = skip_space(at, end)) {
+        const char *name = at + 1;
+        const char *name_end = skip_string(at, end);
+        if (name_end == NULL) return false;
+        bool wanted = (size_t)(name_end - 1 - name) == key_length && memcmp(name, key, key_length) == 0;
+        const char *found = memmem(name_end, (size_t)(end - name_end), "\"string_value\"", 14);
+        if (found == NULL) return false;
+        at = skip_space(found + 14, end);
+        if (at >= end || *at != ':') return false;
+        at = skip_space(at + 1, end);
+        if (at >= end || *at != '"') return false;
+        const char *text_end = skip_string(at, end);
+        if (text_end == NULL) return false;
+        if (wanted) {
+          size_t length = (size_t)(text_end - 1 - (at + 1));
+          if (length >= capacity) return false;
+          memcpy(value, at + 1, length);
+          value[length] = '\0';
+          return true;
+        }
+        at = skip_space(text_end, end); /* past the value's closing brace and the comma */
+        if (at < end && *at == '}') at = skip_space(at + 1, end);
+        if (at < end && *at == ',') at++;
+      }
+      return false;
+    }
+    if (*at == '{' || *at == '[') depth++;
+    else if (*at == '}' || *at == ']') depth--;
+    at++;
+  }
+  return false;
+}
+
+static TRITONSERVER_Error *int_parameter(const char *json, size_t size, const char *key, int64_t *value) {
+  char text[64], *parsed_end;
+  if (!config_parameter(json, size, key, text, sizeof text))
+    return INTERNAL("the model config has no parameter %s (render it with kimi-prep render-repository)", key);
+  long long parsed = strtoll(text, &parsed_end, 10);
+  if (parsed_end == text || *parsed_end != '\0' || parsed < 1 || parsed > (1 << 20))
+    return INTERNAL("parameter %s=%s is not a positive integer", key, text);
+  *value = parsed;
+  return NULL;
+}
+
+static TRITONSERVER_Error *triple_parameter(const char *json, size_t size, const char *key, double values[3]) {
+  char text[256];
+  if (!config_parameter(json, size, key, text, sizeof text))
+    return INTERNAL("the model config has no parameter %s (render it with kimi-prep render-repository)", key);
+  const char *at = text;
+  for (int c = 0; c < 3; c++) {
+    char *parsed_end;
+    values[c] = strtod(at, &parsed_end);
+    if (parsed_end == at || !isfinite(values[c])) return INTERNAL("parameter %s=%s is not 3 floats", key, text);
+    at = parsed_end;
+    while (*at == ',' || *at == ' ') at++;
+  }
+  if (*at != '\0') return INTERNAL("parameter %s=%s is not 3 floats", key, text);
+  return NULL;
+}
+
+static TRITONSERVER_Error *read_state(const char *json, size_t size, ModelState *state) {
+  int64_t merge, side_patches, in_patch_limit;
+  double mean[3], std[3];
+  RETURN_IF_ERROR(int_parameter(json, size, "patch_size", &state->patch_size));
+  RETURN_IF_ERROR(int_parameter(json, size, "merge_kernel_size", &merge));
+  RETURN_IF_ERROR(int_parameter(json, size, "patch_limit_on_one_side", &side_patches));
+  RETURN_IF_ERROR(int_parameter(json, size, "in_patch_limit", &in_patch_limit));
+  RETURN_IF_ERROR(int_parameter(json, size, "max_images_per_request", &state->max_images));
+  RETURN_IF_ERROR(triple_parameter(json, size, "image_mean", mean));
+  RETURN_IF_ERROR(triple_parameter(json, size, "image_std", std));
+  for (int c = 0; c < 3; c++)
+    if (std[c] == 0.0) return INTERNAL("parameter image_std has a zero");
+  state->factor = merge * state->patch_size;
+  state->side_limit = side_patches;
+  state->patch_budget = 2 * in_patch_limit;
+  kimi_normalize_tables(mean, std, state->value_tables);
+  identity_tables(state->patch_tables);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------------ backend entries */
+
+TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
+  (void)backend;
+  if (TRITONSERVER_ErrorNew == NULL) return NULL; /* not inside tritonserver: nothing can be reported */
+  if (!(TRITONSERVER_ErrorDelete && TRITONSERVER_ErrorMessage && TRITONSERVER_MessageSerializeToJson &&
+        TRITONSERVER_MessageDelete && TRITONSERVER_LogMessage && TRITONBACKEND_ApiVersion && TRITONBACKEND_ModelName &&
+        TRITONBACKEND_ModelConfig && TRITONBACKEND_ModelState && TRITONBACKEND_ModelSetState &&
+        TRITONBACKEND_ModelInstanceModel && TRITONBACKEND_RequestInput && TRITONBACKEND_InputProperties &&
+        TRITONBACKEND_InputBuffer && TRITONBACKEND_RequestOutputCount && TRITONBACKEND_RequestOutputName &&
+        TRITONBACKEND_RequestRelease && TRITONBACKEND_ResponseNew && TRITONBACKEND_ResponseOutput &&
+        TRITONBACKEND_OutputBuffer && TRITONBACKEND_ResponseSend && TRITONBACKEND_ModelInstanceReportStatistics &&
+        TRITONBACKEND_ModelInstanceReportBatchStatistics))
+    return INTERNAL("kimi_patchify: this tritonserver lacks a function of the Triton C API 1.x it calls");
+  uint32_t major, minor;
+  RETURN_IF_ERROR(TRITONBACKEND_ApiVersion(&major, &minor));
+  if (major != BACKEND_API_MAJOR)
+    return INTERNAL("kimi_patchify needs Triton backend API %d.x, this tritonserver has %u.%u", BACKEND_API_MAJOR,
+                    major, minor);
+  return NULL;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
+  const char *name, *json;
+  size_t size;
+  TRITONSERVER_Message *config;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &name));
+  RETURN_IF_ERROR(TRITONBACKEND_ModelConfig(model, 1, &config));
+  TRITONSERVER_Error *error = TRITONSERVER_MessageSerializeToJson(config, &json, &size);
+  ModelState *state = calloc(1, sizeof *state);
+  if (error == NULL && state == NULL) error = INTERNAL("out of memory");
+  if (error == NULL) error = read_state(json, size, state);
+  TRITONSERVER_Error *deleted = TRITONSERVER_MessageDelete(config);
+  if (deleted != NULL) TRITONSERVER_ErrorDelete(deleted);
+  if (error == NULL) error = TRITONBACKEND_ModelSetState(model, state);
+  if (error != NULL) {
+    free(state);
+    return error;
+  }
+  snprintf(state->name, sizeof state->name, "%s", name);
+  char line[256];
+  snprintf(line, sizeof line, "%s: patch_size %lld, padding to %lld px, at most %lld patches a side (C backend)",
+           state->name, (long long)state->patch_size, (long long)state->factor, (long long)state->side_limit);
+  TRITONSERVER_Error *logged = TRITONSERVER_LogMessage(LOG_INFO, __FILE__, __LINE__, line);
+  if (logged != NULL) TRITONSERVER_ErrorDelete(logged);
+  return NULL;
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
+  void *state;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &state));
+  free(state);
+  return NULL;
+}
+
+/* ----------------------------------------------------------------------------------- a request */
+
+typedef struct {
+  const void *data; /* host memory, contiguous */
+  void *owned;      /* the gathered copy, when the input came in several buffers */
+  const int64_t *shape;
+  uint32_t dims;
+  uint64_t bytes;
+} HostInput;
+
+/* Input ``name`` of ``datatype`` and ``dims`` dimensions in host memory, in one piece (an input
+ * that arrives in several buffers, as HTTP may hand it over, is gathered into a copy). */
+static TRITONSERVER_Error *host_input(TRITONBACKEND_Request *request, const char *name, int datatype, uint32_t dims,
+                                      HostInput *input) {
+  TRITONBACKEND_Input *handle;
+  const char *input_name;
+  int actual_type;
+  uint32_t buffers;
+  memset(input, 0, sizeof *input);
+  if (TRITONBACKEND_RequestInput(request, name, &handle) != NULL)
+    return INVALID_REQUEST("the request has no input %s", name);
+  RETURN_IF_ERROR(TRITONBACKEND_InputProperties(handle, &input_name, &actual_type, &input->shape, &input->dims,
+                                                &input->bytes, &buffers));
+  if (actual_type != datatype) return INVALID_REQUEST("%s must be %s", name, datatype == TYPE_UINT8 ? "uint8" : "int64");
+  if (input->dims != dims) return INVALID_REQUEST("%s must have %u dimensions, got %u", name, dims, input->dims);
+  if (input->shape[0] != 1)
+    return INVALID_REQUEST("%s has %lld rows: send one request per batch element ([1, ...])", name,
+                           (long long)input->shape[0]);
+  const void *buffer;
+  uint64_t size;
+  int memory;
+  int64_t memory_id;
+  if (buffers == 1) {
+    RETURN_IF_ERROR(TRITONBACKEND_InputBuffer(handle, 0, &buffer, &size, &memory, &memory_id));
+    if (memory == MEMORY_GPU) return INVALID_REQUEST("%s is in GPU memory: kimi_patchify reads host memory", name);
+    if (size != input->bytes) return INTERNAL("%s's buffer holds %llu of its %llu bytes", name,
+                                              (unsigned long long)size, (unsigned long long)input->bytes);
+    input->data = buffer;
+    return NULL;
+  }
+  if ((input->owned = malloc(input->bytes ? input->bytes : 1)) == NULL)
+    return INTERNAL("out of memory gathering %s", name);
+  uint64_t at = 0;
+  for (uint32_t index = 0; index < buffers; index++) {
+    RETURN_IF_ERROR(TRITONBACKEND_InputBuffer(handle, index, &buffer, &size, &memory, &memory_id));
+    if (memory == MEMORY_GPU) return INVALID_REQUEST("%s is in GPU memory: kimi_patchify reads host memory", name);
+    if (size > input->bytes - at) return INTERNAL("%s's buffers exceed its size", name);
+    memcpy((char *)input->owned + at, buffer, size);
+    at += size;
+  }
+  if (at != input->bytes) return INTERNAL("%s's buffers fall short of its size", name);
+  input->data = input->owned;
+  return NULL;
+}
+
+typedef struct {
+  size_t height, width, offset, grid_h, grid_w, patches;
+} Image;
+
+/* The K images of IMAGE_SHAPES, checked against IMAGE (every row inside it, RGB, within the
+ * preset's bounds), with their patch grids; *images is malloc'd. */
+static TRITONSERVER_Error *request_images(const ModelState *state, const HostInput *image, const HostInput *shapes,
+                                          Image **images, size_t *count, size_t *total_patches) {
+  const int64_t length = image->shape[1], k = shapes->shape[1];
+  if (length < 0 || (uint64_t)length != image->bytes) return INVALID_REQUEST("IMAGE must have shape [1, L]");
+  if (k < 1 || shapes->shape[2] != 4 || shapes->bytes != (uint64_t)k * 4 * sizeof(int64_t))
+    return INVALID_REQUEST("IMAGE_SHAPES must have shape [1, K, 4], got [1, %lld, %lld]", (long long)k,
+                           (long long)shapes->shape[2]);
+  if (k > state->max_images)
+    return TOO_LARGE("%lld images exceed max_images_per_request=%lld", (long long)k, (long long)state->max_images);
+  *images = calloc((size_t)k, sizeof **images);
+  if (*images == NULL) return INTERNAL("out of memory");
+  *count = (size_t)k;
+  *total_patches = 0;
+  const int64_t *rows = shapes->data;
+  const int64_t side_px = state->side_limit * state->patch_size, p = state->patch_size, f = state->factor;
+  for (int64_t index = 0; index < k; index++) {
+    const int64_t *row = rows + 4 * index;
+    const int64_t h = row[0], w = row[1], c = row[2], offset = row[3];
+    if (h < 1 || w < 1 || c < 1 || offset < 0 || offset > length)
+      return INVALID_REQUEST("IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld] is outside IMAGE (%lld bytes)",
+                             (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset,
+                             (long long)length);
+    if (c != 3)
+      return INVALID_REQUEST("image %lld: kimi_patchify takes RGB images (C=3), got C=%lld; send other modes to the "
+                             "preprocess model", (long long)index, (long long)c);
+    const int64_t grid_h = h > side_px ? 0 : (h + f - 1) / f * f / p;
+    const int64_t grid_w = w > side_px ? 0 : (w + f - 1) / f * f / p;
+    if (h > side_px || w > side_px || grid_h > state->side_limit || grid_w > state->side_limit ||
+        grid_h * grid_w > state->patch_budget)
+      return TOO_LARGE("image %lld: %lldx%lld needs a %lldx%lld patch grid, beyond %lld a side or %lld in all "
+                       "(send images at their NaViT size)", (long long)index, (long long)w, (long long)h,
+                       (long long)grid_w, (long long)grid_h, (long long)state->side_limit,
+                       (long long)state->patch_budget);
+    if (h * w * 3 > length - offset)
+      return INVALID_REQUEST("IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld] is outside IMAGE (%lld bytes)",
+                             (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset,
+                             (long long)length);
+    (*images)[index] = (Image){(size_t)h, (size_t)w, (size_t)offset, (size_t)grid_h, (size_t)grid_w,
+                               (size_t)(grid_h * grid_w)};
+    *total_patches += (size_t)(grid_h * grid_w);
+  }
+  return NULL;
+}
+
+enum { WANT_VALUES = 1, WANT_PATCHES = 2, WANT_GRID = 4, WANT_TOKENS = 8 };
+
+static TRITONSERVER_Error *requested_outputs(TRITONBACKEND_Request *request, unsigned *wanted) {
+  uint32_t count;
+  RETURN_IF_ERROR(TRITONBACKEND_RequestOutputCount(request, &count));
+  static const char *names[] = {"PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"};
+  *wanted = 0;
+  for (uint32_t index = 0; index < count; index++) {
+    const char *name;
+    RETURN_IF_ERROR(TRITONBACKEND_RequestOutputName(request, index, &name));
+    for (unsigned bit = 0; bit < 4; bit++)
+      if (strcmp(name, names[bit]) == 0) *wanted |= 1u << bit;
+  }
+  return NULL;
+}
+
+/* A host buffer of output ``name`` in ``response``. */
+static TRITONSERVER_Error *host_output(TRITONBACKEND_Response *response, const char *name, int datatype,
+                                       const int64_t *shape, uint32_t dims, uint64_t bytes, void **buffer) {
+  TRITONBACKEND_Output *output;
+  int memory = MEMORY_CPU;
+  int64_t memory_id = 0;
+  RETURN_IF_ERROR(TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, dims));
+  RETURN_IF_ERROR(TRITONBACKEND_OutputBuffer(output, buffer, bytes, &memory, &memory_id));
+  if (memory == MEMORY_GPU) return INVALID_REQUEST("%s was given GPU memory: kimi_patchify writes host memory", name);
+  return NULL;
+}
+
+static TRITONSERVER_Error *fill_response(const ModelState *state, TRITONBACKEND_Request *request,
+                                         TRITONBACKEND_Response *response, Image **images) {
+  HostInput image = {0}, shapes = {0};
+  size_t count = 0, total = 0;
+  unsigned wanted = 0;
+  TRITONSERVER_Error *error = host_input(request, "IMAGE", TYPE_UINT8, 2, &image);
+  if (error == NULL) error = host_input(request, "IMAGE_SHAPES", TYPE_INT64, 3, &shapes);
+  if (error == NULL) error = request_images(state, &image, &shapes, images, &count, &total);
+  if (error == NULL) error = requested_outputs(request, &wanted);
+  const size_t p = (size_t)state->patch_size, per_patch = 3 * p * p;
+  const int64_t pixel_shape[5] = {1, (int64_t)total, 3, (int64_t)p, (int64_t)p};
+  for (unsigned bit = WANT_VALUES; error == NULL && bit <= WANT_PATCHES; bit <<= 1) {
+    if (!(wanted & bit)) continue;
+    const bool values = bit == WANT_VALUES;
+    const size_t item = values ? sizeof(float) : 1;
+    void *out;
+    error = host_output(response, values ? "PIXEL_VALUES" : "PIXEL_PATCHES", values ? TYPE_FP32 : TYPE_UINT8,
+                        pixel_shape, 5, total * per_patch * item, &out);
+    for (size_t k = 0, row = 0; error == NULL && k < count; row += (*images)[k].patches, k++) {
+      const Image *at = &(*images)[k];
+      const uint8_t *pixels = (const uint8_t *)image.data + at->offset;
+      if (values)
+        write_patches_float(pixels, at->height, at->width, state->value_tables, (float *)out + row * per_patch,
+                            at->grid_h, at->grid_w, p);
+      else
+        write_patches_uint8_t(pixels, at->height, at->width, state->patch_tables, (uint8_t *)out + row * per_patch,
+                              at->grid_h, at->grid_w, p);
+    }
+  }
+  if (error == NULL && (wanted & WANT_GRID)) {
+    const int64_t shape[3] = {1, (int64_t)count, 3};
+    int64_t *grid;
+    error = host_output(response, "GRID_THW", TYPE_INT64, shape, 3, count * 3 * sizeof(int64_t), (void **)&grid);
+    for (size_t k = 0; error == NULL && k < count; k++) {
+      grid[3 * k] = 1;
+      grid[3 * k + 1] = (int64_t)(*images)[k].grid_h;
+      grid[3 * k + 2] = (int64_t)(*images)[k].grid_w;
+    }
+  }
+  if (error == NULL && (wanted & WANT_TOKENS)) {
+    const int64_t shape[2] = {1, (int64_t)count};
+    int32_t *tokens;
+    const size_t merge = (size_t)(state->factor / state->patch_size);
+    error = host_output(response, "NUM_TOKENS", TYPE_INT32, shape, 2, count * sizeof(int32_t), (void **)&tokens);
+    for (size_t k = 0; error == NULL && k < count; k++)
+      tokens[k] = (int32_t)((*images)[k].grid_h / merge * ((*images)[k].grid_w / merge));
+  }
+  free(image.owned);
+  free(shapes.owned);
+  return error;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void log_error(const ModelState *state, const char *what, TRITONSERVER_Error *error) {
+  char line[1200];
+  snprintf(line, sizeof line, "%s: %s: %s", state->name, what, TRITONSERVER_ErrorMessage(error));
+  TRITONSERVER_Error *logged = TRITONSERVER_LogMessage(LOG_ERROR, __FILE__, __LINE__, line);
+  if (logged != NULL) TRITONSERVER_ErrorDelete(logged);
+  TRITONSERVER_ErrorDelete(error);
+}
+
+/* Every request gets its own response: its outputs, or its error; one request's error never
+ * touches another's. */
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance *instance,
+                                                       TRITONBACKEND_Request **requests, const uint32_t count) {
+  TRITONBACKEND_Model *model;
+  ModelState *state;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceModel(instance, &model));
+  RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, (void **)&state));
+  const uint64_t exec_start = now_ns();
+  uint64_t compute_end = exec_start;
+  for (uint32_t r = 0; r < count; r++) {
+    TRITONBACKEND_Request *request = requests[r];
+    TRITONBACKEND_Response *response = NULL;
+    Image *images = NULL;
+    const uint64_t start = now_ns();
+    TRITONSERVER_Error *error = TRITONBACKEND_ResponseNew(&response, request);
+    if (error == NULL) error = fill_response(state, request, response, &images);
+    free(images);
+    const uint64_t end = compute_end = now_ns();
+    const bool success = error == NULL;
+    if (response != NULL) {
+      TRITONSERVER_Error *sent = TRITONBACKEND_ResponseSend(response, RESPONSE_COMPLETE_FINAL, error);
+      if (sent != NULL) log_error(state, "sending a response", sent);
+      if (error != NULL) TRITONSERVER_ErrorDelete(error);
+    } else {
+      log_error(state, "creating a response (the request goes unanswered)", error);
+    }
+    TRITONSERVER_Error *reported =
+        TRITONBACKEND_ModelInstanceReportStatistics(instance, request, success, exec_start, start, end, now_ns());
+    if (reported != NULL) log_error(state, "reporting statistics", reported);
+    TRITONSERVER_Error *released = TRITONBACKEND_RequestRelease(request, REQUEST_RELEASE_ALL);
+    if (released != NULL) log_error(state, "releasing a request", released);
+  }
+  TRITONSERVER_Error *reported =
+      TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, exec_start, exec_start, compute_end, now_ns());
+  if (reported != NULL) log_error(state, "reporting batch statistics", reported);
+  return NULL;
+}
