@@ -35,19 +35,23 @@ def corpus() -> Path:
 
 @pytest.fixture(scope="session")
 def triton_server():
-    """A real tritonserver on free ports serving ``model_repository/`` rendered with 1 instance per model.
+    """A real tritonserver on free ports serving every model rendered as ``kimi-prep serve`` renders
+    them on a GPU-less host (KIND_CPU: the vision ensembles end in the C backend ``kimi_patchify``),
+    1 instance per model; the checked-in repository (kind unset, the Python preprocess step) is
+    served by test_faults.py.
 
     Yields a :class:`kimi_vision_prep.serving.launcher.EmbeddedServer` (``.http_url``, ``.grpc_url``,
     ``.metrics_url``, ``.log_tail()``); stopped at the end of the session.
     """
     from kimi_vision_prep.serving.launcher import EmbeddedServer
+    from kimi_vision_prep.serving.repository import RenderOptions
     from kimi_vision_prep.serving.triton_install import find_tritonserver
 
     try:
         find_tritonserver()
     except RuntimeError as exc:
         pytest.skip(str(exc))
-    server = EmbeddedServer()
+    server = EmbeddedServer(render=RenderOptions(kind="cpu"))
     server.start()
     try:
         yield server

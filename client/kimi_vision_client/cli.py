@@ -266,9 +266,9 @@ def cmd_render_repository(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def served_models(args: argparse.Namespace) -> tuple[str, ...] | None:
-    """The models ``serve`` renders: the default set (the image ensembles and their steps),
-    ``--all`` or ``--models``, narrowed by ``--preset``; None when a repository is given as is."""
+def served_models(args: argparse.Namespace, options: RenderOptions | None) -> tuple[str, ...] | None:
+    """The models ``serve`` renders with ``options``: the default set (the image ensembles and their
+    steps), ``--all`` or ``--models``, narrowed by ``--preset``; None when a repository is given as is."""
     from kimi_vision_prep.serving.repository import default_model_names, repository_models, select_models
 
     if args.model_repository is not None:
@@ -276,7 +276,8 @@ def served_models(args: argparse.Namespace) -> tuple[str, ...] | None:
             raise ValueError("--all/--models/--preset select from the rendered repository: drop --model-repository")
         return None
     names = None if args.all else (args.models or default_model_names())
-    return tuple(model.name for model in select_models(repository_models(), names, args.preset))
+    rendered = repository_models(options or RenderOptions())
+    return tuple(model.name for model in select_models(rendered, names, args.preset))
 
 
 def serve_options(args: argparse.Namespace) -> RenderOptions | None:
@@ -302,9 +303,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.probe_port)
     try:
-        spec = LaunchSpec(
-            ports, args.model_repository, serve_options(args), served_models(args), args.tritonserver_args
-        )
+        options = serve_options(args)
+        spec = LaunchSpec(ports, args.model_repository, options, served_models(args, options), args.tritonserver_args)
     except ValueError as exc:
         print(f"kimi-prep serve: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -40,6 +40,6 @@ def parameters(values: Mapping[str, object], note: str = "") -> str:
 
 
 def head(name: str, summary: str, max_batch_size: int, backend: str = "python") -> str:
-    """The summary comment, ``name``, the backend (or ensemble platform) and ``max_batch_size``."""
-    kind = 'backend: "python"' if backend == "python" else 'platform: "ensemble"'
+    """The summary comment, ``name``, the backend (``"ensemble"``: the ensemble platform) and ``max_batch_size``."""
+    kind = 'platform: "ensemble"' if backend == "ensemble" else f'backend: "{backend}"'
     return comment(summary) + f'name: "{name}"\n{kind}\nmax_batch_size: {max_batch_size}\n'

@@ -105,8 +105,8 @@ SERVING_DEFAULTS = ServingDefaults()
 @dataclass(frozen=True)
 class ModelFiles:
     """One rendered model: ``config.pbtxt`` text, and the Python class its ``model.py`` exports as
-    ``module.Class`` of ``kimi_vision_prep.serving`` (None for an ensemble, whose version folder
-    only holds a ``.gitkeep``)."""
+    ``module.Class`` of ``kimi_vision_prep.serving`` (None for an ensemble or a C-backend model,
+    whose version folder only holds a ``.gitkeep``)."""
 
     name: str
     config: str
@@ -150,7 +150,7 @@ def preset_block(preset: Preset, prefix: str) -> str:
     return pbtxt.parameters(
         preset_parameters(preset),
         f"Preset {preset.name}: every field of kimi_vision_prep.Preset (read back by preset_from_parameters);\n"
-        f"rendered from presets.py, the same block in every {prefix}_* Python model.",
+        f"rendered from presets.py, the same block in every {prefix}_* model but the ensembles.",
     )
 
 

@@ -1,8 +1,11 @@
 """The model repository, rendered from the presets: every ``config.pbtxt`` and ``model.py``.
 
 ``presets.SERVED_PRESETS`` is the one source: each served preset gets the models
-``<prefix>_decode``, ``_preprocess``, ``_vision``, ``_vision_u8``, ``_vision_fused``, ``_vision_fused_u8`` and
-(``media_kinds.py``) ``_video``, ``_video_chunk``, ``_tokens`` (prefix by
+``<prefix>_decode``, ``_preprocess``, ``_vision``, ``_vision_u8``, ``_vision_fused``, ``_vision_fused_u8``,
+(``media_kinds.py``) ``_video``, ``_video_chunk``, ``_tokens`` and, in a CPU rendering
+(``RenderOptions.kind == "cpu"``, what ``kimi-prep serve`` renders on a GPU-less host),
+``_patchify``: the C backend ``kimi_patchify`` in place of the Python preprocess step of the
+vision ensembles, which then hand it the decode step's pixels inside tritonserver (prefix by
 :func:`~kimi_vision_prep.presets.model_prefix`: ``kimi-k2.5`` -> ``kimi_k25``); the preset of
 :attr:`ServingDefaults.embed_preset` also gets the chaining example ``<prefix>_vision_embed`` over
 ``kimi_patch_embed``. Every value in a config comes from a preset (its parameter block, the
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from ..presets import PRESETS, SERVED_PRESETS, Preset, model_prefix, preset_aliases
 from . import pbtxt
+from .config import DecoderSettings
 from .media_kinds import media_models
 from .render_blocks import (
     DECODED_TENSORS,
@@ -35,6 +39,7 @@ from .render_blocks import (
     ServingDefaults,
     buffers_block,
     decoder_block,
+    dynamic_batching,
     ensemble,
     ensemble_step,
     instance_group,
@@ -55,6 +60,7 @@ __all__ = [
 ]
 
 PATCH_EMBED_MODEL = "kimi_patch_embed"
+PATCHIFY_BACKEND = "kimi_patchify"  # _triton_patchify.c, laid out by triton_install.py
 
 
 # -- the image models -----------------------------------------------------------------------------
@@ -160,16 +166,53 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
     return models
 
 
-def _decode_step(prefix: str) -> str:
-    return ensemble_step(f"{prefix}_decode", {"IMAGE_BYTES": "IMAGE_BYTES"}, {t: t.lower() for t in DECODED_TENSORS})
+def patchify_model(served: ServedPreset) -> ModelFiles:
+    """``<prefix>_patchify``: the decode step's RGB pixels at their NaViT size -> padded, normalised
+    patches, in the C backend ``kimi_patchify`` (inside tritonserver: no stub, no copies through
+    its shared memory); the same outputs as ``<prefix>_preprocess``."""
+    preset, prefix, title, options, defaults = served.parts
+    name, batch = f"{prefix}_patchify", defaults.pixel_batch_size
+    summary = (
+        f"{name} ({title}): RGB pixels at their NaViT size (the decode step's) -> pad, normalise, patchify,\n"
+        f"in the C backend {PATCHIFY_BACKEND} (backend_src/kimi_vision_prep/_triton_patchify.c): no Python stub, the\n"
+        "pixels read where the decode step left them and written into the buffer Triton hands out. It\n"
+        "does not resize: an image beyond patch_limit_on_one_side patches a side, or twice in_patch_limit\n"
+        f"patches, is refused (ImageTooLargeError); other modes and sizes go to {prefix}_preprocess."
+    )
+    inputs = [
+        ("uint8 (ΣHWC,): the K images, flat, RGB", pbtxt.tensor("IMAGE", "TYPE_UINT8", (-1,), RAGGED)),
+        ("int64 (K, 4): height, width, 3, offset", pbtxt.tensor("IMAGE_SHAPES", "TYPE_INT64", (-1, 4), RAGGED)),
+    ]
+    limit = DecoderSettings().max_images_per_request
+    config = (
+        pbtxt.head(name, summary, batch, backend=PATCHIFY_BACKEND)
+        + dynamic_batching(defaults, batch)
+        + pbtxt.tensor_list("input", inputs)
+        + pbtxt.tensor_list("output", pixel_outputs(preset.patch_size).values())
+        + instance_group(options)
+        + pbtxt.parameters({"max_images_per_request": limit}, "K of IMAGE_SHAPES [1, K, 4] (the decode step's limit).")
+        + preset_block(preset, prefix)
+    )
+    return ModelFiles(name, config, None)
 
 
-def _preprocess_step(prefix: str, outputs: Mapping[str, str]) -> str:
-    return ensemble_step(f"{prefix}_preprocess", {t: t.lower() for t in DECODED_TENSORS}, outputs)
+def _decode_step(prefix: str, tensors: Sequence[str]) -> str:
+    return ensemble_step(f"{prefix}_decode", {"IMAGE_BYTES": "IMAGE_BYTES"}, {t: t.lower() for t in tensors})
 
 
-def vision_ensembles(preset: Preset, prefix: str, title: str, defaults: ServingDefaults) -> list[ModelFiles]:
+def _pixel_steps(prefix: str, options: RenderOptions, outputs: Mapping[str, str]) -> list[str]:
+    """The decode step and the step that turns its pixels into ``outputs``: ``<prefix>_patchify``
+    in a CPU rendering, else ``<prefix>_preprocess`` (which also runs on a GPU, through DLPack)."""
+    if options.kind == "cpu":
+        model, tensors = f"{prefix}_patchify", ("IMAGE", "IMAGE_SHAPES")
+    else:
+        model, tensors = f"{prefix}_preprocess", DECODED_TENSORS
+    return [_decode_step(prefix, tensors), ensemble_step(model, {t: t.lower() for t in tensors}, outputs)]
+
+
+def vision_ensembles(served: ServedPreset) -> list[ModelFiles]:
     """``<prefix>_vision`` (float32 PIXEL_VALUES) and ``<prefix>_vision_u8`` (the uint8 wire)."""
+    preset, prefix, title, options, defaults = served.parts
     tensors = pixel_outputs(preset.patch_size)
     uint8_note = (
         f"\nThe uint8 wire: {prefix}_vision with PIXEL_PATCHES (4x smaller) instead of PIXEL_VALUES; clients\n"
@@ -182,7 +225,7 @@ def vision_ensembles(preset: Preset, prefix: str, title: str, defaults: ServingD
         outputs = (pixels, "GRID_THW", "NUM_TOKENS")
         summary = f"{name} ({title}): encoded image -> {pixels.lower()}, grid_thw, num_tokens; decode -> preprocess."
         summary += uint8_note if wire else ""
-        steps = [_decode_step(prefix), _preprocess_step(prefix, {o: o for o in outputs})]
+        steps = _pixel_steps(prefix, options, {o: o for o in outputs})
         tensor_list = [("", tensors[o][1]) for o in outputs]
         ensembles.append(ensemble(name, summary, tensor_list, steps, defaults.pixel_batch_size))
     return ensembles
@@ -218,7 +261,8 @@ def patch_embed_model(preset: Preset, options: RenderOptions, defaults: ServingD
     return ModelFiles(PATCH_EMBED_MODEL, config, "models.PatchEmbedModel")
 
 
-def embed_ensemble(preset: Preset, prefix: str, defaults: ServingDefaults) -> ModelFiles:
+def embed_ensemble(served: ServedPreset) -> ModelFiles:
+    preset, prefix, _, options, defaults = served.parts
     name = f"{prefix}_vision_embed"
     tensors = pixel_outputs(preset.patch_size)
     outputs = [
@@ -226,9 +270,9 @@ def embed_ensemble(preset: Preset, prefix: str, defaults: ServingDefaults) -> Mo
         ("", tensors["GRID_THW"][1]),
         ("", tensors["NUM_TOKENS"][1]),
     ]
+    pixels = {"PIXEL_VALUES": "pixel_values", "GRID_THW": "GRID_THW", "NUM_TOKENS": "NUM_TOKENS"}
     steps = [
-        _decode_step(prefix),
-        _preprocess_step(prefix, {"PIXEL_VALUES": "pixel_values", "GRID_THW": "GRID_THW", "NUM_TOKENS": "NUM_TOKENS"}),
+        *_pixel_steps(prefix, options, pixels),
         ensemble_step(PATCH_EMBED_MODEL, {"PIXEL_VALUES": "pixel_values"}, {"PATCH_EMBEDS": "PATCH_EMBEDS"}),
     ]
     summary = f"{name}: chaining example: decode -> preprocess -> patch_embed (pixel_values never leave the server)."
@@ -247,12 +291,13 @@ def repository_models(
         models += [
             decode_model(served),
             preprocess_model(served),
-            *vision_ensembles(preset, prefix, title, defaults),
+            *([patchify_model(served)] if options.kind == "cpu" else []),
+            *vision_ensembles(served),
             *fused_models(served),
             *media_models(served),
         ]
         if preset_name == defaults.embed_preset:
-            models += [patch_embed_model(preset, options, defaults), embed_ensemble(preset, prefix, defaults)]
+            models += [patch_embed_model(preset, options, defaults), embed_ensemble(served)]
     return models
 
 
@@ -321,8 +366,8 @@ def render_repository(
     defaults: ServingDefaults = SERVING_DEFAULTS,
     names: Collection[str] | None = None,
 ) -> Path:
-    """Write the repository into ``out``: ``<model>/config.pbtxt`` and ``<model>/1/model.py`` (an
-    ensemble's ``1/`` gets a ``.gitkeep``) of every model, or of ``names`` and their ensembles'
+    """Write the repository into ``out``: ``<model>/config.pbtxt`` and ``<model>/1/model.py`` (the
+    ``1/`` of an ensemble or a C-backend model gets a ``.gitkeep``) of every model, or of ``names`` and their ensembles'
     steps; model folders of ``out`` that are no longer rendered are removed. Returns ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

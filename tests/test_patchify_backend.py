@@ -1,0 +1,246 @@
+"""The C backend ``kimi_patchify`` (``_triton_patchify.c``): its kernels against the library's numba
+ones (through ctypes, no server), its size bound against the NaViT rule, and the model in a real
+tritonserver (the session server serves the CPU rendering, where the vision ensembles end in it).
+
+Every expected value comes from the library in process (``write_patches``, ``patchify``,
+``normalize_table``, ``navit_target_size``) or from the request itself; nothing the backend made
+is hard-coded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from make_inputs import corpus_names
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+
+from kimi_vision_prep import PRESETS, preprocess_bytes
+from kimi_vision_prep.errors import ImageTooLargeError, InvalidRequestError, error_from_served
+from kimi_vision_prep.normalize import normalize_table, patchify, write_patches
+from kimi_vision_prep.presets import SERVED_PRESETS, model_prefix
+from kimi_vision_prep.serving.config import DecoderSettings
+from kimi_vision_prep.serving.repository import RenderOptions, repository_models
+from kimi_vision_prep.serving.triton_install import patchify_library
+from kimi_vision_prep.sizing import navit_target_size
+
+PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
+SIZE_T = ctypes.c_size_t
+U8_P = ctypes.POINTER(ctypes.c_uint8)
+F32_P = ctypes.POINTER(ctypes.c_float)
+
+
+@pytest.fixture(scope="module")
+def backend() -> ctypes.CDLL:
+    """The built backend, loaded outside tritonserver (its Triton API symbols are weak)."""
+    library = ctypes.CDLL(str(patchify_library()))
+    library.kimi_normalize_tables.argtypes = [ctypes.POINTER(ctypes.c_double)] * 2 + [F32_P]
+    library.kimi_write_patches_f32.argtypes = [U8_P, SIZE_T, SIZE_T, F32_P, F32_P, SIZE_T, SIZE_T, SIZE_T]
+    library.kimi_write_patches_u8.argtypes = [U8_P, SIZE_T, SIZE_T, U8_P, SIZE_T, SIZE_T, SIZE_T]
+    return library
+
+
+def c_tables(backend: ctypes.CDLL, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """The backend's float32 tables, channel-major ``(3, 256)``."""
+    tables = np.empty((3, 256), np.float32)
+    doubles = ctypes.c_double * 3
+    backend.kimi_normalize_tables(doubles(*mean), doubles(*std), tables.ctypes.data_as(F32_P))
+    return tables
+
+
+def c_patches(backend: ctypes.CDLL, image: np.ndarray, grid: tuple[int, int], p: int, tables: Any) -> np.ndarray:
+    """The backend's kernel on ``image`` (uint8 (H, W, 3)): float32 with ``tables``, else uint8."""
+    image = np.ascontiguousarray(image)
+    h, w, _ = image.shape
+    pixels = image.ctypes.data_as(U8_P)
+    if tables is None:
+        out = np.full((grid[0] * grid[1], 3, p, p), 77, np.uint8)  # not zero: padding must be written
+        backend.kimi_write_patches_u8(pixels, h, w, out.ctypes.data_as(U8_P), grid[0], grid[1], p)
+    else:
+        out = np.full((grid[0] * grid[1], 3, p, p), np.nan, np.float32)
+        tables = np.ascontiguousarray(tables)
+        backend.kimi_write_patches_f32(pixels, h, w, tables.ctypes.data_as(F32_P), out.ctypes.data_as(F32_P), *grid, p)
+    return out
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_tables_equal_normalize_table(backend: ctypes.CDLL, preset: str) -> None:
+    mean, std = PRESETS[preset].image_mean, PRESETS[preset].image_std
+    assert c_tables(backend, mean, std).tobytes() == normalize_table(mean, std).T.copy().tobytes()
+
+
+def test_tables_equal_normalize_table_for_other_statistics(backend: ctypes.CDLL) -> None:
+    """CLIP's and ImageNet's mean/std: every float64 step rounds as the library's does."""
+    for mean, std in [
+        ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+        ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ]:
+        assert c_tables(backend, mean, std).tobytes() == normalize_table(mean, std).T.copy().tobytes()
+
+
+def random_cases(count: int, p: int = 14, factor: int = 28) -> list[tuple[int, int, int, int]]:
+    """(height, width, grid_h, grid_w): odd sizes, exact multiples, one-pixel images, extra grid."""
+    rng = random.Random(11)
+    cases = [(1, 1, 2, 2), (28, 28, 2, 2), (29, 27, 4, 2), (14, 300, 2, 22), (3, 5, 4, 6)]
+    for _ in range(count):
+        h, w = rng.randint(1, 200), rng.randint(1, 200)
+        grid = (-(-h // factor) * factor // p, -(-w // factor) * factor // p)
+        cases.append((h, w, grid[0] + rng.choice((0, 0, 2)), grid[1] + rng.choice((0, 0, 2))))
+    return cases
+
+
+@pytest.mark.parametrize(("height", "width", "grid_h", "grid_w"), random_cases(24))
+def test_kernels_equal_numba(backend: ctypes.CDLL, height: int, width: int, grid_h: int, grid_w: int) -> None:
+    image = np.random.default_rng(height * 1000 + width).integers(0, 256, (height, width, 3), np.uint8)
+    preset = PRESETS["kimi-k2.5"]
+    table = normalize_table(preset.image_mean, preset.image_std)
+    got = c_patches(backend, image, (grid_h, grid_w), 14, table.T)
+    assert got.tobytes() == write_patches(image, table, grid_h, grid_w, 14).tobytes()
+    got_u8 = c_patches(backend, image, (grid_h, grid_w), 14, None)
+    assert got_u8.tobytes() == patchify(image, grid_h, grid_w, 14).tobytes()
+
+
+def test_kernels_equal_numba_on_corpus_photos(backend: ctypes.CDLL, corpus: Path) -> None:
+    """Real photos at their NaViT size (RGB, as the decode step sends them), under K3's statistics."""
+    preset = PRESETS["kimi-k3"]
+    table = normalize_table(preset.image_mean, preset.image_std)
+    names = [name for name in corpus_names(accepted=True) if name.endswith(".jpg")][:12]
+    for name in names:
+        with Image.open(corpus / name) as opened:
+            target = navit_target_size(opened.width, opened.height, preset)
+            image = np.asarray(opened.convert("RGB").resize((target.new_width, target.new_height), Image.BICUBIC))
+        grid = (target.grid_h, target.grid_w)
+        expected = write_patches(image, table, *grid, 14)
+        assert c_patches(backend, image, grid, 14, table.T).tobytes() == expected.tobytes(), name
+
+
+def patch_bound_ratio(preset_name: str, sizes: list[tuple[int, int]]) -> float:
+    """The largest patches / in_patch_limit of the NaViT sizes of ``sizes`` (width, height)."""
+    preset = PRESETS[preset_name]
+    return max(navit_target_size(w, h, preset).num_patches for w, h in sizes) / preset.in_patch_limit
+
+
+@pytest.mark.parametrize("preset", SERVED_PRESETS)
+def test_navit_sizes_stay_inside_the_backends_bound(preset: str) -> None:
+    """The backend refuses more than 2 * in_patch_limit patches an image: every NaViT size of a
+    sweep (just below patch multiples, where floor(w / p) loses most; extreme aspect ratios) fits,
+    so an image of the decode step is never refused by it."""
+    p = PRESETS[preset].patch_size
+    rng = random.Random(5)
+    sizes = [(k * p + p - 1, j * p + p - 1) for k in (1, 2, 3, 7, 31, 64, 127, 128, 511) for j in range(1, 4000, 37)]
+    sizes += [(j, k) for k, j in sizes]
+    sizes += [(rng.randint(1, 20000), rng.randint(1, 20000)) for _ in range(5000)]
+    ratio = patch_bound_ratio(preset, sizes)
+    assert 0.9 < ratio <= 2.0, ratio
+
+
+# -- the served model -------------------------------------------------------------------------------
+
+
+def test_cpu_rendering_ends_the_vision_ensembles_in_patchify() -> None:
+    """In a CPU rendering each vision ensemble's second step is ``<prefix>_patchify`` (the C backend),
+    fed the decode step's IMAGE and IMAGE_SHAPES; elsewhere the Python preprocess step."""
+    for kind, step in (("cpu", "patchify"), (None, "preprocess"), ("gpu", "preprocess")):
+        models = {m.name: m for m in repository_models(RenderOptions(kind=kind))}
+        for preset in SERVED_PRESETS:
+            prefix = model_prefix(preset)
+            for wire in ("", "_u8"):
+                assert models[f"{prefix}_vision{wire}"].steps == (f"{prefix}_decode", f"{prefix}_{step}")
+            assert (f"{prefix}_patchify" in models) == (kind == "cpu")
+    config = {m.name: m for m in repository_models(RenderOptions(kind="cpu"))}["kimi_k25_patchify"].config
+    assert 'backend: "kimi_patchify"' in config and "kind: KIND_CPU" in config
+
+
+def raw_inputs(protocol: str, image: np.ndarray, shapes: np.ndarray) -> list[Any]:
+    module = PROTOCOLS[protocol]
+    tensors = [
+        module.InferInput("IMAGE", list(image.shape), "UINT8"),
+        module.InferInput("IMAGE_SHAPES", list(shapes.shape), "INT64"),
+    ]
+    tensors[0].set_data_from_numpy(image)
+    tensors[1].set_data_from_numpy(shapes)
+    return tensors
+
+
+def client_for(server: Any, protocol: str) -> Any:
+    module = PROTOCOLS[protocol]
+    return module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+
+
+def served_error(exc: InferenceServerException) -> Exception:
+    code = "INVALID_ARG" if exc.status() in ("400", "StatusCode.INVALID_ARGUMENT") else str(exc.status())
+    return error_from_served(code, exc.message())
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_direct_requests_equal_the_library(triton_server: Any, protocol: str) -> None:
+    """Two RGB images of odd sizes in one request: all four outputs, each equal to the library's."""
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (37, 61, 3), np.uint8), rng.integers(0, 256, (90, 15, 3), np.uint8)]
+    flat = np.concatenate([im.ravel() for im in images])[None]
+    shapes = np.array([[[37, 61, 3, 0], [90, 15, 3, images[0].size]]], np.int64)
+    preset = PRESETS["kimi-k2.5"]
+    table = normalize_table(preset.image_mean, preset.image_std)
+    grids = [(-(-h // 28) * 2, -(-w // 28) * 2) for h, w, _ in (im.shape for im in images)]
+    client = client_for(triton_server, protocol)
+    try:
+        result = client.infer("kimi_k25_patchify", raw_inputs(protocol, flat, shapes))
+    finally:
+        client.close()
+    expected = np.concatenate([write_patches(im, table, *grid, 14) for im, grid in zip(images, grids, strict=True)])
+    assert result.as_numpy("PIXEL_VALUES")[0].tobytes() == expected.tobytes()
+    patches = np.concatenate([patchify(im, *grid, 14) for im, grid in zip(images, grids, strict=True)])
+    assert result.as_numpy("PIXEL_PATCHES")[0].tobytes() == patches.tobytes()
+    assert result.as_numpy("GRID_THW").tolist() == [[[1, *grid] for grid in grids]]
+    assert result.as_numpy("NUM_TOKENS").tolist() == [[gh // 2 * (gw // 2) for gh, gw in grids]]
+
+
+def bad_requests() -> list[tuple[str, np.ndarray, np.ndarray, type]]:
+    """(what, IMAGE, IMAGE_SHAPES, the error class) of requests the backend must refuse."""
+    pixels = np.zeros((1, 300), np.uint8)
+    side = PRESETS["kimi-k2.5"].patch_limit_on_one_side * 14
+    many = DecoderSettings().max_images_per_request + 1
+    return [
+        ("a row past IMAGE", pixels, np.array([[[10, 11, 3, 0]]], np.int64), InvalidRequestError),
+        ("an offset past IMAGE", pixels, np.array([[[2, 2, 3, 299]]], np.int64), InvalidRequestError),
+        ("a negative offset", pixels, np.array([[[2, 2, 3, -4]]], np.int64), InvalidRequestError),
+        ("a zero height", pixels, np.array([[[0, 2, 3, 0]]], np.int64), InvalidRequestError),
+        ("grey pixels", pixels, np.array([[[10, 10, 1, 0]]], np.int64), InvalidRequestError),
+        ("huge sides", pixels, np.array([[[1 << 40, 1 << 40, 3, 0]]], np.int64), ImageTooLargeError),
+        ("a side past the limit", pixels, np.array([[[1, side + 1, 3, 0]]], np.int64), ImageTooLargeError),
+        ("too many images", pixels, np.tile(np.array([[[2, 2, 3, 0]]], np.int64), (1, many, 1)), ImageTooLargeError),
+        ("shapes of 3 columns", pixels, np.array([[[2, 2, 3]]], np.int64), InvalidRequestError),
+        ("no images", pixels, np.zeros((1, 0, 4), np.int64), InvalidRequestError),
+    ]
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_bad_direct_requests_get_their_class_and_the_server_keeps_serving(
+    triton_server: Any, corpus: Path, protocol: str
+) -> None:
+    client = client_for(triton_server, protocol)
+    try:
+        for what, image, shapes, error in bad_requests():
+            with pytest.raises(InferenceServerException) as info:
+                client.infer("kimi_k25_patchify", raw_inputs(protocol, image, shapes))
+                pytest.fail(f"{what}: answered")
+            assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), what
+            assert type(served_error(info.value)) is error, (what, info.value.message())
+        data = (corpus / "pil__hopper.jpg").read_bytes()
+        tensor = PROTOCOLS[protocol].InferInput("IMAGE_BYTES", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+        result = client.infer("kimi_k25_vision", [tensor])
+        expected = preprocess_bytes(data, "kimi-k2.5").pixel_values
+        assert result.as_numpy("PIXEL_VALUES")[0].tobytes() == expected.tobytes()
+        assert client.is_model_ready("kimi_k25_patchify")
+    finally:
+        client.close()
