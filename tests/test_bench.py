@@ -31,8 +31,8 @@ def test_bench_sweep_writes_json_and_plot(triton_server: Any, corpus: Path, tmp_
     for level in result["levels"]:
         assert (level["requests"], level["errors"]) == (4, 0)
         assert level["images_s"] > 0 and level["p50_ms"] <= level["p99_ms"]
-        assert {"kimi_k25_vision", "kimi_k25_decode", "kimi_k25_preprocess"} <= set(level["server"])
-        assert level["server"]["kimi_k25_preprocess"]["requests"] == 4
+        assert {"kimi_k25_vision", "kimi_k25_decode", "kimi_k25_patchify"} <= set(level["server"])  # the CPU rendering
+        assert level["server"]["kimi_k25_patchify"]["requests"] == 4
 
 
 @pytest.mark.parametrize("model", ["kimi_k25_vision_u8", "kimi_k25_vision_fused_u8"])
@@ -42,7 +42,7 @@ def test_bench_u8_counts_the_bytes_received(
 ) -> None:
     """Against ``kimi_k25_vision_u8`` and ``kimi_k25_vision_fused_u8`` "MB/s out" is the uint8 patches
     (plus grid and tokens) actually received, not the float32 pixel_values the client expands them
-    into; the fused model runs alone (no decode / preprocess step in the server split)."""
+    into; the fused model runs alone (no decode / patchify step in the server split)."""
     names = ["pil__iptc.jpg", "sklearn__china.jpg"]
     images = [corpus / name for name in names]
     argv = ["bench", "--url", triton_server.grpc_url, "--model", model, "--concurrency", "1,2"]
@@ -56,7 +56,7 @@ def test_bench_u8_counts_the_bytes_received(
         if model == "kimi_k25_vision_fused_u8":
             assert set(level["server"]) == {model} and level["server"][model]["requests"] == 4
         else:
-            assert {model, "kimi_k25_preprocess"} <= set(level["server"])
+            assert {model, "kimi_k25_patchify"} <= set(level["server"])
         received = level["mb_out_s"] * level["wall_s"] * 1e6
         assert received == pytest.approx(2 * sum(per_image), rel=1e-9)
 

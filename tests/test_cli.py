@@ -20,7 +20,8 @@ from kimi_vision_client.samples import sample_images
 from kimi_vision_prep import PreprocessError, concat_results, preprocess_bytes
 from kimi_vision_prep.host import host_layout
 
-DEFAULT_KINDS = ("vision", "vision_u8", "decode", "preprocess")
+# A CPU rendering's pixel step is the C backend's patchify, elsewhere the Python preprocess step.
+DEFAULT_KINDS = ("vision", "vision_u8", "decode", "patchify")
 GOOD = ["pil__hopper.jpg", "pilx__transparent.webp", "pil__iptc.jpg", "pilx__p_trns_single.png"]
 BAD = ["pilx__broken.png", "pil__truncated_jpeg.jpg"]
 # Bad files interleaved with good ones: the good ones must come out unaffected and in order.
@@ -142,7 +143,8 @@ def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPa
     assert set(rendered.models) == {f"{p}_{k}" for p in ("kimi_k25", "kimi_k3") for k in DEFAULT_KINDS}
     assert all(name.startswith("kimi_k25_") or name == "kimi_patch_embed" for name in everything_k25.models)
     assert {"kimi_k25_video", "kimi_k25_tokens", "kimi_patch_embed"} <= set(everything_k25.models)
-    assert set(chosen.models) == {"kimi_k3_tokens", "kimi_k25_vision_embed", "kimi_k25_decode", "kimi_k25_preprocess",
+    pixel_step = "kimi_k25_patchify" if layout.kind == "cpu" else "kimi_k25_preprocess"
+    assert set(chosen.models) == {"kimi_k3_tokens", "kimi_k25_vision_embed", "kimi_k25_decode", pixel_step,
                                   "kimi_patch_embed"}  # fmt: skip
     assert cli.main(["serve", "--models", "kimi_k3_tokens", "--", "--log-verbose=1", "--trace-config=rate=100"]) == 7
     assert calls[-1].extra_args == ["--log-verbose=1", "--trace-config=rate=100"]  # to tritonserver, as they are

@@ -69,7 +69,10 @@ def check_images() -> dict[str, bytes]:
 def start_server(out: Path, kind: str, instances: int, tag: str) -> EmbeddedServer:
     """A server of ``kimi_k25_vision`` and its steps at ``instances`` a model; ``with`` starts it."""
     repository = Path(tempfile.mkdtemp(prefix="kimi_served_check."))
-    render_repository(repository, RenderOptions(instances=instances, kind=kind), names=[MODEL])  # type: ignore[arg-type]
+    # The dry run leaves the kind unset (CPU here): the same ensemble as on the GPU, through the Python
+    # preprocess step (a KIND_CPU rendering ends it in the C backend kimi_patchify instead).
+    render_kind = "gpu" if kind == "gpu" else None
+    render_repository(repository, RenderOptions(instances=instances, kind=render_kind), names=[MODEL])
     extra = [f"--cuda-memory-pool-byte-size=0:{CUDA_POOL_BYTES}"] if kind == "gpu" else []
     return EmbeddedServer(repository, extra_args=extra, log_path=out / f"tritonserver_{tag}.log", startup_timeout_s=240)
 
