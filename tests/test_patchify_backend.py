@@ -22,8 +22,9 @@ from make_inputs import corpus_names
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from kimi_vision_client.client import error_from_server
 from kimi_vision_prep import PRESETS, preprocess_bytes
-from kimi_vision_prep.errors import ImageTooLargeError, InvalidRequestError, error_from_served
+from kimi_vision_prep.errors import ImageTooLargeError, InvalidRequestError
 from kimi_vision_prep.normalize import normalize_table, patchify, write_patches
 from kimi_vision_prep.presets import SERVED_PRESETS, model_prefix
 from kimi_vision_prep.serving.config import DecoderSettings
@@ -174,11 +175,6 @@ def client_for(server: Any, protocol: str) -> Any:
     return module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
 
 
-def served_error(exc: InferenceServerException) -> Exception:
-    code = "INVALID_ARG" if exc.status() in ("400", "StatusCode.INVALID_ARGUMENT") else str(exc.status())
-    return error_from_served(code, exc.message())
-
-
 @pytest.mark.server
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_direct_requests_equal_the_library(triton_server: Any, protocol: str) -> None:
@@ -234,7 +230,7 @@ def test_bad_direct_requests_get_their_class_and_the_server_keeps_serving(
                 client.infer("kimi_k25_patchify", raw_inputs(protocol, image, shapes))
                 pytest.fail(f"{what}: answered")
             assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), what
-            assert type(served_error(info.value)) is error, (what, info.value.message())
+            assert type(error_from_server(info.value)) is error, (what, info.value.message())
         data = (corpus / "pil__hopper.jpg").read_bytes()
         tensor = PROTOCOLS[protocol].InferInput("IMAGE_BYTES", [1, 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))

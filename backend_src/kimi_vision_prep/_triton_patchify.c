@@ -21,7 +21,7 @@
  * The images are taken at the size they come in (the decode step sends their NaViT size; this
  * step does not resize). Bounds, so that no request can make it write more than a preset's
  * budget allows: each side at most patch_limit_on_one_side patches after padding, and at most
- * 2 * in_patch_limit patches an image (a NaViT size has up to ~1.07x the budget after padding,
+ * 2 * in_patch_limit patches an image (a NaViT size has up to ~1.08x the budget after padding,
  * tests/test_patchify_backend.py). A bad request gets its own error, tagged with the class of
  * kimi_vision_prep.errors that error_from_served turns it back into, with that class's Triton code.
  *

@@ -48,6 +48,7 @@ from .render_blocks import (
     preset_block,
     python_model,
 )
+from .triton_install import PATCHIFY_BACKEND
 
 __all__ = [
     "ModelFiles",
@@ -60,7 +61,6 @@ __all__ = [
 ]
 
 PATCH_EMBED_MODEL = "kimi_patch_embed"
-PATCHIFY_BACKEND = "kimi_patchify"  # _triton_patchify.c, laid out by triton_install.py
 
 
 # -- the image models -----------------------------------------------------------------------------
