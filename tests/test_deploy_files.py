@@ -244,3 +244,31 @@ def test_k8s_scrapes_both_metrics_endpoints() -> None:
     assert endpoints == {("metrics", "/metrics"), ("probes", "/metrics")}
     ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert {"metrics", "probes"} <= ports
+
+
+@pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
+def test_dockerfile_listens_beyond_loopback_as_a_non_root_user_behind_the_admin_key(cuda: str) -> None:
+    """The image's server answers outside the container (--host 0.0.0.0) with the launcher's
+    restricted APIs (no --open-api), its key from the environment or generated; never as root."""
+    args = serve_arguments(DOCKERFILES[cuda])
+    assert args.host == "0.0.0.0" and args.open_api == [] and args.admin_key_file is None
+    (user,) = instruction_args(DOCKERFILES[cuda], "USER")
+    assert user not in ("root", "0")
+
+
+def test_k8s_pod_takes_the_admin_key_from_a_secret_and_runs_locked_down() -> None:
+    docs = k8s_documents()
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {entry["name"]: entry for entry in container["env"]}
+    secret = env["KIMI_PREP_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]
+    assert secret["name"] and secret["key"] and "value" not in env["KIMI_PREP_ADMIN_KEY"]
+    context = container["securityContext"]
+    assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
+    assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
+    writable = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert env["XDG_CACHE_HOME"]["value"] in writable and env["XDG_RUNTIME_DIR"]["value"] in writable
+    policy = docs["NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
+    served = {port["port"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
+    assert served == {*PORTS.values(), PROBE_PORT}

@@ -48,6 +48,7 @@ from kimi_vision_prep.errors import ImageTooLargeError, InvalidRequestError, ser
 from kimi_vision_prep.kernels import register_kernel, type_key
 from kimi_vision_prep.serving import components, launcher, tensors, triton_install
 from kimi_vision_prep.serving import requests as request_tensors
+from kimi_vision_prep.serving.access import AccessPolicy, access_args
 from kimi_vision_prep.serving.config import (
     DecoderSettings,
     buffer_caps,
@@ -118,7 +119,9 @@ def test_fused_config_carries_the_decode_and_preprocess_settings(family: str, ki
     decode_params, prep_params, fused_params = (model_parameters(config_dict(c.name)) for c in (decode, prep, fused))
     assert fused_params == decode_params | {key: prep_params[key] for key in ("numba_threads", "scratch_cap_bytes")}
     assert DECODER_KEYS <= decode_params.keys(), f"missing decoder settings: {DECODER_KEYS - decode_params.keys()}"
-    assert decoder_settings(fused_params) == decoder_settings(decode_params) == DecoderSettings()
+    budget = SERVING_DEFAULTS.patch_budget(dict(FAMILIES)[family])
+    expected = dataclasses.replace(DecoderSettings(), max_patches_per_request=budget)
+    assert decoder_settings(fused_params) == decoder_settings(decode_params) == expected
     assert numba_threads(fused_params) == numba_threads(prep_params) == 0
     assert fused.backend == decode.backend == "python" and fused.max_batch_size == prep.max_batch_size == 1
     assert list(fused.input) == list(decode.input)
@@ -943,6 +946,10 @@ def test_render_options_change_only_their_fields(tmp_path: Path) -> None:
                 threaded += 1
         for group in original.instance_group:
             group.count, group.kind = 3, model_config_pb2.ModelInstanceGroup.KIND_CPU
+        if name.endswith("_decode"):  # CPU instances decode one request an execute (repository.decode_model)
+            assert config.max_batch_size == SERVING_DEFAULTS.pixel_batch_size
+            original.max_batch_size = config.max_batch_size
+            original.dynamic_batching.CopyFrom(config.dynamic_batching)
         assert config == original, name  # nothing else changed
     # decoder_threads: decode, 2 fused, video, video_chunk; numba_threads: decode, preprocess, 2 fused, video,
     # video_chunk
@@ -973,14 +980,16 @@ def test_server_args_and_embedded_layout(monkeypatch: pytest.MonkeyPatch, tmp_pa
         str(Path(sys.modules["pytriton"].__file__).parent.parent / "nvidia_pytriton.libs")
     )
     assert install.env["NUMBA_CACHE_DIR"].startswith(str(tmp_path))  # the stubs' numba cache, set by the launcher
-    args = launcher.server_args(install, tmp_path, launcher.Ports(1, 2, 3))
+    access = AccessPolicy("k" * 24)
+    args = launcher.server_args(install, tmp_path, launcher.Ports(1, 2, 3), access)
+    assert set(access_args(access)) <= set(args)  # loopback listeners, restricted admin APIs
     assert "--model-control-mode=explicit" in args and "--load-model=*" in args
     assert f"--backend-directory={install.backend_directory}" in args
     shm = next(a for a in args if "shm-default-byte-size" in a)
     assert int(shm.rsplit("=", 1)[1]) > 24 << 20  # a 1920x1080 PIXEL_VALUES (~25 MiB) fits the first region
     ours = f"--grpc-infer-allocation-pool-size={launcher.GRPC_INFER_POOL_SIZE}"
     operators = "--grpc-infer-allocation-pool-size=8"
-    overridden = launcher.server_args(install, tmp_path, launcher.Ports(1, 2, 3), [operators])
+    overridden = launcher.server_args(install, tmp_path, launcher.Ports(1, 2, 3), access, extra_args=[operators])
     assert overridden.index(ours) < overridden.index(operators)  # the operator's comes last: it wins
 
 

@@ -53,6 +53,7 @@ typedef struct TRITONBACKEND_Request TRITONBACKEND_Request;
 typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
 typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
 typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
+typedef struct TRITONBACKEND_ResponseFactory TRITONBACKEND_ResponseFactory;
 
 typedef enum { TYPE_UINT8 = 2, TYPE_INT32 = 8, TYPE_INT64 = 9, TYPE_FP32 = 11 } DataType;
 typedef enum { MEMORY_CPU = 0, MEMORY_CPU_PINNED = 1, MEMORY_GPU = 2 } MemoryType;
@@ -89,6 +90,11 @@ WEAK TRITONSERVER_Error *TRITONBACKEND_RequestOutputName(TRITONBACKEND_Request *
                                                          const char **output_name);
 WEAK TRITONSERVER_Error *TRITONBACKEND_RequestRelease(TRITONBACKEND_Request *request, uint32_t release_flags);
 WEAK TRITONSERVER_Error *TRITONBACKEND_ResponseNew(TRITONBACKEND_Response **response, TRITONBACKEND_Request *request);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryNew(TRITONBACKEND_ResponseFactory **factory,
+                                                         TRITONBACKEND_Request *request);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ResponseFactoryDelete(TRITONBACKEND_ResponseFactory *factory);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ResponseNewFromFactory(TRITONBACKEND_Response **response,
+                                                             TRITONBACKEND_ResponseFactory *factory);
 WEAK TRITONSERVER_Error *TRITONBACKEND_ResponseOutput(TRITONBACKEND_Response *response, TRITONBACKEND_Output **output,
                                                       const char *name, int datatype, const int64_t *shape,
                                                       uint32_t dims_count);
@@ -175,9 +181,18 @@ void kimi_write_patches_u8(const uint8_t *image, size_t height, size_t width, ui
 
 /* -------------------------------------------------------------------------------- the model state */
 
+/* A request's limits (the model's parameters), in this order for kimi_check_images' callers. */
+typedef struct {
+  int64_t patch_size, factor, side_limit, patch_budget, max_images, max_patches;
+} Limits;
+
+typedef struct {
+  size_t height, width, offset, grid_h, grid_w, patches;
+} Image;
+
 typedef struct {
   char name[128];
-  int64_t patch_size, factor, side_limit, patch_budget, max_images;
+  Limits limits;
   float value_tables[3 * 256];
   uint8_t patch_tables[3 * 256];
 } ModelState;
@@ -298,18 +313,19 @@ static TRITONSERVER_Error *triple_parameter(const char *json, size_t size, const
 static TRITONSERVER_Error *read_state(const char *json, size_t size, ModelState *state) {
   int64_t merge, side_patches, in_patch_limit;
   double mean[3], std[3];
-  RETURN_IF_ERROR(int_parameter(json, size, "patch_size", &state->patch_size));
+  RETURN_IF_ERROR(int_parameter(json, size, "patch_size", &state->limits.patch_size));
   RETURN_IF_ERROR(int_parameter(json, size, "merge_kernel_size", &merge));
   RETURN_IF_ERROR(int_parameter(json, size, "patch_limit_on_one_side", &side_patches));
   RETURN_IF_ERROR(int_parameter(json, size, "in_patch_limit", &in_patch_limit));
-  RETURN_IF_ERROR(int_parameter(json, size, "max_images_per_request", &state->max_images));
+  RETURN_IF_ERROR(int_parameter(json, size, "max_images_per_request", &state->limits.max_images));
+  RETURN_IF_ERROR(int_parameter(json, size, "max_patches_per_request", &state->limits.max_patches));
   RETURN_IF_ERROR(triple_parameter(json, size, "image_mean", mean));
   RETURN_IF_ERROR(triple_parameter(json, size, "image_std", std));
   for (int c = 0; c < 3; c++)
     if (std[c] == 0.0) return INTERNAL("parameter image_std has a zero");
-  state->factor = merge * state->patch_size;
-  state->side_limit = side_patches;
-  state->patch_budget = 2 * in_patch_limit;
+  state->limits.factor = merge * state->limits.patch_size;
+  state->limits.side_limit = side_patches;
+  state->limits.patch_budget = 2 * in_patch_limit;
   kimi_normalize_tables(mean, std, state->value_tables);
   identity_tables(state->patch_tables);
   return NULL;
@@ -325,7 +341,8 @@ TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
         TRITONBACKEND_ModelConfig && TRITONBACKEND_ModelState && TRITONBACKEND_ModelSetState &&
         TRITONBACKEND_ModelInstanceModel && TRITONBACKEND_RequestInput && TRITONBACKEND_InputProperties &&
         TRITONBACKEND_InputBuffer && TRITONBACKEND_RequestOutputCount && TRITONBACKEND_RequestOutputName &&
-        TRITONBACKEND_RequestRelease && TRITONBACKEND_ResponseNew && TRITONBACKEND_ResponseOutput &&
+        TRITONBACKEND_RequestRelease && TRITONBACKEND_ResponseNew && TRITONBACKEND_ResponseFactoryNew &&
+        TRITONBACKEND_ResponseFactoryDelete && TRITONBACKEND_ResponseNewFromFactory && TRITONBACKEND_ResponseOutput &&
         TRITONBACKEND_OutputBuffer && TRITONBACKEND_ResponseSend && TRITONBACKEND_ModelInstanceReportStatistics &&
         TRITONBACKEND_ModelInstanceReportBatchStatistics))
     return INTERNAL("kimi_patchify: this tritonserver lacks a function of the Triton C API 1.x it calls");
@@ -357,7 +374,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
   snprintf(state->name, sizeof state->name, "%s", name);
   char line[256];
   snprintf(line, sizeof line, "%s: patch_size %lld, padding to %lld px, at most %lld patches a side (C backend)",
-           state->name, (long long)state->patch_size, (long long)state->factor, (long long)state->side_limit);
+           state->name, (long long)state->limits.patch_size, (long long)state->limits.factor, (long long)state->limits.side_limit);
   TRITONSERVER_Error *logged = TRITONSERVER_LogMessage(LOG_INFO, __FILE__, __LINE__, line);
   if (logged != NULL) TRITONSERVER_ErrorDelete(logged);
   return NULL;
@@ -389,8 +406,11 @@ static TRITONSERVER_Error *host_input(TRITONBACKEND_Request *request, const char
   int actual_type;
   uint32_t buffers;
   memset(input, 0, sizeof *input);
-  if (TRITONBACKEND_RequestInput(request, name, &handle) != NULL)
+  TRITONSERVER_Error *missing = TRITONBACKEND_RequestInput(request, name, &handle);
+  if (missing != NULL) {
+    TRITONSERVER_ErrorDelete(missing);
     return INVALID_REQUEST("the request has no input %s", name);
+  }
   RETURN_IF_ERROR(TRITONBACKEND_InputProperties(handle, &input_name, &actual_type, &input->shape, &input->dims,
                                                 &input->bytes, &buffers));
   if (actual_type != datatype) return INVALID_REQUEST("%s must be %s", name, datatype == TYPE_UINT8 ? "uint8" : "int64");
@@ -425,12 +445,86 @@ static TRITONSERVER_Error *host_input(TRITONBACKEND_Request *request, const char
   return NULL;
 }
 
-typedef struct {
-  size_t height, width, offset, grid_h, grid_w, patches;
-} Image;
 
-/* The K images of IMAGE_SHAPES, checked against IMAGE (every row inside it, RGB, within the
- * preset's bounds), with their patch grids; *images is malloc'd. */
+
+enum { CHECK_OK = 0, CHECK_INVALID = 1, CHECK_TOO_LARGE = 2 };
+
+static int verdict(char *message, size_t capacity, int code, const char *format, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int verdict(char *message, size_t capacity, int code, const char *format, ...) {
+  va_list args;
+  va_start(args, format);
+  vsnprintf(message, capacity, format, args);
+  va_end(args);
+  return code;
+}
+
+/* The layout of one request (serving/requests.py, check_image_layout: the same rules): K rows of
+ * IMAGE_SHAPES (height, width, channels, offset) that tile an IMAGE of `length` bytes in order,
+ * without gaps or overlap; RGB; each image within the preset's bounds, all of them within
+ * max_patches_per_request. Fills images[k] (where images is not NULL) and *total_patches; returns
+ * CHECK_OK, or CHECK_INVALID / CHECK_TOO_LARGE with the reason in `message`. Pure: exported for the
+ * tests and the fuzzer (ctypes). */
+int kimi_check_images(const Limits *limits, const int64_t *rows, int64_t k, int64_t length, Image *images,
+                      size_t *total_patches, char *message, size_t capacity) {
+  *total_patches = 0;
+  if (length < 0) return verdict(message, capacity, CHECK_INVALID, "IMAGE must have shape [1, L]");
+  if (k < 1) return verdict(message, capacity, CHECK_INVALID, "IMAGE_SHAPES must have shape [1, K, 4] with K >= 1");
+  if (k > limits->max_images)
+    return verdict(message, capacity, CHECK_TOO_LARGE, "%lld images exceed max_images_per_request=%lld",
+                   (long long)k, (long long)limits->max_images);
+  const int64_t p = limits->patch_size, f = limits->factor, side_px = limits->side_limit * p;
+  int64_t expected = 0; /* where image `index` must start: right after the one before it */
+  for (int64_t index = 0; index < k; index++) {
+    const int64_t *row = rows + 4 * index;
+    const int64_t h = row[0], w = row[1], c = row[2], offset = row[3];
+    if (h < 1 || w < 1 || c < 1)
+      return verdict(message, capacity, CHECK_INVALID,
+                     "IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld]: height, width and channels must be >= 1",
+                     (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset);
+    if (offset != expected)
+      return verdict(message, capacity, CHECK_INVALID,
+                     "IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld]: image %lld must start at offset %lld, right "
+                     "after the images before it (the K images tile IMAGE in order, without gaps or overlap)",
+                     (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset,
+                     (long long)index, (long long)expected);
+    if (c != 3)
+      return verdict(message, capacity, CHECK_INVALID,
+                     "image %lld: kimi_patchify takes RGB images (C=3), got C=%lld; send other modes to the "
+                     "preprocess model", (long long)index, (long long)c);
+    const int64_t grid_h = h > side_px ? 0 : (h + f - 1) / f * f / p;
+    const int64_t grid_w = w > side_px ? 0 : (w + f - 1) / f * f / p;
+    if (h > side_px || w > side_px || grid_h > limits->side_limit || grid_w > limits->side_limit ||
+        grid_h * grid_w > limits->patch_budget)
+      return verdict(message, capacity, CHECK_TOO_LARGE,
+                     "image %lld: %lldx%lld needs a %lldx%lld patch grid, beyond %lld a side or %lld in all "
+                     "(send images at their NaViT size)", (long long)index, (long long)w, (long long)h,
+                     (long long)grid_w, (long long)grid_h, (long long)limits->side_limit,
+                     (long long)limits->patch_budget);
+    int64_t bytes;
+    if (__builtin_mul_overflow(h, w, &bytes) || __builtin_mul_overflow(bytes, (int64_t)3, &bytes) ||
+        bytes > length - offset)
+      return verdict(message, capacity, CHECK_INVALID,
+                     "IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld] is outside IMAGE (%lld bytes)",
+                     (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset, (long long)length);
+    expected = offset + bytes;
+    if (images != NULL)
+      images[index] = (Image){(size_t)h, (size_t)w, (size_t)offset, (size_t)grid_h, (size_t)grid_w,
+                              (size_t)(grid_h * grid_w)};
+    *total_patches += (size_t)(grid_h * grid_w);
+  }
+  if (expected != length)
+    return verdict(message, capacity, CHECK_INVALID, "IMAGE holds %lld bytes, its %lld images %lld: no gaps allowed",
+                   (long long)length, (long long)k, (long long)expected);
+  if (*total_patches > (size_t)limits->max_patches)
+    return verdict(message, capacity, CHECK_TOO_LARGE,
+                   "the images of this request need %zu patches, over max_patches_per_request=%lld (send fewer or "
+                   "smaller images per request)", *total_patches, (long long)limits->max_patches);
+  return CHECK_OK;
+}
+
+/* The K images of a request's IMAGE and IMAGE_SHAPES (kimi_check_images); *images is malloc'd. */
 static TRITONSERVER_Error *request_images(const ModelState *state, const HostInput *image, const HostInput *shapes,
                                           Image **images, size_t *count, size_t *total_patches) {
   const int64_t length = image->shape[1], k = shapes->shape[1];
@@ -438,41 +532,18 @@ static TRITONSERVER_Error *request_images(const ModelState *state, const HostInp
   if (k < 1 || shapes->shape[2] != 4 || shapes->bytes != (uint64_t)k * 4 * sizeof(int64_t))
     return INVALID_REQUEST("IMAGE_SHAPES must have shape [1, K, 4], got [1, %lld, %lld]", (long long)k,
                            (long long)shapes->shape[2]);
-  if (k > state->max_images)
-    return TOO_LARGE("%lld images exceed max_images_per_request=%lld", (long long)k, (long long)state->max_images);
+  if (k > state->limits.max_images)
+    return TOO_LARGE("%lld images exceed max_images_per_request=%lld", (long long)k,
+                     (long long)state->limits.max_images);
   *images = calloc((size_t)k, sizeof **images);
   if (*images == NULL) return INTERNAL("out of memory");
   *count = (size_t)k;
-  *total_patches = 0;
-  const int64_t *rows = shapes->data;
-  const int64_t side_px = state->side_limit * state->patch_size, p = state->patch_size, f = state->factor;
-  for (int64_t index = 0; index < k; index++) {
-    const int64_t *row = rows + 4 * index;
-    const int64_t h = row[0], w = row[1], c = row[2], offset = row[3];
-    if (h < 1 || w < 1 || c < 1 || offset < 0 || offset > length)
-      return INVALID_REQUEST("IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld] is outside IMAGE (%lld bytes)",
-                             (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset,
-                             (long long)length);
-    if (c != 3)
-      return INVALID_REQUEST("image %lld: kimi_patchify takes RGB images (C=3), got C=%lld; send other modes to the "
-                             "preprocess model", (long long)index, (long long)c);
-    const int64_t grid_h = h > side_px ? 0 : (h + f - 1) / f * f / p;
-    const int64_t grid_w = w > side_px ? 0 : (w + f - 1) / f * f / p;
-    if (h > side_px || w > side_px || grid_h > state->side_limit || grid_w > state->side_limit ||
-        grid_h * grid_w > state->patch_budget)
-      return TOO_LARGE("image %lld: %lldx%lld needs a %lldx%lld patch grid, beyond %lld a side or %lld in all "
-                       "(send images at their NaViT size)", (long long)index, (long long)w, (long long)h,
-                       (long long)grid_w, (long long)grid_h, (long long)state->side_limit,
-                       (long long)state->patch_budget);
-    if (h * w * 3 > length - offset)
-      return INVALID_REQUEST("IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld] is outside IMAGE (%lld bytes)",
-                             (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset,
-                             (long long)length);
-    (*images)[index] = (Image){(size_t)h, (size_t)w, (size_t)offset, (size_t)grid_h, (size_t)grid_w,
-                               (size_t)(grid_h * grid_w)};
-    *total_patches += (size_t)(grid_h * grid_w);
+  char message[1024];
+  switch (kimi_check_images(&state->limits, shapes->data, k, length, *images, total_patches, message, sizeof message)) {
+    case CHECK_OK: return NULL;
+    case CHECK_TOO_LARGE: return TOO_LARGE("%s", message);
+    default: return INVALID_REQUEST("%s", message);
   }
-  return NULL;
 }
 
 enum { WANT_VALUES = 1, WANT_PATCHES = 2, WANT_GRID = 4, WANT_TOKENS = 8 };
@@ -512,7 +583,7 @@ static TRITONSERVER_Error *fill_response(const ModelState *state, TRITONBACKEND_
   if (error == NULL) error = host_input(request, "IMAGE_SHAPES", TYPE_INT64, 3, &shapes);
   if (error == NULL) error = request_images(state, &image, &shapes, images, &count, &total);
   if (error == NULL) error = requested_outputs(request, &wanted);
-  const size_t p = (size_t)state->patch_size, per_patch = 3 * p * p;
+  const size_t p = (size_t)state->limits.patch_size, per_patch = 3 * p * p;
   const int64_t pixel_shape[5] = {1, (int64_t)total, 3, (int64_t)p, (int64_t)p};
   for (unsigned bit = WANT_VALUES; error == NULL && bit <= WANT_PATCHES; bit <<= 1) {
     if (!(wanted & bit)) continue;
@@ -545,7 +616,7 @@ static TRITONSERVER_Error *fill_response(const ModelState *state, TRITONBACKEND_
   if (error == NULL && (wanted & WANT_TOKENS)) {
     const int64_t shape[2] = {1, (int64_t)count};
     int32_t *tokens;
-    const size_t merge = (size_t)(state->factor / state->patch_size);
+    const size_t merge = (size_t)(state->limits.factor / state->limits.patch_size);
     error = host_output(response, "NUM_TOKENS", TYPE_INT32, shape, 2, count * sizeof(int32_t), (void **)&tokens);
     for (size_t k = 0; error == NULL && k < count; k++)
       tokens[k] = (int32_t)((*images)[k].grid_h / merge * ((*images)[k].grid_w / merge));
@@ -569,6 +640,21 @@ static void log_error(const ModelState *state, const char *what, TRITONSERVER_Er
   TRITONSERVER_ErrorDelete(error);
 }
 
+/* A second way to a response where TRITONBACKEND_ResponseNew failed: through a response factory
+ * of the request, so that the request's error still reaches its client; NULL if that fails too. */
+static TRITONBACKEND_Response *fallback_response(const ModelState *state, TRITONBACKEND_Request *request) {
+  TRITONBACKEND_ResponseFactory *factory = NULL;
+  TRITONBACKEND_Response *response = NULL;
+  TRITONSERVER_Error *error = TRITONBACKEND_ResponseFactoryNew(&factory, request);
+  if (error == NULL) error = TRITONBACKEND_ResponseNewFromFactory(&response, factory);
+  if (error != NULL) log_error(state, "creating a response through a factory", error);
+  if (factory != NULL) {
+    TRITONSERVER_Error *deleted = TRITONBACKEND_ResponseFactoryDelete(factory);
+    if (deleted != NULL) log_error(state, "deleting a response factory", deleted);
+  }
+  return error == NULL ? response : NULL;
+}
+
 /* Every request gets its own response: its outputs, or its error; one request's error never
  * touches another's. */
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance *instance,
@@ -589,6 +675,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     free(images);
     const uint64_t end = compute_end = now_ns();
     const bool success = error == NULL;
+    if (response == NULL) response = fallback_response(state, request);
     if (response != NULL) {
       TRITONSERVER_Error *sent = TRITONBACKEND_ResponseSend(response, RESPONSE_COMPLETE_FINAL, error);
       if (sent != NULL) log_error(state, "sending a response", sent);

@@ -32,6 +32,7 @@ from .pillow_io import as_rgb_array
 from .presets import Preset, get_preset
 from .resize import resize
 from .sizing import TargetSize, navit_target_size
+from .tokens import check_patch_budget
 
 # What preprocessing produces per image: normalised float32 ``pixel_values`` (the processor's
 # output, the default) or the uint8 ``pixel_patches`` they are a table lookup of.
@@ -334,18 +335,23 @@ def preprocess_images(
     decoder: ImageDecoder | None = None,
     output: PixelOutput = "pixel_values",
     max_images_per_request: int = DEFAULT_MAX_IMAGES_PER_REQUEST,
+    max_patches_per_request: int | None = None,
     out: Any = None,
 ) -> ImagesResult:
     """A list of encoded images -> one :class:`ImagesResult`, the concatenation of the single-image
     results (``[]``: empty arrays). Like the reference, one call has one verdict: the first bad
     image raises its typed error, its index in the message. More than ``max_images_per_request``
-    (default 16) raises :class:`ImageTooLargeError` before anything is decoded. ``out``: the
+    (default 16) raises :class:`ImageTooLargeError` before anything is decoded, and so do more
+    NaViT patches in all than ``max_patches_per_request`` (None: no limit; counted from the
+    headers, :func:`~.tokens.check_patch_budget`). ``out``: the
     caller's ``(ΣN, 3, p, p)`` array (as for :func:`preprocess_decoded`; ``ΣN`` from
     :func:`~.tokens.count_tokens`), each image written into its rows without a concatenation."""
     preset = get_preset(preset)
     if len(images) > max_images_per_request:
         raise ImageTooLargeError(f"{len(images)} images exceed max_images_per_request={max_images_per_request}")
-    decoded = (decoder or default_decoder()).decode_batch(images, preset)
+    decoder = decoder or default_decoder()
+    check_patch_budget(images, preset, max_patches_per_request, limits=decoder.limits)
+    decoded = decoder.decode_batch(images, preset)
     rows = out_rows(decoded, preset, out)
 
     def preprocess_item(pair: tuple[DecodedImage | PreprocessError, Any]) -> PreprocessResult:

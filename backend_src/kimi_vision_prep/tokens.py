@@ -9,12 +9,13 @@ equal full preprocessing's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .decode import DecodeLimits
-from .errors import ImageTooLargeError, InvalidImageError
+from .errors import ImageTooLargeError, InvalidImageError, PreprocessError
 from .pillow_io import open_with_pillow
 from .presets import Preset, get_preset
 from .sizing import navit_target_size
@@ -52,3 +53,35 @@ def count_tokens(data: bytes, preset: str | Preset = "kimi-k2.5", *, limits: Dec
     target = navit_target_size(width, height, preset)
     grid_thw = np.asarray(target.grid_thw, dtype=np.int64)
     return TokenCount(grid_thw, target.num_tokens, image_prompt(width, height, preset))
+
+
+def check_patch_total(patches: int, max_patches_per_request: int | None) -> None:
+    """ImageTooLargeError when one request's ``patches`` exceed ``max_patches_per_request`` (None: no limit)."""
+    if max_patches_per_request is not None and patches > max_patches_per_request:
+        raise ImageTooLargeError(
+            f"the images of this request need {patches} patches, over max_patches_per_request={max_patches_per_request}"
+            " (send fewer or smaller images per request)"
+        )
+
+
+def check_patch_budget(
+    images: Sequence[bytes],
+    preset: str | Preset,
+    max_patches_per_request: int | None,
+    *,
+    limits: DecodeLimits | None = None,
+) -> None:
+    """The per-request budget, from the images' headers alone (before any pixel is decoded): the
+    NaViT patches of every image whose header parses, summed, against ``max_patches_per_request``
+    (None: no limit). An image whose header does not parse is left to the decoder's verdict."""
+    if max_patches_per_request is None:
+        return
+    preset = get_preset(preset)
+    total = 0
+    for data in images:
+        try:
+            grid = count_tokens(data, preset, limits=limits).grid_thw
+        except PreprocessError:
+            continue
+        total += int(grid[1] * grid[2])
+    check_patch_total(total, max_patches_per_request)

@@ -208,7 +208,10 @@ def cmd_infer(args: argparse.Namespace) -> int:
         if data is None:
             print_outcome(outcome)
     outcomes = [outcome for outcome, data in inputs if data is None]
-    with KimiVisionClient(args.url, args.protocol, args.model, args.shm) as client:
+    from kimi_vision_prep.serving.access import operator_key
+
+    admin_key = operator_key(args.admin_key_file) if args.shm else None
+    with KimiVisionClient(args.url, args.protocol, args.model, args.shm, admin_key=admin_key) as client:
         if not client.is_ready():
             print(f"kimi-prep: no ready model {args.model!r} at {args.url} ({args.protocol})", file=sys.stderr)
             return EXIT_UNAVAILABLE
@@ -299,13 +302,19 @@ def serve_options(args: argparse.Namespace) -> RenderOptions | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from kimi_vision_prep.serving.access import operator_key
     from kimi_vision_prep.serving.launcher import LaunchSpec, Ports, serve
 
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.probe_port)
     try:
         options = serve_options(args)
-        spec = LaunchSpec(ports, args.model_repository, options, served_models(args, options), args.tritonserver_args)
-    except ValueError as exc:
+        models = served_models(args, options)
+        key = operator_key(args.admin_key_file)
+        spec = LaunchSpec(
+            ports, args.model_repository, options, models, args.tritonserver_args,
+            host=args.host, admin_key=key, open_apis=tuple(args.open_api),
+        )  # fmt: skip
+    except (ValueError, OSError) as exc:
         print(f"kimi-prep serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return serve(spec)
@@ -412,6 +421,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=("http", "grpc"), default="grpc")
     parser.add_argument("--model", default="kimi_k25_vision")
     parser.add_argument("--shm", action="store_true", help="exchange tensors through system shared memory")
+    parser.add_argument(
+        "--admin-key-file",
+        type=Path,
+        default=None,
+        help="with --shm against a server listening beyond loopback: its admin key (default: $KIMI_PREP_ADMIN_KEY)",
+    )
 
 
 def non_negative_int(text: str) -> int:
@@ -467,6 +482,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_render_arguments(srv, " (serves a fresh rendering from the presets)")
     srv.add_argument(
         "--probe-port", type=int, default=None, help="serve /livez, /readyz and the watchdog's /metrics on this port"
+    )
+    srv.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address HTTP, gRPC, metrics and probes listen on (default: %(default)s; 0.0.0.0: every interface)",
+    )
+    srv.add_argument(
+        "--admin-key-file",
+        type=Path,
+        default=None,
+        help="the key of the restricted APIs (model repository, logging, trace; shared memory beyond loopback); "
+        "default: $KIMI_PREP_ADMIN_KEY, else a random key per start in a file only you can read (docs/security.md)",
+    )
+    srv.add_argument(
+        "--open-api",
+        action="append",
+        default=[],
+        choices=("shared-memory",),
+        help="open a restricted API to clients without the key (shared-memory: for a trusted network)",
     )
     srv.set_defaults(run=cmd_serve)
 

@@ -46,6 +46,7 @@ from kimi_vision_prep import (
     pixel_values_from_patches,
 )
 from kimi_vision_prep.errors import error_from_served
+from kimi_vision_prep.serving.access import admin_headers
 
 from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
 from .transport import ADAPTERS, ShmSlot, Waiter
@@ -195,7 +196,9 @@ class KimiVisionClient:
     ``use_shared_memory`` sends inputs and receives outputs through system shared memory.
     ``preset`` overrides the preset learnt from the server (see :func:`learn_wire`); it sizes the
     output regions and, on the uint8 wire, expands the patches, so it must match the server's.
-    ``max_concurrency`` is the HTTP connection pool size. Attributes: ``preset``, the preset in
+    ``max_concurrency`` is the HTTP connection pool size. ``admin_key``: the server's admin key, sent
+    with the shared-memory calls of a server that restricts them (one listening beyond loopback,
+    docs/security.md). Attributes: ``preset``, the preset in
     use (the given one, else the server's, asked for on first use); ``wire`` (:class:`Wire`);
     ``output_bytes_received``, the output bytes received so far (over the
     wire or through shared memory). Not thread safe: use one client per thread.
@@ -210,6 +213,7 @@ class KimiVisionClient:
         *,
         preset: str | Preset | None = None,
         max_concurrency: int = 16,
+        admin_key: str | None = None,
     ) -> None:
         if protocol not in ADAPTERS:
             raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
@@ -217,6 +221,7 @@ class KimiVisionClient:
         self.protocol = protocol
         self.model = model
         self.use_shared_memory = use_shared_memory
+        self._admin_headers = admin_headers(admin_key, protocol) if admin_key else None
         self._preset_override = get_preset(preset) if preset is not None else None
         self._adapter = ADAPTERS[protocol]()
         self._client = self._adapter.connect(self.url, max_concurrency)
@@ -413,7 +418,7 @@ class KimiVisionClient:
     def _acquire_slot(self) -> ShmSlot:
         if self._free_slots:
             return self._free_slots.pop()
-        slot = ShmSlot()
+        slot = ShmSlot(self._admin_headers)
         self._all_slots.append(slot)
         return slot
 

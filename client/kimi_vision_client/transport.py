@@ -74,15 +74,17 @@ ADAPTERS: dict[str, type[HttpAdapter] | type[GrpcAdapter]] = {"http": HttpAdapte
 
 
 class ShmRegion:
-    """One system shared-memory region, created here and registered with the server under one name."""
+    """One system shared-memory region, created here and registered with the server under one name;
+    ``headers`` go with both calls (the admin key, where the server restricts shared memory)."""
 
-    def __init__(self, client: Any, byte_size: int) -> None:
+    def __init__(self, client: Any, byte_size: int, headers: dict[str, str] | None = None) -> None:
         self.name = f"kimi_vision_{uuid.uuid4().hex}"
         self.key = f"/{self.name}"
         self.byte_size = byte_size
+        self.headers = headers
         self.handle = shm.create_shared_memory_region(self.name, self.key, byte_size, create_only=True)
         try:
-            client.register_system_shared_memory(self.name, self.key, byte_size)
+            client.register_system_shared_memory(self.name, self.key, byte_size, headers=headers)
         except Exception:
             shm.destroy_shared_memory_region(self.handle)
             raise
@@ -90,7 +92,7 @@ class ShmRegion:
     def release(self, client: Any) -> None:
         """Unregister from the server (best effort: it may be gone) and unlink locally."""
         try:
-            client.unregister_system_shared_memory(self.name)
+            client.unregister_system_shared_memory(self.name, headers=self.headers)
         finally:
             shm.destroy_shared_memory_region(self.handle)
 
@@ -98,7 +100,8 @@ class ShmRegion:
 class ShmSlot:
     """An input and an output region for one in-flight request; grown on demand, reused after."""
 
-    def __init__(self) -> None:
+    def __init__(self, headers: dict[str, str] | None = None) -> None:
+        self.headers = headers
         self.input: ShmRegion | None = None
         self.output: ShmRegion | None = None
 
@@ -112,7 +115,7 @@ class ShmSlot:
             setattr(self, attr, None)
             if region is not None:
                 region.release(client)
-            setattr(self, attr, ShmRegion(client, -(-byte_size // SHM_ALIGNMENT) * SHM_ALIGNMENT))
+            setattr(self, attr, ShmRegion(client, -(-byte_size // SHM_ALIGNMENT) * SHM_ALIGNMENT, self.headers))
 
     def release(self, client: Any) -> None:
         for region in (self.input, self.output):

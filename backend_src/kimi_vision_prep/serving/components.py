@@ -11,6 +11,7 @@ from ..errors import PreprocessError
 from ..numba_runtime import set_num_threads
 from ..pipeline import resized_decoded, with_index
 from ..presets import Preset
+from ..tokens import check_patch_budget
 from .config import DecoderSettings, decoder_settings, numba_threads
 from .contract import ServingModel
 from .requests import PIXEL_SELECTIONS, Outputs, images_from_input, preprocess_outputs
@@ -48,6 +49,10 @@ class ImageDecoding:
         if fallback_reason is not None:
             self.model.metrics.count_fallback(fallback_reason)
 
+    def request_images(self, request: Any) -> list[bytes]:
+        """One request's encoded images, checked against its limits (:func:`checked_images`)."""
+        return checked_images(self.model.io.get_input(request, "IMAGE_BYTES"), self.settings, self.preset)
+
     def decode_requests(self, requests: Sequence[Any], resize: bool) -> list[list[DecodedImage] | BaseException]:
         """The images of every request, each resized to its NaViT size right after its decode where
         ``resize`` (:func:`~kimi_vision_prep.pipeline.resized_decoded`): per request, in order, its
@@ -57,8 +62,8 @@ class ImageDecoding:
         ``resize`` they are decoded :attr:`~kimi_vision_prep.decode.ImageDecoder.cpu_workers` at a
         time, each resized before the next call: so at most that many stored-size images are
         alive at once (a batch of eight 12 MP photos decoded at once held 8 x 36 MB)."""
-        model, limit = self.model, self.settings.max_images_per_request
-        items = model.per_request(requests, lambda r: images_from_input(model.io.get_input(r, "IMAGE_BYTES"), limit))
+        model = self.model
+        items = model.per_request(requests, self.request_images)
         flat = [image for item in items if not isinstance(item, BaseException) for image in item]
         at_once = self.decoder.cpu_workers if resize and self.decoder.device_kind == "cpu" else len(flat)
         keep = lambda result: not resize or isinstance(result, BaseException)  # noqa: E731
@@ -73,6 +78,15 @@ class ImageDecoding:
         return [
             item if isinstance(item, BaseException) else _first_error([next(decoded) for _ in item]) for item in items
         ]
+
+
+def checked_images(data: Any, settings: DecoderSettings, preset: Preset) -> list[bytes]:
+    """The encoded images of an ``IMAGE_BYTES`` input within the request's limits: at most
+    ``max_images_per_request`` of them, at most ``max_patches_per_request`` NaViT patches in all
+    (from their headers: nothing is decoded for a request over budget)."""
+    images = images_from_input(data, settings.max_images_per_request)
+    check_patch_budget(images, preset, settings.max_patches_per_request, limits=settings.limits)
+    return images
 
 
 def settings_decoder(settings: DecoderSettings, device: str, stats: DecodeStats | None = None) -> ImageDecoder:

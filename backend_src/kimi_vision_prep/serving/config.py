@@ -62,7 +62,9 @@ class DecoderSettings:
     ``decoder_threads``: nvImageCodec CPU threads per decoder, and the threads of one CPU decode
     call: the JPEGs of a batch that many at once, a lone one in row bands (0: all cores);
     ``strict_decode``: a failed fast decode is an error instead of a counted Pillow fallback;
-    ``max_images_per_request``: K of ``IMAGE_BYTES [1, K]`` (more: ImageTooLargeError).
+    ``max_images_per_request``: K of ``IMAGE_BYTES [1, K]`` (more: ImageTooLargeError);
+    ``max_patches_per_request``: the NaViT patches of one request's images, counted from their
+    headers before any pixel is decoded (more: ImageTooLargeError; None: no limit).
     """
 
     max_images_per_request: int = DEFAULT_MAX_IMAGES_PER_REQUEST
@@ -71,6 +73,7 @@ class DecoderSettings:
     max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES
     max_pixels: int = PILLOW_MAX_PIXELS
     strict_decode: bool = False
+    max_patches_per_request: int | None = None
 
     @property
     def limits(self) -> DecodeLimits:
@@ -90,7 +93,14 @@ def decoder_settings(parameters: Mapping[str, str]) -> DecoderSettings:
         max_encoded_bytes=parse_int("max_encoded_bytes", get("max_encoded_bytes", str(defaults.max_encoded_bytes)), 1),
         max_pixels=parse_int("max_pixels", get("max_pixels", str(defaults.max_pixels)), 1),
         strict_decode=parse_bool("strict_decode", get("strict_decode", "no")),
+        max_patches_per_request=max_patches_per_request(parameters),
     )
+
+
+def max_patches_per_request(parameters: Mapping[str, str]) -> int | None:
+    """``max_patches_per_request``: one request's patch budget (absent: None, no limit)."""
+    raw = parameters.get("max_patches_per_request")
+    return None if raw is None else parse_int("max_patches_per_request", raw, 1)
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,11 @@ from typing import IO, Any
 
 from ..allocator import describe_server_allocator
 from ..host import cuda_device_count
+from .access import LOOPBACK_HOST, AccessPolicy, access_args, generated_key, redacted, write_key_file
 from .probes import ProbeServer
 from .repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
-from .triton_install import TritonInstall, default_model_repository, find_tritonserver
+from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver
 from .watchdog import StubWatchdog
 
 # One FP32 PIXEL_VALUES of a 1920x1080 image is ~25 MiB, K3's largest ~145 MiB: start each stub's
@@ -76,7 +77,11 @@ class LaunchSpec:
     ``model_repository/`` of a checkout; an installed package without one renders it);
     ``render`` and/or ``models``: serve a fresh rendering from the presets
     with these options (default: host-independent) of these models and their steps (default: all),
-    exclusive with ``model_repository``. ``extra_args`` go to tritonserver last."""
+    exclusive with ``model_repository``. ``extra_args`` go to tritonserver last.
+
+    ``host``: the address every listener binds to (loopback unless the operator says otherwise);
+    ``admin_key``: the key of the restricted APIs (:mod:`.access`; None: a random one, written to
+    :func:`admin_key_path`); ``open_apis``: restricted APIs opened to anonymous clients."""
 
     ports: Ports = Ports()
     model_repository: Path | None = None
@@ -84,6 +89,9 @@ class LaunchSpec:
     models: tuple[str, ...] | None = None
     extra_args: Sequence[str] = ()
     stdout: IO[bytes] | None = None  # None: inherit the launcher's
+    host: str = LOOPBACK_HOST
+    admin_key: str | None = None
+    open_apis: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.model_repository is not None and (self.render is not None or self.models is not None):
@@ -95,13 +103,16 @@ class LaunchSpec:
 
 @dataclass
 class Launched:
-    """A started server: its process, repository, shared-memory prefix and watchdog."""
+    """A started server: its process, repository, shared-memory prefix, watchdog and access policy
+    (``key_file``: where a generated admin key was written; None for the operator's)."""
 
     process: subprocess.Popen[bytes]
     repository: Path
     shm_prefix: str
     watchdog: StubWatchdog
+    access: AccessPolicy
     ports: Ports = field(default_factory=Ports)
+    key_file: Path | None = None
 
 
 def _load_prctl() -> Any:
@@ -123,15 +134,26 @@ def _server_process_setup() -> None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def admin_key_path(http_port: int) -> Path:
+    """Where a generated admin key is kept: ``$XDG_RUNTIME_DIR/kimi-prep/`` (else the cache's
+    ``run/``), one file per HTTP port, readable by its owner only."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(runtime) / "kimi-prep" if runtime else cache_root() / "run"
+    return folder / f"admin-key-{http_port}"
+
+
 def server_args(
     install: TritonInstall,
     model_repository: Path,
     ports: Ports,
+    access: AccessPolicy,
+    *,
     extra_args: Sequence[str] = (),
     shm_prefix: str = "kimi_prep_",
 ) -> list[str]:
-    """Command line: explicit model control loading every model, Python backend shm sized for big
-    outputs, a small gRPC response pool; ``extra_args`` last (a repeated flag: the last one wins)."""
+    """Command line: explicit model control loading every model, the listeners and restricted APIs
+    of ``access``, Python backend shm sized for big outputs, a small gRPC response pool;
+    ``extra_args`` last (a repeated flag: the last one wins)."""
     args = [
         str(install.binary),
         f"--model-repository={model_repository}",
@@ -140,6 +162,7 @@ def server_args(
         f"--http-port={ports.http}",
         f"--grpc-port={ports.grpc}",
         f"--metrics-port={ports.metrics}",
+        *access_args(access),
         f"--grpc-infer-allocation-pool-size={GRPC_INFER_POOL_SIZE}",
         f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
         f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
@@ -210,7 +233,13 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
         options = spec.render or RenderOptions()
         repository = render_repository(rendered / "model_repository", options, names=spec.models)
     repository = checked_repository_path(Path(repository).resolve())
-    args = server_args(install, repository, spec.ports, spec.extra_args, shm_prefix)
+    check_ports_free(spec.host, spec.ports)
+    access, key_file = AccessPolicy(spec.admin_key or generated_key(), spec.host, spec.open_apis), None
+    if spec.admin_key is None:
+        key_file = write_key_file(access.key, admin_key_path(spec.ports.http))
+        stack.callback(key_file.unlink, missing_ok=True)
+    args = server_args(install, repository, spec.ports, access, extra_args=spec.extra_args, shm_prefix=shm_prefix)
+    log.debug("tritonserver %s", " ".join(redacted(args, access.key)))
     process = subprocess.Popen(
         args,
         env=install.env,
@@ -224,10 +253,34 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
         relay.start()
         stack.callback(relay.join, 10)
     stack.callback(stop_process, process)
-    watchdog = stack.enter_context(StubWatchdog(process, f"127.0.0.1:{spec.ports.http}"))
+    http_url = f"{access.connect_host}:{spec.ports.http}"
+    watchdog = stack.enter_context(StubWatchdog(process, http_url, headers=access.headers("http")))
     if spec.ports.probe is not None:
-        stack.enter_context(ProbeServer(watchdog, spec.ports.probe))
-    return Launched(process, repository, shm_prefix, watchdog, spec.ports)
+        stack.enter_context(ProbeServer(watchdog, spec.ports.probe, spec.host))
+    log.info("%s", describe_listeners(spec.host, spec.ports, access, key_file))
+    return Launched(process, repository, shm_prefix, watchdog, access, spec.ports, key_file)
+
+
+def check_ports_free(host: str, ports: Ports) -> None:
+    """ValueError naming the first port of ``ports`` something already listens on at ``host``."""
+    for name, port in (("http", ports.http), ("grpc", ports.grpc), ("metrics", ports.metrics), ("probe", ports.probe)):
+        if port is None:
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise ValueError(f"--{name}-port {port} on {host}: {exc.strerror}") from None
+
+
+def describe_listeners(host: str, ports: Ports, access: AccessPolicy, key_file: Path | None) -> str:
+    """One line: where each port listens, what is restricted, where the key is."""
+    listening = f"HTTP {host}:{ports.http}, gRPC {host}:{ports.grpc}, metrics {host}:{ports.metrics}"
+    if ports.probe is not None:
+        listening += f", probes {host}:{ports.probe}"
+    key = f"admin key in {key_file}" if key_file is not None else "admin key: the operator's"
+    return f"listening on {listening}; {access.describe()}; {key}"
 
 
 def _log_to_stderr() -> None:
@@ -292,12 +345,18 @@ class EmbeddedServer:
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 300.0,
         log_path: Path | None = None,
+        host: str = LOOPBACK_HOST,
+        admin_key: str | None = None,
+        open_apis: Sequence[str] = (),
     ) -> None:
         self.model_repository = model_repository
         self.render = render
         self.models = tuple(models) if models is not None else None
         self.ports = Ports(http_port or free_port(), grpc_port or free_port(), metrics_port or free_port(), probe_port)
         self.extra_args = tuple(extra_args)
+        self.host = host
+        self.admin_key = admin_key
+        self.open_apis = tuple(open_apis)
         self.startup_timeout_s = startup_timeout_s
         self._kept_log_path = Path(log_path) if log_path is not None else None
         self.log_path: Path | None = self._kept_log_path
@@ -323,6 +382,12 @@ class EmbeddedServer:
         if self.ports.probe is None:
             raise ValueError("started without a probe_port")
         return f"http://127.0.0.1:{self.ports.probe}"
+
+    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
+        """The header that opens the restricted APIs of the running server over ``protocol`` (:mod:`.access`)."""
+        if self.launched is None:
+            raise ValueError("not started")
+        return self.launched.access.headers(protocol)
 
     @property
     def process(self) -> subprocess.Popen[bytes] | None:
@@ -367,7 +432,10 @@ class EmbeddedServer:
             assert self.log_path is not None
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             log_file = self._stack.enter_context(self.log_path.open("wb"))
-            spec = LaunchSpec(self.ports, self.model_repository, self.render, self.models, self.extra_args, log_file)
+            spec = LaunchSpec(
+                self.ports, self.model_repository, self.render, self.models, self.extra_args, log_file,
+                self.host, self.admin_key, self.open_apis,
+            )  # fmt: skip
             self.launched = launch(self._stack, spec)
             self.shm_prefix = self.launched.shm_prefix
             self.wait_ready()

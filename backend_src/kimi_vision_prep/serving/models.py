@@ -13,10 +13,10 @@ from typing import Any
 from ..pipeline import resized_decoded
 from ..presets import preset_from_parameters
 from .components import ImageDecoding, ImagePreprocessing, apply_numba_threads
-from .config import parse_int
+from .config import decoder_settings, parse_int
 from .contract import Result, ServingModel
 from .render_blocks import OPTIONAL_PREPROCESS_INPUT, PREPROCESS_INPUTS
-from .requests import decode_outputs, decoded_from_inputs, pixel_values_from_input
+from .requests import check_request_size, decode_outputs, decoded_from_inputs, pixel_values_from_input
 from .tensors import cuda_device
 from .warmup import warmup_decoded
 
@@ -53,6 +53,8 @@ class PreprocessModel(ServingModel):
     def __init__(self, pb_utils: Any, args: Mapping[str, Any]) -> None:
         super().__init__(pb_utils, args)
         self.preset = preset_from_parameters(self.parameters)
+        settings = decoder_settings(self.parameters)
+        self.max_images, self.max_patches = settings.max_images_per_request, settings.max_patches_per_request
         # Warmed up from the inputs as this model receives them: the decode model's outputs, one
         # image a request and all of them in one.
         images = warmup_decoded(self.preset)
@@ -64,7 +66,9 @@ class PreprocessModel(ServingModel):
 
     def decoded_input(self, inputs: Mapping[str, Any]) -> Any:
         named = (inputs[name] for name in PREPROCESS_INPUTS)
-        return decoded_from_inputs(*named, inputs.get(OPTIONAL_PREPROCESS_INPUT), self.preset)
+        decoded = decoded_from_inputs(*named, inputs.get(OPTIONAL_PREPROCESS_INPUT), self.preset)
+        check_request_size(decoded, self.preset, self.max_images, self.max_patches)
+        return decoded
 
     def process(self, request: Any) -> Result:
         inputs = {name: self.io.get_input(request, name) for name in PREPROCESS_INPUTS}

@@ -68,7 +68,17 @@ class ServingDefaults:
     cap, and a cap that holds them adds ~64 MiB a stub. Freed outputs are not recycled (0): a
     stub's outputs leave it as copies, so a free list only adds memory there (the library's 128
     MiB in process held ~400 MiB more over the pair, BENCHMARKS.md).
+
+    ``budget_images``: a request's ``max_patches_per_request`` is this many times the preset's
+    ``in_patch_limit`` (:meth:`patch_budget`): every single image the reference accepts fits (one
+    image's NaViT grid is at most ~1.08x ``in_patch_limit`` after padding), and so do several
+    smaller ones, while what one request can make the server hold stays bounded (docs/security.md
+    has the memory formula this enters).
     """
+
+    def patch_budget(self, preset: Preset) -> int:
+        """``max_patches_per_request`` of a served preset's models that return patches."""
+        return self.budget_images * preset.in_patch_limit
 
     max_batch_size: int = 8
     pixel_batch_size: int = 1
@@ -77,6 +87,7 @@ class ServingDefaults:
     max_queue_delay_us: int = 1000
     max_queue_size: int = 128
     queue_timeout_us: int = 30_000_000
+    budget_images: int = 2
     embed_preset: str = "kimi-k2.5"
     embed_hidden_size: int = 1152
     embed_seed: int = 0
@@ -174,6 +185,14 @@ def decoder_block(options: RenderOptions) -> str:
             {"strict_decode": "yes" if settings.strict_decode else "no"},
             "yes: a failed fast decode is an error instead of a counted, logged Pillow fallback.",
         )
+    )
+
+
+def budget_block(preset: Preset, defaults: ServingDefaults) -> str:
+    return pbtxt.parameters(
+        {"max_patches_per_request": defaults.patch_budget(preset)},
+        "NaViT patches of one request's images in all, from their headers before any pixel is decoded\n"
+        "(more: ImageTooLargeError); bounds what one request makes the server hold (docs/security.md).",
     )
 
 

@@ -37,6 +37,7 @@ from .render_blocks import (
     RenderOptions,
     ServedPreset,
     ServingDefaults,
+    budget_block,
     buffers_block,
     decoder_block,
     dynamic_batching,
@@ -102,8 +103,16 @@ def decode_model(served: ServedPreset) -> ModelFiles:
         "goes through Pillow. On a GPU instance IMAGE is a CUDA tensor (resized with torch there)\n"
         "handed over through DLPack."
     )
-    blocks = [decoder_block(options), numba_block(options), preset_block(preset, prefix)]
-    return python_model(name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.DecodeModel", options, defaults)
+    blocks = [
+        decoder_block(options), budget_block(preset, defaults), numba_block(options), preset_block(preset, prefix)
+    ]
+    # On CPU instances the images of a batch are decoded one after the other anyway (no batch
+    # call to feed), and every request of an execute holds its resized images until the execute
+    # returns: one request an execute bounds a decode stub's working set (docs/security.md).
+    batch = defaults.pixel_batch_size if options.kind == "cpu" else defaults.max_batch_size
+    return python_model(
+        name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.DecodeModel", options, defaults, batch=batch
+    )
 
 
 def preprocess_model(served: ServedPreset) -> ModelFiles:
@@ -127,6 +136,11 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
     outputs = pixel_outputs(preset.patch_size).values()
     blocks = [
         pbtxt.parameters({"FORCE_CPU_ONLY_INPUT_TENSORS": "no"}),
+        pbtxt.parameters(
+            {"max_images_per_request": DecoderSettings().max_images_per_request},
+            "K of IMAGE_SHAPES [1, K, 4] (the decode step's limit).",
+        ),
+        budget_block(preset, defaults),
         numba_block(options),
         preset_block(preset, prefix),
     ]
@@ -147,7 +161,9 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
     PIXEL_PATCHES): decode and preprocess in one Python model each."""
     preset, prefix, title, options, defaults = served.parts
     tensors = pixel_outputs(preset.patch_size)
-    blocks = [decoder_block(options), numba_block(options), preset_block(preset, prefix)]
+    blocks = [
+        decoder_block(options), budget_block(preset, defaults), numba_block(options), preset_block(preset, prefix)
+    ]
     models = []
     for wire, pixels in PIXEL_WIRES.items():
         name = f"{prefix}_vision_fused{wire}"
@@ -191,6 +207,7 @@ def patchify_model(served: ServedPreset) -> ModelFiles:
         + pbtxt.tensor_list("output", pixel_outputs(preset.patch_size).values())
         + instance_group(options)
         + pbtxt.parameters({"max_images_per_request": limit}, "K of IMAGE_SHAPES [1, K, 4] (the decode step's limit).")
+        + budget_block(preset, defaults)
         + preset_block(preset, prefix)
     )
     return ModelFiles(name, config, None)

@@ -25,7 +25,12 @@ model                    inputs                                     outputs
 Between decode and preprocess, the K images of different sizes travel as one flat uint8 tensor
 ``IMAGE`` and a shape table ``IMAGE_SHAPES`` (row k: height, width, channels, offset into
 ``IMAGE``); image k is ``IMAGE[0, offset : offset + h*w*c].reshape(h, w, c)``, a view (one image
-on a GPU: no copy at all). ``STORED_SIZES`` row k is the image's stored (height, width), and the
+on a GPU: no copy at all). The images tile ``IMAGE`` in order, without gaps or overlap: image 0
+at offset 0, image k right after image k-1, the last one ending at L (:func:`check_image_layout`;
+the C step ``kimi_patchify`` checks the same). Anything else is refused before any output exists,
+so no request can make a step read one image's bytes several times over.
+
+``STORED_SIZES`` row k is the image's stored (height, width), and the
 image is one of two things:
 
 * **at its NaViT size**: RGB (``MODE`` ``RGB``, c = 3), ``h x w`` = the NaViT size of the stored
@@ -59,6 +64,7 @@ from ..normalize import concatenate_patches
 from ..pipeline import PixelOutput, map_indexed, out_rows, pixel_values_from_patches, preprocess_decoded
 from ..presets import Preset
 from ..sizing import TargetSize, navit_target_size
+from ..tokens import check_patch_total
 from .tensors import as_torch, check_dtype, host_array
 
 RESAMPLE_CODES: dict[str, int] = {"bicubic": 0, "nearest": 1}
@@ -197,11 +203,32 @@ def decoded_from_inputs(  # noqa: PLR0917
     if len(tags) != rows.shape[0] or codes.shape != (rows.shape[0],):
         raise InvalidRequestError(f"MODE and RESAMPLE must have shape [1, {rows.shape[0]}] like IMAGE_SHAPES")
     stored = rows[:, :2] if stored_sizes is None else _stored_sizes(stored_sizes, rows.shape[0])
-    length = int(flat.shape[0])
+    check_image_layout(rows, int(flat.shape[0]))
     return [
-        _decoded(flat, rows[k], tags[k], int(codes[k]), tuple(int(v) for v in stored[k]), preset, k, length)
+        _decoded(flat, rows[k], tags[k], int(codes[k]), tuple(int(v) for v in stored[k]), preset, k)
         for k in range(rows.shape[0])
     ]
+
+
+def check_image_layout(rows: np.ndarray, length: int) -> None:
+    """``rows`` int64 ``(K, 4)`` (height, width, channels, offset) tile an ``IMAGE`` of ``length``
+    bytes in order, without gaps or overlap; else InvalidRequestError naming the first bad row.
+    Checked in Python integers: no product of client values can wrap around."""
+    expected = 0
+    for k, row in enumerate(rows.tolist()):
+        height, width, channels, offset = row
+        if min(height, width, channels) < 1:
+            raise InvalidRequestError(f"IMAGE_SHAPES[0, {k}] = {row}: height, width and channels must be >= 1")
+        if offset != expected:
+            raise InvalidRequestError(
+                f"IMAGE_SHAPES[0, {k}] = {row}: image {k} must start at offset {expected}, right after the images "
+                "before it (the K images tile IMAGE in order, without gaps or overlap)"
+            )
+        expected += height * width * channels
+        if expected > length:
+            raise InvalidRequestError(f"IMAGE_SHAPES[0, {k}] = {row} is outside IMAGE ({length} bytes)")
+    if expected != length:
+        raise InvalidRequestError(f"IMAGE holds {length} bytes, its {len(rows)} images {expected}: no gaps allowed")
 
 
 def _stored_sizes(stored_sizes: Any, count: int) -> np.ndarray:
@@ -225,11 +252,10 @@ def _modes_from_input(mode: Any) -> list[str]:
 
 
 def _decoded(  # noqa: PLR0917
-    flat: Any, row: np.ndarray, tag: str, code: int, stored: tuple[int, ...], preset: Preset, k: int, length: int
+    flat: Any, row: np.ndarray, tag: str, code: int, stored: tuple[int, ...], preset: Preset, k: int
 ) -> DecodedImage:
+    """Image ``k`` of a checked layout (:func:`check_image_layout`)."""
     height, width, channels, offset = (int(v) for v in row)
-    if min(height, width, channels) < 1 or offset < 0 or offset + height * width * channels > length:
-        raise InvalidRequestError(f"IMAGE_SHAPES[0, {k}] = {row.tolist()} is outside IMAGE ({length} bytes)")
     stored_height, stored_width = stored
     if (height, width) != stored:
         target = navit_target_size(stored_width, stored_height, preset)
@@ -248,6 +274,17 @@ def _decoded(  # noqa: PLR0917
     if tag not in ARRAY_MODES:
         pixels = image_from_tag(host_array(pixels), tag)
     return DecodedImage(pixels, stored_width, stored_height, RESAMPLE_NAMES[code], "upstream")  # type: ignore[arg-type]
+
+
+def check_request_size(
+    decoded: Sequence[DecodedImage], preset: Preset, max_images: int, max_patches: int | None
+) -> None:
+    """A decoded request within the limits of the decode step that would have made it: at most
+    ``max_images`` images and ``max_patches`` NaViT patches (None: no limit), from the sizes alone."""
+    if len(decoded) > max_images:
+        raise ImageTooLargeError(f"{len(decoded)} images exceed max_images_per_request={max_images}")
+    patches = sum(navit_target_size(image.width, image.height, preset).num_patches for image in decoded)
+    check_patch_total(patches, max_patches)
 
 
 def preprocess_outputs(

@@ -147,14 +147,16 @@ def stub_processes(server_pid: int) -> list[StubProcess]:
 
 
 class TritonRepository:
-    """The few HTTP endpoints of tritonserver the watchdog needs."""
+    """The few HTTP endpoints of tritonserver the watchdog needs; ``headers`` go with every call
+    (the admin key of the restricted repository API, :mod:`.access`)."""
 
-    def __init__(self, http_url: str, load_timeout_s: float = 600.0) -> None:
+    def __init__(self, http_url: str, load_timeout_s: float = 600.0, headers: dict[str, str] | None = None) -> None:
         self.base = f"http://{http_url}/v2"
         self.load_timeout_s = load_timeout_s
+        self.headers = dict(headers or {})
 
     def _post(self, path: str, timeout_s: float) -> bytes:
-        request = urllib.request.Request(f"{self.base}{path}", data=b"{}", method="POST")
+        request = urllib.request.Request(f"{self.base}{path}", data=b"{}", method="POST", headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 return response.read()
@@ -226,9 +228,10 @@ class StubWatchdog:
         interval_s: float = 0.5,
         initial_backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.process = process
-        self.repository = TritonRepository(http_url)
+        self.repository = TritonRepository(http_url, headers=headers)
         self.interval_s = interval_s
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
