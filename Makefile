@@ -59,6 +59,7 @@ bench: setup $(PERF_VENV)/bin/perf_analyzer
 	$(PY) benchmarks/bench_media.py --out-dir bench_results
 	$(PY) benchmarks/bench_idle_memory.py --out-dir bench_results
 	$(PY) benchmarks/bench_load_memory.py --out-dir bench_results
+	$(PY) benchmarks/bench_hostile_memory.py --out-dir bench_results
 	$(PY) benchmarks/bench_server_malloc.py --perf-analyzer $(PERF_VENV)/bin/perf_analyzer --out-dir bench_results
 	$(PY) benchmarks/bench_stub_arena.py --perf-analyzer $(PERF_VENV)/bin/perf_analyzer --out-dir bench_results
 
@@ -67,6 +68,7 @@ lint: setup
 
 fuzz: setup
 	$(PY) fuzz/fuzz_preprocess.py --seconds 120
+	$(PY) fuzz/fuzz_steps.py --seconds 120
 
 clean:
 	rm -rf $(VENV) $(PERF_VENV) .pytest_cache .ruff_cache

@@ -271,11 +271,14 @@ def test_readyz_follows_an_operators_explicit_unload_and_load() -> None:
     with EmbeddedServer(models=models, probe_port=free_port()) as server:
         wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after start")
         base = f"http://{server.http_url}/v2/repository/models/kimi_k3_tokens"
-        urllib.request.urlopen(urllib.request.Request(f"{base}/unload", data=b"{}", method="POST"), timeout=60)
+        operator = server.admin_headers()  # the repository API needs the admin key (docs/security.md)
+        unload = urllib.request.Request(f"{base}/unload", data=b"{}", method="POST", headers=operator)
+        urllib.request.urlopen(unload, timeout=60)
         wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after an explicit unload")
         status, text = probe(server, "/readyz")
         assert status == 200, text
-        urllib.request.urlopen(urllib.request.Request(f"{base}/load", data=b"{}", method="POST"), timeout=120)
+        load = urllib.request.Request(f"{base}/load", data=b"{}", method="POST", headers=operator)
+        urllib.request.urlopen(load, timeout=120)
         wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after loading it again")
 
 

@@ -19,10 +19,13 @@ SOURCE = REPO / "backend_src" / "kimi_vision_prep" / "_triton_patchify.c"
 CC = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
+def run(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``command``'s outcome (its exit status is the test's to judge)."""
+    return subprocess.run(command, check=False, capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
 def run_fuzzer(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(FUZZ), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
-    )
+    return run([sys.executable, str(FUZZ), *args], env)
 
 
 def test_a_short_fuzz_run_of_the_step_parsers_finds_nothing() -> None:
@@ -34,7 +37,7 @@ def test_a_short_fuzz_run_of_the_step_parsers_finds_nothing() -> None:
 @pytest.mark.skipif(CC is None, reason="no C compiler")
 def test_the_c_step_compiles_without_warnings(tmp_path: Path) -> None:
     flags = ["-Wall", "-Wextra", "-Werror", "-O3", "-shared", "-fPIC"]
-    result = subprocess.run([CC, *flags, str(SOURCE), "-o", str(tmp_path / "step.so")], capture_output=True, text=True)
+    result = run([CC, *flags, str(SOURCE), "-o", str(tmp_path / "step.so")])
     assert result.returncode == 0, result.stderr
 
 
@@ -42,7 +45,7 @@ def sanitizer_runtime(name: str) -> str | None:
     """The path of ``lib<name>.so`` the compiler links against, or None where it has none."""
     if CC is None:
         return None
-    path = subprocess.run([CC, f"-print-file-name=lib{name}.so"], capture_output=True, text=True).stdout.strip()
+    path = run([CC, f"-print-file-name=lib{name}.so"]).stdout.strip()
     return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
@@ -52,9 +55,7 @@ def sanitizer_runtime(name: str) -> str | None:
 def test_the_fuzzer_runs_clean_under_address_and_undefined_behaviour_sanitizers(tmp_path: Path) -> None:
     library = tmp_path / "step_asan.so"
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1"]
-    built = subprocess.run(
-        [CC, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library)], capture_output=True, text=True
-    )
+    built = run([CC, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library)])
     assert built.returncode == 0, built.stderr
     env = {
         "LD_PRELOAD": f"{sanitizer_runtime('asan')}:{sanitizer_runtime('ubsan')}",
