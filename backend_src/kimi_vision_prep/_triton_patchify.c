@@ -9,14 +9,17 @@
  *
  * Inputs (one request = one batch row, max_batch_size >= 1):
  *   IMAGE         uint8 [1, L]: K RGB images, flat (serving/requests.py: the decode step's layout)
- *   IMAGE_SHAPES  int64 [1, K, 4]: height, width, channels (3), offset into IMAGE
+ *   IMAGE_SHAPES  int64 [1, K, 4]: height, width, channels (3), offset into IMAGE; the K images
+ *                 tile IMAGE in order without gaps or overlap (kimi_check_images), else the
+ *                 request is refused before any output exists
  * Outputs, each computed only when requested:
  *   PIXEL_VALUES  float32 [1, N, 3, p, p]: normalize_table(mean, std)[pixel, c], zero pixels as
  *                 padding to a multiple of merge_kernel_size * patch_size (normalize.write_patches)
  *   PIXEL_PATCHES uint8 [1, N, 3, p, p]: the same patches before the lookup
  *   GRID_THW      int64 [1, K, 3]: (1, grid_h, grid_w);  NUM_TOKENS int32 [1, K]
  * Parameters: the preset block every kimi model gets (patch_size, merge_kernel_size, image_mean,
- * image_std, patch_limit_on_one_side, in_patch_limit) and max_images_per_request.
+ * image_std, patch_limit_on_one_side, in_patch_limit), max_images_per_request and
+ * max_patches_per_request (the request's patch budget, docs/security.md).
  *
  * The images are taken at the size they come in (the decode step sends their NaViT size; this
  * step does not resize). Bounds, so that no request can make it write more than a preset's
