@@ -535,6 +535,7 @@ static TRITONSERVER_Error *request_images(const ModelState *state, const HostInp
   if (k < 1 || shapes->shape[2] != 4 || shapes->bytes != (uint64_t)k * 4 * sizeof(int64_t))
     return INVALID_REQUEST("IMAGE_SHAPES must have shape [1, K, 4], got [1, %lld, %lld]", (long long)k,
                            (long long)shapes->shape[2]);
+  /* Before the allocation below (kimi_check_images says the same): K sizes it. */
   if (k > state->limits.max_images)
     return TOO_LARGE("%lld images exceed max_images_per_request=%lld", (long long)k,
                      (long long)state->limits.max_images);

@@ -17,7 +17,7 @@ import numpy as np
 from .buffers import scratch_scope
 from .composite import composite_on_chessboard
 from .decode import DecodedImage, ImageDecoder, default_decoder
-from .errors import ImageTooLargeError, PreprocessError, detached
+from .errors import PreprocessError, detached
 from .normalize import (
     IDENTITY_TABLE,
     concatenate_patches,
@@ -32,7 +32,7 @@ from .pillow_io import as_rgb_array
 from .presets import Preset, get_preset
 from .resize import resize
 from .sizing import TargetSize, navit_target_size
-from .tokens import check_patch_budget
+from .tokens import check_image_count, check_patch_budget
 
 # What preprocessing produces per image: normalised float32 ``pixel_values`` (the processor's
 # output, the default) or the uint8 ``pixel_patches`` they are a table lookup of.
@@ -347,8 +347,7 @@ def preprocess_images(
     caller's ``(ΣN, 3, p, p)`` array (as for :func:`preprocess_decoded`; ``ΣN`` from
     :func:`~.tokens.count_tokens`), each image written into its rows without a concatenation."""
     preset = get_preset(preset)
-    if len(images) > max_images_per_request:
-        raise ImageTooLargeError(f"{len(images)} images exceed max_images_per_request={max_images_per_request}")
+    check_image_count(len(images), max_images_per_request)
     decoder = decoder or default_decoder()
     check_patch_budget(images, preset, max_patches_per_request, limits=decoder.limits)
     decoded = decoder.decode_batch(images, preset)

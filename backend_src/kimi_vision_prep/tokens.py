@@ -55,6 +55,12 @@ def count_tokens(data: bytes, preset: str | Preset = "kimi-k2.5", *, limits: Dec
     return TokenCount(grid_thw, target.num_tokens, image_prompt(width, height, preset))
 
 
+def check_image_count(count: int, max_images_per_request: int) -> None:
+    """ImageTooLargeError when one request holds more than ``max_images_per_request`` images."""
+    if count > max_images_per_request:
+        raise ImageTooLargeError(f"{count} images exceed max_images_per_request={max_images_per_request}")
+
+
 def check_patch_total(patches: int, max_patches_per_request: int | None) -> None:
     """ImageTooLargeError when one request's ``patches`` exceed ``max_patches_per_request`` (None: no limit)."""
     if max_patches_per_request is not None and patches > max_patches_per_request:

@@ -50,8 +50,13 @@ class ImageDecoding:
             self.model.metrics.count_fallback(fallback_reason)
 
     def request_images(self, request: Any) -> list[bytes]:
-        """One request's encoded images, checked against its limits (:func:`checked_images`)."""
-        return checked_images(self.model.io.get_input(request, "IMAGE_BYTES"), self.settings, self.preset)
+        """One request's encoded images within its limits: at most ``max_images_per_request`` of
+        them, at most ``max_patches_per_request`` NaViT patches in all (from their headers: nothing
+        is decoded for a request over budget)."""
+        settings = self.settings
+        images = images_from_input(self.model.io.get_input(request, "IMAGE_BYTES"), settings.max_images_per_request)
+        check_patch_budget(images, self.preset, settings.max_patches_per_request, limits=settings.limits)
+        return images
 
     def decode_requests(self, requests: Sequence[Any], resize: bool) -> list[list[DecodedImage] | BaseException]:
         """The images of every request, each resized to its NaViT size right after its decode where
@@ -78,15 +83,6 @@ class ImageDecoding:
         return [
             item if isinstance(item, BaseException) else _first_error([next(decoded) for _ in item]) for item in items
         ]
-
-
-def checked_images(data: Any, settings: DecoderSettings, preset: Preset) -> list[bytes]:
-    """The encoded images of an ``IMAGE_BYTES`` input within the request's limits: at most
-    ``max_images_per_request`` of them, at most ``max_patches_per_request`` NaViT patches in all
-    (from their headers: nothing is decoded for a request over budget)."""
-    images = images_from_input(data, settings.max_images_per_request)
-    check_patch_budget(images, preset, settings.max_patches_per_request, limits=settings.limits)
-    return images
 
 
 def settings_decoder(settings: DecoderSettings, device: str, stats: DecodeStats | None = None) -> ImageDecoder:

@@ -58,13 +58,13 @@ from PIL import Image
 
 from ..buffers import scratch
 from ..decode import DecodedImage
-from ..errors import ImageTooLargeError, InvalidRequestError
+from ..errors import InvalidRequestError
 from ..kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
 from ..normalize import concatenate_patches
 from ..pipeline import PixelOutput, map_indexed, out_rows, pixel_values_from_patches, preprocess_decoded
 from ..presets import Preset
 from ..sizing import TargetSize, navit_target_size
-from ..tokens import check_patch_total
+from ..tokens import check_image_count, check_patch_total
 from .tensors import as_torch, check_dtype, host_array
 
 RESAMPLE_CODES: dict[str, int] = {"bicubic": 0, "nearest": 1}
@@ -104,8 +104,7 @@ def strings_from_input(array: Any, name: str) -> list[bytes]:
 def images_from_input(array: Any, max_images: int) -> list[bytes]:
     """The encoded images of an ``IMAGE_BYTES`` input ``[1, K]``, 1 <= K <= ``max_images``."""
     images = strings_from_input(array, "IMAGE_BYTES")
-    if len(images) > max_images:
-        raise ImageTooLargeError(f"{len(images)} images exceed max_images_per_request={max_images}")
+    check_image_count(len(images), max_images)
     return images
 
 
@@ -281,8 +280,7 @@ def check_request_size(
 ) -> None:
     """A decoded request within the limits of the decode step that would have made it: at most
     ``max_images`` images and ``max_patches`` NaViT patches (None: no limit), from the sizes alone."""
-    if len(decoded) > max_images:
-        raise ImageTooLargeError(f"{len(decoded)} images exceed max_images_per_request={max_images}")
+    check_image_count(len(decoded), max_images)
     patches = sum(navit_target_size(image.width, image.height, preset).num_patches for image in decoded)
     check_patch_total(patches, max_patches)
 
