@@ -21,7 +21,7 @@ from typing import Any
 
 from plots import saved_axes
 
-from kimi_vision_prep.host import host_layout
+from kimi_vision_prep.serving.host import host_layout
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.repository import RenderOptions, default_model_names
 

@@ -23,8 +23,8 @@ import numba
 import numpy as np
 from PIL import Image
 
-from kimi_vision_client.bench_local import time_calls
 from kimi_vision_prep import PRESETS, navit_target_size
+from kimi_vision_prep.bench_local import time_calls
 from kimi_vision_prep.numba_runtime import set_num_threads
 from kimi_vision_prep.resize import resize
 

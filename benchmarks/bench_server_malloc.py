@@ -32,10 +32,10 @@ from bench_perf_analyzer import run_perf_analyzer
 from photos import benchmark_photos
 from plots import saved_axes
 
-from kimi_vision_client import bench_local
 from kimi_vision_client.cli import perf_input_data
-from kimi_vision_prep.allocator import server_allocator_env
-from kimi_vision_prep.host import host_layout
+from kimi_vision_prep import bench_local
+from kimi_vision_prep.serving.allocator import server_allocator_env
+from kimi_vision_prep.serving.host import host_layout
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.repository import RenderOptions
 

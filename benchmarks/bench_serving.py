@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from photos import benchmark_photos
 
-from kimi_vision_client import bench_local, bench_server
 from kimi_vision_client.cli import positive_int_list
+from kimi_vision_prep import bench_local, bench_server
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.repository import RenderOptions
 

@@ -35,9 +35,9 @@ from bench_server_malloc import wire_name
 from photos import benchmark_photos
 from plots import saved_axes
 
-from kimi_vision_client import bench_local
 from kimi_vision_client.cli import perf_input_data
-from kimi_vision_prep.host import host_layout
+from kimi_vision_prep import bench_local
+from kimi_vision_prep.serving.host import host_layout
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
 from kimi_vision_prep.serving.repository import RenderOptions, render_repository

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kimi_vision_common.errors import ImageTooLargeError, InvalidPresetError, InvalidRequestError, PreprocessError
 from kimi_vision_prep import PRESETS
-from kimi_vision_prep.errors import ImageTooLargeError, InvalidPresetError, InvalidRequestError, PreprocessError
 from kimi_vision_prep.serving.config import decoder_settings
 from kimi_vision_prep.serving.requests import check_request_size, decoded_from_inputs
 from kimi_vision_prep.serving.triton_install import patchify_library

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kimi_vision_prep.allocator import (
+from kimi_vision_prep.serving import triton_install
+from kimi_vision_prep.serving.allocator import (
     JEMALLOC_CONF,
     MMAP_THRESHOLD_BYTES,
     SERVER_ONLY_ENV,
@@ -19,7 +20,6 @@ from kimi_vision_prep.allocator import (
     describe_server_allocator,
     server_allocator_env,
 )
-from kimi_vision_prep.serving import triton_install
 
 # Allocates and fills a 40 MiB buffer three times; prints the minor page faults of the last two.
 CHILD = """
@@ -27,7 +27,7 @@ import json, resource, sys
 import numpy as np
 from kimi_vision_prep.buffers import empty_output
 if sys.argv[1] == "keep":
-    from kimi_vision_prep.allocator import keep_large_buffers
+    from kimi_vision_prep.serving.allocator import keep_large_buffers
     assert keep_large_buffers()
 new = empty_output if sys.argv[1] == "recycle" else lambda shape, dtype: np.empty(shape, dtype)
 def faults():

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kimi_vision_client import bench_local, cli
+from kimi_vision_client import cli
 from kimi_vision_client.samples import sample_images
-from kimi_vision_prep import PreprocessError, concat_results, preprocess_bytes
-from kimi_vision_prep.host import host_layout
+from kimi_vision_prep import PreprocessError, bench_local, concat_results, preprocess_bytes
+from kimi_vision_prep.serving.host import host_layout
 
 # A CPU rendering's pixel step is the C backend's patchify, elsewhere the Python preprocess step.
 DEFAULT_KINDS = ("vision", "vision_u8", "decode", "patchify")
@@ -301,7 +301,7 @@ def test_preprocess_on_a_cpu_host_prints_no_codec_errors(corpus: Path, tmp_path:
     import subprocess
     import sys
 
-    from kimi_vision_prep.host import cuda_device_count
+    from kimi_vision_prep.serving.host import cuda_device_count
 
     if cuda_device_count():
         pytest.skip("a GPU host loads every extension")
@@ -330,7 +330,7 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
     import time
     import urllib.request
 
-    from kimi_vision_prep.host import cuda_device_count
+    from kimi_vision_prep.serving.host import cuda_device_count
     from kimi_vision_prep.serving.launcher import free_port
 
     if cuda_device_count():

@@ -33,6 +33,7 @@ from kimi_vision_client.client import (
     to_vision_result,
 )
 from kimi_vision_client.samples import sample_images
+from kimi_vision_common.wire import served_message
 from kimi_vision_prep import (
     KIMI_K3,
     KIMI_K25,
@@ -49,7 +50,6 @@ from kimi_vision_prep import (
     preprocess_bytes,
 )
 from kimi_vision_prep import preprocess_images as kvp_preprocess_images
-from kimi_vision_prep.errors import served_message
 from kimi_vision_prep.serving.repository import model_presets
 
 MODEL_PRESETS = model_presets()  # served image model -> its preset, derived from the presets

@@ -8,6 +8,7 @@ an unpinned base image, CMD flags that differ from the launcher's.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import inspect
 import json
 import re
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kimi_vision_client.cli import build_parser, cmd_serve
+from kimi_vision_client.cli import build_parser
+from kimi_vision_prep.cli import cmd_serve
 from kimi_vision_prep.serving import launcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,18 +105,18 @@ def test_dockerfile_copies_existing_paths(cuda: str) -> None:
 @pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
 def test_dockerfile_installs_its_nvimagecodec_extra(cuda: str) -> None:
     runs = " ".join(instruction_args(DOCKERFILES[cuda], "RUN"))
-    assert f'pip install ".[{cuda}]"' in runs
-    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any(f"nvimgcodec-{cuda}" in dep for dep in extras[cuda])
+    assert f'pip install ".[{cuda},cli]"' in runs
+    requires = importlib.metadata.requires("kimi-vision-prep") or []
+    assert any(f"nvimgcodec-{cuda}" in dep and f'extra == "{cuda}"' in dep for dep in requires)
+    assert any(dep.startswith("kimi-vision-client") and 'extra == "cli"' in dep for dep in requires)
 
 
 def serve_arguments(path: Path) -> argparse.Namespace:
     """The Dockerfile's CMD parsed by the ``kimi-prep`` CLI (it must be ``kimi-prep serve ...``)."""
     argv = cmd_argv(path)
     assert argv[0] == "kimi-prep", f"{path.name}: CMD must run the launcher (watchdog, probes), not {argv[0]}"
-    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-    assert "kimi-prep" in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    scripts = importlib.metadata.entry_points(group="console_scripts", name="kimi-prep")
+    assert [script.value for script in scripts] == ["kimi_vision_client.cli:main"]
     args = build_parser().parse_args(argv[1:])
     assert args.run is cmd_serve
     return args

@@ -34,8 +34,9 @@ from reference import reference_preprocess
 from soak import rss_growth_failures, server_rss
 from tritonclient.utils import InferenceServerException
 
+from kimi_vision_common.errors import reason_for
+from kimi_vision_common.wire import ENSEMBLE_PREFIX, served_message
 from kimi_vision_prep import DecodeLimits, ImageDecoder, PreprocessError, preprocess_bytes
-from kimi_vision_prep.errors import ENSEMBLE_PREFIX, reason_for, served_message
 from kimi_vision_prep.pipeline import with_index
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 

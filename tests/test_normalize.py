@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import kimi_vision_prep as kvp
+from kimi_vision_common.patches import normalize_table
 from kimi_vision_prep.normalize import (
     expand_patches,
     expand_patches_torch,
-    normalize_table,
     patchify_numpy,
     patchify_torch,
     write_patches_numpy,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kimi_vision_common.errors import reason_for, triton_code_for
 from kimi_vision_prep import (
     KIMI_K3,
     KIMI_K25,
@@ -21,7 +22,6 @@ from kimi_vision_prep import (
     get_preset,
     preset_from_parameters,
 )
-from kimi_vision_prep.errors import reason_for, triton_code_for
 
 # Spec section 1, copied.
 SPEC_TABLE = {

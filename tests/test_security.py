@@ -30,23 +30,20 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_client.client import error_from_server
+from kimi_vision_common.errors import ImageTooLargeError, InvalidRequestError
+from kimi_vision_common.sizing import navit_target_size
+from kimi_vision_common.wire import ADMIN_HEADER, admin_headers, checked_key, operator_key
 from kimi_vision_prep import PRESETS, preprocess_bytes
-from kimi_vision_prep.errors import ImageTooLargeError, InvalidRequestError
 from kimi_vision_prep.serving.access import (
     ADMIN_APIS,
-    ADMIN_HEADER,
     SHARED_MEMORY_API,
     AccessPolicy,
     access_args,
-    admin_headers,
-    checked_key,
     generated_key,
-    operator_key,
     write_key_file,
 )
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
-from kimi_vision_prep.sizing import navit_target_size
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 INVALID_ARG = ("400", "StatusCode.INVALID_ARGUMENT")

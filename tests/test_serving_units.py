@@ -32,6 +32,8 @@ from reference import k25_rgb, ref_size
 from tritonclient.grpc import model_config_pb2
 
 from kimi_vision_client.cli import build_parser
+from kimi_vision_common.errors import ImageTooLargeError, InvalidRequestError
+from kimi_vision_common.wire import served_message
 from kimi_vision_prep import (
     KIMI_K3,
     KIMI_K25,
@@ -44,7 +46,6 @@ from kimi_vision_prep import (
     preprocess_images,
     preset_from_parameters,
 )
-from kimi_vision_prep.errors import ImageTooLargeError, InvalidRequestError, served_message
 from kimi_vision_prep.kernels import register_kernel, type_key
 from kimi_vision_prep.serving import components, launcher, tensors, triton_install
 from kimi_vision_prep.serving import requests as request_tensors

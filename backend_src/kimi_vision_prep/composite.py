@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kimi_vision_common.presets import Preset
+
 from .kernels import NUMPY, TORCH, get_kernel, register_kernel
-from .presets import Preset
 
 if TYPE_CHECKING:
     import torch

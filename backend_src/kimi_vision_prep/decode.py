@@ -43,35 +43,28 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from kimi_vision_common.errors import FallbackError, ImageTooLargeError, InvalidImageError, PreprocessError, detached
+from kimi_vision_common.presets import Preset
+
 from . import jpeg_bands
 from .buffers import scratch
 from .decode_pool import DecodePool
-from .errors import FallbackError, ImageTooLargeError, InvalidImageError, PreprocessError, detached
 from .jpeg_scan import JpegScan, scan_jpeg
-from .pillow_io import PILLOW_MAX_PIXELS, open_with_pillow, pillow_pixels
-from .presets import Preset
+from .limits import DecodeLimits
+from .pillow_io import open_with_pillow, pillow_pixels
+from .resample import Resample
 
 log = logging.getLogger("kimi_vision_prep.decode")
 
-DEFAULT_MAX_ENCODED_BYTES = 64 << 20
 FANCY_UPSAMPLING_OPTIONS = ":fancy_upsampling=1"
 
 DecodePath = Literal["libjpeg", "simplejpeg", "nvimgcodec-cpu", "nvimgcodec-cuda", "pillow"]
-Resample = Literal["bicubic", "nearest"]
 CPU_ROUTES: tuple[DecodePath, ...] = ("libjpeg", "simplejpeg", "nvimgcodec-cpu")
 # A consumer of a lone image's rows as they are decoded, by its stored (width, height), or None
 # when it wants none of that image (:meth:`ImageDecoder.decode`).
 RowsFor = Callable[[int, int], "jpeg_bands.RowConsumer | None"]
 # A CPU route: decode(plan, bands, rows_for) sets plan.result, or leaves it None where it refuses.
 CpuRoute = Callable[["_Plan", int, "RowsFor | None"], None]
-
-
-@dataclass(frozen=True)
-class DecodeLimits:
-    """Checked from the header, before any pixel buffer is allocated."""
-
-    max_pixels: int = PILLOW_MAX_PIXELS
-    max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES
 
 
 @dataclass

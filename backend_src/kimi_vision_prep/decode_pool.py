@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
-from .errors import DecoderBusyError
+from kimi_vision_common.errors import DecoderBusyError
 
 T = TypeVar("T")
 

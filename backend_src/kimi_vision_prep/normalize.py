@@ -15,12 +15,13 @@ tensors (any device) to one gather plus a view/permute; twins take and return th
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import njit, prange, uint64
+
+from kimi_vision_common.patches import expand_with_table
 
 from .buffers import empty_output
 from .kernels import NUMPY, TORCH, get_kernel, register_kernel
@@ -28,21 +29,6 @@ from .numba_runtime import kernel_input, parallel_kernel
 
 if TYPE_CHECKING:
     import torch
-
-
-@functools.lru_cache(maxsize=16)  # a few presets per process
-def normalize_table(mean: tuple[float, float, float], std: tuple[float, float, float]) -> np.ndarray:
-    """float32 ``(256, 3)`` table: ``table[v, c]`` is the reference's normalised value of ``v``.
-
-    Reference semantics: ``x = float32(v / 255.0)`` (float64 division), then ``x -= mean`` and
-    ``x *= 1 / std`` with float64 operands, each stored back to float32.
-    """
-    x = (np.arange(256, dtype=np.float64) / 255.0).astype(np.float32)
-    table = np.repeat(x[:, None], 3, axis=1)
-    table -= np.asarray(mean, dtype=np.float64)
-    table *= 1.0 / np.asarray(std, dtype=np.float64)
-    table.setflags(write=False)
-    return table
 
 
 # ``table[v, c] == v``: the fused kernel with this table and a uint8 ``out`` pads and patchifies
@@ -260,29 +246,8 @@ def patchify_numpy(
     return write_patches_numpy(image, IDENTITY_TABLE, grid_h, grid_w, patch_size, out=out)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _expand(patches: np.ndarray, tables: np.ndarray, out: np.ndarray) -> None:
-    """``out[n, c, i] = tables[c, patches[n, c, i]]`` (patches flattened to ``(N, 3, p*p)``;
-    unsigned indices, as in the patch-row kernels)."""
-    for n in prange(patches.shape[0]):
-        for c in range(uint64(3)):
-            table, src, dst = tables[c], patches[n, c], out[n, c]
-            for i in range(uint64(patches.shape[2])):
-                dst[i] = table[src[i]]
-
-
-@register_kernel("expand_patches", NUMPY)
-def expand_patches_numpy(patches: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """:func:`expand_patches` for numpy (numba, parallel); a new array."""
-    if patches.dtype != np.uint8 or patches.ndim != 4 or patches.shape[1] != 3:
-        raise ValueError(f"expected uint8 (N, 3, p, p), got {patches.dtype} {patches.shape}")
-    if table.shape != (256, 3):
-        raise ValueError(f"expected a (256, 3) table, got {table.shape}")
-    flat = kernel_input(patches).reshape(patches.shape[0], 3, -1)
-    out = empty_output(flat.shape, np.float32)
-    with parallel_kernel(out.size):
-        _expand(flat, _channel_tables(np.asarray(table, dtype=np.float32)), out)
-    return out.reshape(patches.shape)
+# The numpy kernel of expand_patches is the client's table lookup (one implementation).
+register_kernel("expand_patches", NUMPY)(expand_with_table)
 
 
 # --------------------------------------------------------------------------- torch kernels

@@ -12,21 +12,20 @@ from __future__ import annotations
 import binascii
 import io
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .errors import ImageTooLargeError, InvalidImageError, UnsupportedImageError
-from .kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
-from .presets import Preset
+from kimi_vision_common.errors import ImageTooLargeError, InvalidImageError, UnsupportedImageError
+from kimi_vision_common.presets import Preset
 
-if TYPE_CHECKING:
-    from .decode import Resample
+from .kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
+from .limits import PILLOW_MAX_PIXELS
+from .resample import Resample
 
 ResultT = TypeVar("ResultT")
 
-PILLOW_MAX_PIXELS = 2 * Image.MAX_IMAGE_PIXELS  # 178,956,970: Pillow's DecompressionBombError threshold
 
 
 def open_with_pillow(data: bytes, max_pixels: int = PILLOW_MAX_PIXELS) -> Image.Image:

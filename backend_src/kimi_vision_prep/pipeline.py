@@ -9,36 +9,38 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import numba
 import numpy as np
 
+from kimi_vision_common.errors import PreprocessError, detached
+from kimi_vision_common.patches import normalize_table
+from kimi_vision_common.presets import Preset, get_preset
+from kimi_vision_common.results import ImagesResult
+from kimi_vision_common.sizing import TargetSize, navit_target_size
+
 from .buffers import scratch_scope
 from .composite import composite_on_chessboard
 from .decode import DecodedImage, ImageDecoder, default_decoder
-from .errors import PreprocessError, detached
+from .limits import DEFAULT_MAX_IMAGES_PER_REQUEST
 from .normalize import (
     IDENTITY_TABLE,
     concatenate_patches,
     expand_patches,
-    normalize_table,
     patches_out,
     patchify,
     write_patch_rows,
     write_patches,
 )
 from .pillow_io import as_rgb_array
-from .presets import Preset, get_preset
 from .resize import resize
-from .sizing import TargetSize, navit_target_size
 from .tokens import check_image_count, check_patch_budget
 
 # What preprocessing produces per image: normalised float32 ``pixel_values`` (the processor's
 # output, the default) or the uint8 ``pixel_patches`` they are a table lookup of.
 PixelOutput = Literal["pixel_values", "pixel_patches"]
 PIXEL_OUTPUTS: tuple[str, ...] = get_args(PixelOutput)
-DEFAULT_MAX_IMAGES_PER_REQUEST = 16
 # The patch work per image row against decoding the row, by output (where row bands split:
 # jpeg_bands; measured, BENCHMARKS.md).
 PATCH_ROW_WORK: dict[str, float] = {"pixel_values": 0.6, "pixel_patches": 0.5}
@@ -270,23 +272,6 @@ def _preprocess_or_error(
         return detached(exc)
 
 
-@dataclass
-class ImagesResult:
-    """Several images as the processor returns them (spec section 7): the single-image results
-    concatenated in order.
-
-    ``pixel_values``: float32 ``(ΣN, 3, p, p)`` (None with ``output="pixel_patches"``);
-    ``pixel_patches``: uint8 ``(ΣN, 3, p, p)`` (only with ``output="pixel_patches"``);
-    ``grid_thws``: int64 ``(n, 3)``; ``num_tokens``: int64 ``(n,)``; ``decode_paths``: per image.
-    """
-
-    pixel_values: Any
-    grid_thws: np.ndarray
-    num_tokens: np.ndarray
-    decode_paths: tuple[str, ...] = ()
-    pixel_patches: Any = None
-
-
 def stack_results(
     results: Sequence[PreprocessResult], preset: Preset, output: PixelOutput, pixels: Any = None
 ) -> ImagesResult:
@@ -376,24 +361,3 @@ def out_rows(decoded: Sequence[DecodedImage | PreprocessError], preset: Preset, 
         raise ValueError(f"out has {out.shape[0]} rows, the images need {sum(counts)}")
     offsets = np.cumsum([0, *counts])
     return [out[int(start) : int(end)] for start, end in itertools.pairwise(offsets)]
-
-
-class HasPixelValues(Protocol):
-    """A result with float32 ``pixel_values (N, 3, p, p)`` and int64 ``grid_thw (3,)``:
-    :class:`PreprocessResult` here, or the client's ``VisionResult``."""
-
-    pixel_values: Any
-    grid_thw: np.ndarray
-
-
-def concat_results(results: Sequence[HasPixelValues], patch_size: int = 14) -> tuple[np.ndarray, np.ndarray]:
-    """Several images as the processor returns them: float32 ``pixel_values (ΣN, 3, p, p)`` and
-    int64 ``grid_thws (n, 3)`` (empty arrays of those shapes for no results). Needs float32 results
-    (``output="pixel_values"``); ``patch_size`` only shapes the empty case."""
-    if any(r.pixel_values is None for r in results):
-        raise ValueError("concat_results needs pixel_values; expand pixel_patches with pixel_values_from_patches")
-    if not results:
-        return np.zeros((0, 3, patch_size, patch_size), np.float32), np.zeros((0, 3), np.int64)
-    pixel_values = np.concatenate([np.asarray(r.pixel_values, dtype=np.float32) for r in results], axis=0)
-    grid_thws = np.stack([np.asarray(r.grid_thw) for r in results]).astype(np.int64)
-    return pixel_values, grid_thws

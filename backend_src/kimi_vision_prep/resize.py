@@ -24,6 +24,7 @@ from .pillow_io import pillow_call
 from .resample import (
     PRECISION_BITS,
     ROUNDING_BIAS,
+    Resample,
     bicubic_two_pass,
     check_image,
     nearest_indices,
@@ -34,7 +35,6 @@ from .resize_numba import resize_numpy
 if TYPE_CHECKING:
     import torch
 
-    from .decode import Resample
 
 __all__ = ["resize", "resize_numpy", "resize_pil", "resize_torch"]
 

@@ -9,7 +9,6 @@ reproduced, so the result is bit-exact; the tests compare against Pillow itself.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit, prange
@@ -20,15 +19,13 @@ from .numba_runtime import kernel_input, parallel_kernel
 from .resample import (
     PRECISION_BITS,
     ROUNDING_BIAS,
+    Resample,
     bicubic_two_pass,
     check_image,
     nearest_indices,
     unpremultiply_table,
     vertical_pass_first,
 )
-
-if TYPE_CHECKING:
-    from .decode import Resample
 
 # Horizontal-pass tiles: a constant lane count the compiler vectorises without a scalar tail.
 # RGB: 24 rows stored channel-major (lane c*24 + r), so that eight rows' bytes move as one uint64

@@ -10,24 +10,16 @@ equal full preprocessing's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from .decode import DecodeLimits
-from .errors import ImageTooLargeError, InvalidImageError, PreprocessError
+from kimi_vision_common.errors import ImageTooLargeError, InvalidImageError, PreprocessError
+from kimi_vision_common.presets import Preset, get_preset
+from kimi_vision_common.results import TokenCount
+from kimi_vision_common.sizing import navit_target_size
+
+from .limits import DecodeLimits
 from .pillow_io import open_with_pillow
-from .presets import Preset, get_preset
-from .sizing import navit_target_size
-
-
-@dataclass(frozen=True)
-class TokenCount:
-    """``grid_thw`` int64 ``(3,)`` = ``(1, gh, gw)``, ``num_tokens`` and the image's ``prompt``."""
-
-    grid_thw: np.ndarray
-    num_tokens: int
-    prompt: str
 
 
 def image_prompt(width: int, height: int, preset: Preset) -> str:

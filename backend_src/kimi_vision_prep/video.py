@@ -32,45 +32,17 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from kimi_vision_common.errors import InvalidVideoError, PreprocessError, VideoTooLargeError
+from kimi_vision_common.patches import normalize_table
+from kimi_vision_common.presets import Preset, get_preset
+from kimi_vision_common.results import VideoChunkResult
+from kimi_vision_common.sizing import TargetSize, navit_target_size
+
 from .decode import ImageDecoder, default_decoder
-from .errors import InvalidVideoError, PreprocessError, VideoTooLargeError
-from .normalize import empty_patches, normalize_table, patchify, write_patches
+from .limits import VideoLimits
+from .normalize import empty_patches, patchify, write_patches
 from .pipeline import PIXEL_OUTPUTS, PixelOutput, PreprocessResult, with_index
-from .presets import Preset, get_preset
 from .resize import resize
-from .sizing import TargetSize, navit_target_size
-
-
-@dataclass(frozen=True)
-class VideoLimits:
-    """Checked before the work they guard (defaults in brackets).
-
-    ``max_encoded_bytes`` (256 MiB): the encoded video; ``max_frame_pixels`` (3840 x 2160): a
-    frame's width x height, from the stream header and again per decoded frame;
-    ``max_video_frames`` (36,000: 20 minutes at 30 fps): frames (packets) of the video stream,
-    counted before decoding; ``max_sampled_frames`` (4,096): frames sampled for preprocessing.
-    """
-
-    max_encoded_bytes: int = 256 << 20
-    max_frame_pixels: int = 3840 * 2160
-    max_video_frames: int = 36_000
-    max_sampled_frames: int = 4096
-
-
-@dataclass
-class VideoChunkResult:
-    """One chunk of a video: ``pixel_values`` float32 ``(T*gh*gw, 3, p, p)`` (or ``pixel_patches``
-    uint8), ``grid_thw`` int64 ``(3,)`` = ``(T, gh, gw)``, ``num_tokens``, the chunk's ``prompt``
-    and ``timestamp`` (as in the prompt) and the decoded-frame indices it holds."""
-
-    pixel_values: Any
-    grid_thw: np.ndarray
-    num_tokens: int
-    prompt: str
-    timestamp: str
-    frame_indices: tuple[int, ...]
-    pixel_patches: Any = None
-
 
 # -- chunks ---------------------------------------------------------------------------------------
 
@@ -217,18 +189,6 @@ def _video_stream(container: Any) -> Any:
     if not container.streams.video:
         raise InvalidVideoError("no video stream")
     return container.streams.video[0]
-
-
-def looks_like_video(data: bytes) -> bool:
-    """Whether ``data`` is a container with a video stream that is not an image Pillow reads (how
-    the CLI tells videos from images by content)."""
-    try:
-        _reject_images(bytes(data))
-        with _open(bytes(data)) as container:
-            _video_stream(container)
-    except PreprocessError:
-        return False
-    return True
 
 
 def probe_video(data: bytes, limits: VideoLimits = VideoLimits()) -> VideoInfo:

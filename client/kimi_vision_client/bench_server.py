@@ -27,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from kimi_vision_prep import PreprocessError
-from kimi_vision_prep.serving.repository import model_presets
+from kimi_vision_common.errors import PreprocessError
 
-from . import bench_local
-from .client import KimiVisionClient, Protocol, image_size, largest_preset, strip_scheme
+from .client import KimiVisionClient, Protocol, image_size, strip_scheme
+from .samples import bench_photos
 from .transport import ADAPTERS
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -89,10 +88,9 @@ class LevelResult:
 # -- images ---------------------------------------------------------------------------------------
 
 
-def default_images(model: str) -> list[Image]:
-    """bench-local's generated photos (:func:`~.samples.bench_photos`), classed under the model's preset."""
-    preset_name = model_presets().get(model, largest_preset().name)
-    return [(im.name, im.data) for im in bench_local.bench_images(preset_name)]
+def default_images() -> list[Image]:
+    """The generated camera-sized photos (:func:`~.samples.bench_photos`, bench-local's too)."""
+    return list(bench_photos().items())
 
 
 def warmup_images(images: Sequence[Image]) -> list[bytes]:
@@ -351,7 +349,7 @@ def run(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Sweep, print, and write ``bench_server.json`` / ``bench_server.png`` under ``out_dir``."""
-    images = list(images) if images is not None else default_images(config.model)
+    images = list(images) if images is not None else default_images()
     levels = sweep(config, images, quiet)
     best = best_level(levels)
     print(f"best: {best.images_s:.2f} img/s at concurrency {best.concurrency}")

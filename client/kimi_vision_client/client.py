@@ -8,8 +8,8 @@ return ``PIXEL_VALUES`` float32 ``[1, ΣN, 3, p, p]`` (``kimi_*_vision``) or, on
 :class:`KimiVisionClient` hides the batch dimension, expands uint8 patches into the float32
 ``pixel_values`` with the preset's normalise table (bit-equal to the float32 ensemble:
 ``PIXEL_VALUES`` is that table read at ``PIXEL_PATCHES``), and raises server errors as the
-:mod:`kimi_vision_prep.errors` class the server's message is tagged with
-(:func:`~kimi_vision_prep.errors.error_from_served`), so a remote call fails exactly like
+:mod:`kimi_vision_common.errors` class the server's message is tagged with
+(:func:`~kimi_vision_common.errors.error_from_served`), so a remote call fails exactly like
 ``kimi_vision_prep.preprocess_bytes`` would in-process.
 
 The wire is learnt from the server, once per client, at the first request (:func:`learn_wire`):
@@ -35,18 +35,12 @@ import tritonclient.utils
 import tritonclient.utils.shared_memory as shm
 from PIL import Image
 
-from kimi_vision_prep import (
-    ImagesResult,
-    PreprocessError,
-    Preset,
-    TokenCount,
-    VideoChunkResult,
-    get_preset,
-    navit_target_size,
-    pixel_values_from_patches,
-)
-from kimi_vision_prep.errors import error_from_served
-from kimi_vision_prep.serving.access import admin_headers
+from kimi_vision_common.errors import PreprocessError
+from kimi_vision_common.patches import expand_patches
+from kimi_vision_common.presets import Preset, get_preset
+from kimi_vision_common.results import ImagesResult, TokenCount, VideoChunkResult
+from kimi_vision_common.sizing import navit_target_size
+from kimi_vision_common.wire import admin_headers, error_from_served
 
 from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
 from .transport import ADAPTERS, ShmSlot, Waiter
@@ -151,7 +145,7 @@ def _pixel_values(outputs: Mapping[str, np.ndarray], preset: Preset | None) -> n
     if PIXEL_PATCHES in outputs:
         if preset is None:
             raise ValueError("expanding PIXEL_PATCHES needs the preset")
-        return pixel_values_from_patches(np.asarray(outputs[PIXEL_PATCHES][0]), preset)
+        return expand_patches(np.asarray(outputs[PIXEL_PATCHES][0]), preset)
     return np.array(outputs[PIXEL_VALUES][0], dtype=np.float32)
 
 

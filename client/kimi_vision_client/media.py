@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc
 
-from kimi_vision_prep import InvalidRequestError, TokenCount, VideoChunkResult, pixel_values_from_patches
+from kimi_vision_common.errors import InvalidRequestError
+from kimi_vision_common.patches import expand_patches
+from kimi_vision_common.results import TokenCount, VideoChunkResult
 
 from .wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, Wire
 
@@ -37,10 +39,10 @@ def _text(array: np.ndarray) -> str:
 
 
 def chunk_from_outputs(outputs: Mapping[str, np.ndarray], wire: Wire) -> VideoChunkResult:
-    """One streamed response -> :class:`~kimi_vision_prep.VideoChunkResult` (float32 pixel_values;
+    """One streamed response -> :class:`~kimi_vision_common.results.VideoChunkResult` (float32 pixel_values;
     uint8 patches expanded with the wire's preset)."""
     if wire.pixel_output == PIXEL_PATCHES:
-        pixel_values = pixel_values_from_patches(np.asarray(outputs[PIXEL_PATCHES][0]), wire.preset)
+        pixel_values = expand_patches(np.asarray(outputs[PIXEL_PATCHES][0]), wire.preset)
     else:
         pixel_values = np.array(outputs[wire.pixel_output][0], dtype=np.float32)
     return VideoChunkResult(
@@ -93,7 +95,7 @@ def require_grpc(protocol: str) -> None:
 
 
 def token_counts(outputs: Mapping[str, np.ndarray]) -> list[TokenCount]:
-    """A ``kimi_*_tokens`` response -> one :class:`~kimi_vision_prep.TokenCount` per image."""
+    """A ``kimi_*_tokens`` response -> one :class:`~kimi_vision_common.results.TokenCount` per image."""
     grids = np.array(outputs[GRID_THW], dtype=np.int64).reshape(-1, 3)
     tokens = np.asarray(outputs[NUM_TOKENS]).reshape(-1)
     prompts = np.asarray(outputs["PROMPT"]).reshape(-1)

@@ -12,10 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kimi_vision_prep import PRESETS, PreprocessError, Preset, preset_from_parameters
-
-PIXEL_VALUES, PIXEL_PATCHES = "PIXEL_VALUES", "PIXEL_PATCHES"
-GRID_THW, NUM_TOKENS = "GRID_THW", "NUM_TOKENS"
+from kimi_vision_common.errors import PreprocessError
+from kimi_vision_common.presets import PRESETS, Preset, preset_from_parameters
+from kimi_vision_common.wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, PIXEL_VALUES
 
 
 def largest_preset() -> Preset:

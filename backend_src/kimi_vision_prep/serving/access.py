@@ -27,16 +27,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-ADMIN_HEADER = "kimi-prep-admin-key"
-# tritonserver's gRPC frontend looks for the restricted key under this prefix (HTTP: as it is).
-GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
-ADMIN_KEY_ENV = "KIMI_PREP_ADMIN_KEY"
+from kimi_vision_common.wire import ADMIN_HEADER, admin_headers, checked_key
+
 ADMIN_APIS = ("model-repository", "logging", "trace")
 SHARED_MEMORY_API = "shared-memory"
 # The APIs an operator may open to anonymous clients (--open-api); the admin APIs stay behind the key.
 OPENABLE_APIS = (SHARED_MEMORY_API,)
 LOOPBACK_HOST = "127.0.0.1"
-MIN_KEY_LENGTH = 16
 
 
 def is_loopback(host: str) -> bool:
@@ -47,25 +44,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def checked_key(key: str, source: str) -> str:
-    """``key`` stripped; ValueError where it is too short to guess or would break the flag's syntax."""
-    key = key.strip()
-    if len(key) < MIN_KEY_LENGTH:
-        raise ValueError(f"the admin key from {source} has {len(key)} characters: use at least {MIN_KEY_LENGTH}")
-    if any(c in key for c in ",:= \t\n") or not key.isprintable():
-        raise ValueError(f"the admin key from {source} may not hold spaces, ',', ':' or '='")
-    return key
-
-
-def operator_key(key_file: Path | None, environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
-    """The operator's admin key: ``key_file``'s content, else :data:`ADMIN_KEY_ENV`; None if neither."""
-    if key_file is not None:
-        return checked_key(Path(key_file).read_text(), str(key_file))
-    if environ.get(ADMIN_KEY_ENV):
-        return checked_key(environ[ADMIN_KEY_ENV], ADMIN_KEY_ENV)
-    return None
 
 
 def generated_key() -> str:
@@ -117,12 +95,6 @@ class AccessPolicy:
 
     def describe(self) -> str:
         return f"APIs that need the {ADMIN_HEADER} header: {', '.join(self.restricted_apis)}"
-
-
-def admin_headers(key: str, protocol: str = "http") -> dict[str, str]:
-    """The header that carries ``key`` over ``protocol`` (``http``: :data:`ADMIN_HEADER`; ``grpc``:
-    the same name behind :data:`GRPC_HEADER_PREFIX`, as tritonserver's gRPC frontend expects it)."""
-    return {(GRPC_HEADER_PREFIX if protocol == "grpc" else "") + ADMIN_HEADER: key}
 
 
 def access_args(policy: AccessPolicy) -> list[str]:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kimi_vision_common.errors import PreprocessError
+from kimi_vision_common.presets import Preset
+
 from ..decode import DecodedImage, DecodeStats, ImageDecoder
-from ..errors import PreprocessError
 from ..numba_runtime import set_num_threads
 from ..pipeline import resized_decoded, with_index
-from ..presets import Preset
 from ..tokens import check_patch_budget
 from .config import DecoderSettings, decoder_settings, numba_threads
 from .contract import ServingModel

@@ -2,7 +2,7 @@
 
 Triton hands a Python model its config as JSON (``args["model_config"]``); ``parameters`` entries
 arrive as ``{"key": {"string_value": "..."}}``. Preset fields map onto :class:`~kimi_vision_prep.Preset`
-through :func:`~kimi_vision_prep.presets.preset_from_parameters` (the one mapping); the decoder and
+through :func:`~kimi_vision_common.presets.preset_from_parameters` (the one mapping); the decoder and
 runtime knobs below are the only other keys.
 """
 
@@ -14,10 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..decode import DEFAULT_MAX_ENCODED_BYTES, PILLOW_MAX_PIXELS, DecodeLimits
-from ..errors import InvalidPresetError
-from ..pipeline import DEFAULT_MAX_IMAGES_PER_REQUEST
-from ..video import VideoLimits
+from kimi_vision_common.errors import InvalidPresetError
+
+from ..limits import (
+    DEFAULT_MAX_ENCODED_BYTES,
+    DEFAULT_MAX_IMAGES_PER_REQUEST,
+    PILLOW_MAX_PIXELS,
+    DecodeLimits,
+    VideoLimits,
+)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

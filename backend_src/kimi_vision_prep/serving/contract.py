@@ -2,7 +2,7 @@
 
 Contract of ``execute``: one response per request, in order; a request that fails gets a
 ``TritonError`` whose code is the error's ``triton_code`` and whose message is
-:func:`~kimi_vision_prep.errors.served_message` (the class tag first, so clients raise the same
+:func:`~kimi_vision_common.errors.served_message` (the class tag first, so clients raise the same
 type), never affecting the other requests of the batch; a cancelled request gets CANCELLED;
 nothing is raised out of ``execute``.
 
@@ -20,16 +20,17 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..buffers import configure_buffers, scratch_scope
-from ..errors import (
+from kimi_vision_common.errors import (
     CancelledError,
     InvalidRequestError,
     PreprocessError,
     detached,
     reason_for,
-    served_message,
     triton_code_for,
 )
+from kimi_vision_common.wire import served_message
+
+from ..buffers import configure_buffers, scratch_scope
 from .config import buffer_caps, model_config_from_args, model_parameters
 from .metrics import ModelMetrics
 from .requests import Outputs

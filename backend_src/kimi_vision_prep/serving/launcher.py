@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import re
@@ -32,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ..allocator import describe_server_allocator
-from ..host import cuda_device_count
 from .access import LOOPBACK_HOST, AccessPolicy, access_args, generated_key, redacted, write_key_file
+from .allocator import describe_server_allocator
+from .host import cuda_device_count
 from .probes import ProbeServer
 from .repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
-from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver
+from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver, patchify_library
 from .watchdog import StubWatchdog
 
 # One FP32 PIXEL_VALUES of a 1920x1080 image is ~25 MiB, K3's largest ~145 MiB: start each stub's
@@ -231,6 +232,12 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     if spec.render is not None or spec.models is not None or repository is None:
         rendered = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kimi_prep_repo.")))
         options = spec.render or RenderOptions()
+        if options.uses_c_patchify and patchify_library() is None:
+            log.warning(
+                "the C patchify step is not built (no C compiler at install): "
+                "the CPU vision ensembles end with the Python preprocess step"
+            )
+            options = dataclasses.replace(options, c_patchify=False)
         repository = render_repository(rendered / "model_repository", options, names=spec.models)
     repository = checked_repository_path(Path(repository).resolve())
     check_ports_free(spec.host, spec.ports)

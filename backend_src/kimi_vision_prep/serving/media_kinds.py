@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..presets import Preset
-from ..video import VideoLimits
+from kimi_vision_common.presets import Preset
+
+from ..limits import VideoLimits
 from . import pbtxt
 from .config import DecoderSettings
 from .render_blocks import (

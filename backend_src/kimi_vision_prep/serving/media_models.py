@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import VideoTooLargeError
+from kimi_vision_common.errors import VideoTooLargeError
+from kimi_vision_common.presets import preset_from_parameters
+
 from ..pipeline import map_indexed
-from ..presets import preset_from_parameters
 from ..tokens import count_tokens
 from ..video import preprocess_video, preprocess_video_chunk
 from .components import apply_numba_threads, settings_decoder

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kimi_vision_common.presets import preset_from_parameters
+
 from ..pipeline import resized_decoded
-from ..presets import preset_from_parameters
 from .components import ImageDecoding, ImagePreprocessing, apply_numba_threads
 from .config import decoder_settings, parse_int
 from .contract import Result, ServingModel

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from ..presets import Preset, preset_parameters
+from kimi_vision_common.presets import Preset, preset_parameters
+
 from . import pbtxt
 from .config import DecoderSettings
 
@@ -28,12 +29,20 @@ class RenderOptions:
 
     ``instances``: ``instance_group`` count of every Python model; ``threads``: ``numba_threads``
     and ``decoder_threads`` of each instance (0: all cores); ``kind``: ``KIND_CPU`` / ``KIND_GPU``,
-    or None to leave it unset (Triton then picks GPU where there is one, CPU elsewhere).
+    or None to leave it unset (Triton then picks GPU where there is one, CPU elsewhere);
+    ``c_patchify``: a CPU rendering ends the vision ensembles with the C step ``<prefix>_patchify``
+    (False: with the Python preprocess step, where the C backend is not built).
     """
 
     instances: int = 1
     threads: int = 0
     kind: InstanceKind | None = None
+    c_patchify: bool = True
+
+    @property
+    def uses_c_patchify(self) -> bool:
+        """Whether the vision ensembles end with the C step (a CPU rendering that has it)."""
+        return self.kind == "cpu" and self.c_patchify
 
     def __post_init__(self) -> None:
         if self.instances < 1:

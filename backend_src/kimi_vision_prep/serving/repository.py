@@ -1,12 +1,12 @@
 """The model repository, rendered from the presets: every ``config.pbtxt`` and ``model.py``.
 
-``presets.SERVED_PRESETS`` is the one source: each served preset gets the models
+The presets are the one source (:data:`SERVED_PRESETS` names those served): each served preset gets the models
 ``<prefix>_decode``, ``_preprocess``, ``_vision``, ``_vision_u8``, ``_vision_fused``, ``_vision_fused_u8``,
 (``media_kinds.py``) ``_video``, ``_video_chunk``, ``_tokens`` and, in a CPU rendering
 (``RenderOptions.kind == "cpu"``, what ``kimi-prep serve`` renders on a GPU-less host),
 ``_patchify``: the C backend ``kimi_patchify`` in place of the Python preprocess step of the
 vision ensembles, which then hand it the decode step's pixels inside tritonserver (prefix by
-:func:`~kimi_vision_prep.presets.model_prefix`: ``kimi-k2.5`` -> ``kimi_k25``); the preset of
+:func:`model_prefix`: ``kimi-k2.5`` -> ``kimi_k25``); the preset of
 :attr:`ServingDefaults.embed_preset` also gets the chaining example ``<prefix>_vision_embed`` over
 ``kimi_patch_embed``. Every value in a config comes from a preset (its parameter block, the
 ``patch_size`` of the output dims), :class:`~.config.DecoderSettings`' defaults,
@@ -19,11 +19,13 @@ same code when given ``--instances``, ``--threads`` or ``--kind``.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from ..presets import PRESETS, SERVED_PRESETS, Preset, model_prefix, preset_aliases
+from kimi_vision_common.presets import KIMI_K3, KIMI_K25, PRESETS, Preset
+
 from . import pbtxt
 from .config import DecoderSettings
 from .media_kinds import media_models
@@ -50,6 +52,22 @@ from .render_blocks import (
     python_model,
 )
 from .triton_install import PATCHIFY_BACKEND
+
+# The presets the model repository serves, each as the models ``<model_prefix>_*`` (rendered by
+# ``kimi-prep render-repository``). kimi-k2.6 is kimi-k2.5's preset under another name: served once.
+SERVED_PRESETS: tuple[str, ...] = (KIMI_K25.name, KIMI_K3.name)
+
+
+def model_prefix(preset_name: str) -> str:
+    """The model-name prefix of a served preset: ``kimi-k2.5`` -> ``kimi_k25``, ``kimi-k3`` -> ``kimi_k3``."""
+    return preset_name.replace(".", "").replace("-", "_")
+
+
+def preset_aliases(preset: Preset) -> list[str]:
+    """Names of the registered presets equal to ``preset`` but for their name (``preset`` first)."""
+    same = [name for name, other in PRESETS.items() if dataclasses.replace(other, name=preset.name) == preset]
+    return sorted(same, key=lambda name: name != preset.name)
+
 
 __all__ = [
     "ModelFiles",
@@ -219,8 +237,8 @@ def _decode_step(prefix: str, tensors: Sequence[str]) -> str:
 
 def _pixel_steps(prefix: str, options: RenderOptions, outputs: Mapping[str, str]) -> list[str]:
     """The decode step and the step that turns its pixels into ``outputs``: ``<prefix>_patchify``
-    in a CPU rendering, else ``<prefix>_preprocess`` (which also runs on a GPU, through DLPack)."""
-    if options.kind == "cpu":
+    in a CPU rendering with the C step, else ``<prefix>_preprocess`` (which also runs on a GPU, through DLPack)."""
+    if options.uses_c_patchify:
         model, tensors = f"{prefix}_patchify", ("IMAGE", "IMAGE_SHAPES")
     else:
         model, tensors = f"{prefix}_preprocess", DECODED_TENSORS
@@ -308,7 +326,7 @@ def repository_models(
         models += [
             decode_model(served),
             preprocess_model(served),
-            *([patchify_model(served)] if options.kind == "cpu" else []),
+            *([patchify_model(served)] if options.uses_c_patchify else []),
             *vision_ensembles(served),
             *fused_models(served),
             *media_models(served),

@@ -56,14 +56,15 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from kimi_vision_common.errors import InvalidRequestError
+from kimi_vision_common.presets import Preset
+from kimi_vision_common.sizing import TargetSize, navit_target_size
+
 from ..buffers import scratch
 from ..decode import DecodedImage
-from ..errors import InvalidRequestError
 from ..kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
 from ..normalize import concatenate_patches
 from ..pipeline import PixelOutput, map_indexed, out_rows, pixel_values_from_patches, preprocess_decoded
-from ..presets import Preset
-from ..sizing import TargetSize, navit_target_size
 from ..tokens import check_image_count, check_patch_total
 from .tensors import as_torch, check_dtype, host_array
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidRequestError
+from kimi_vision_common.errors import InvalidRequestError
+
 from ..kernels import NUMPY, TORCH, get_kernel, register_kernel
 
 if TYPE_CHECKING:

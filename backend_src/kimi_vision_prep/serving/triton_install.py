@@ -23,8 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..allocator import SERVER_ONLY_ENV, server_allocator_env
-from ..host import codec_env
+from .allocator import SERVER_ONLY_ENV, server_allocator_env
+from .host import codec_env
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../kimi_vision_prep
 STUB = "triton_python_backend_stub"
@@ -78,13 +78,12 @@ def _stub_env(env: dict[str, str]) -> None:
     env.setdefault("NUMBA_CACHE_DIR", str(cache_root() / "numba"))
 
 
-def patchify_library() -> Path:
+def patchify_library() -> Path | None:
     """The built ``kimi_patchify`` backend: the package's ``_triton_patchify`` extension (a plain
-    shared object; Triton loads it as ``libtriton_kimi_patchify.so``)."""
+    shared object; Triton loads it as ``libtriton_kimi_patchify.so``); None where the install had
+    no C compiler (it is an optional extension)."""
     spec = importlib.util.find_spec(f"{PACKAGE_ROOT.name}._triton_patchify")  # found, not imported
-    if spec is None or spec.origin is None:
-        raise RuntimeError("the kimi_patchify backend is not built: reinstall the package (`make setup`)")
-    return Path(spec.origin)
+    return None if spec is None or spec.origin is None else Path(spec.origin)
 
 
 def _layout_embedded_backends(pytriton_dir: Path) -> Path:
@@ -99,8 +98,10 @@ def _layout_embedded_backends(pytriton_dir: Path) -> Path:
         "python/libtriton_python.so": source / "libtriton_python.so",
         "python/triton_python_backend_utils.py": source / "triton_python_backend_utils.py",
         f"python/bin/{STUB}": stub,
-        f"{PATCHIFY_BACKEND}/libtriton_{PATCHIFY_BACKEND}.so": patchify_library(),
     }
+    library = patchify_library()
+    if library is not None:
+        files[f"{PATCHIFY_BACKEND}/libtriton_{PATCHIFY_BACKEND}.so"] = library
     stamp = "|".join([*(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files.values()), STUB_WRAPPER])
     backends = cache_dir() / f"{version}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}" / "backends"
     if (backends / "python" / STUB).exists():

@@ -8,9 +8,10 @@ import io
 import numpy as np
 from PIL import Image
 
+from kimi_vision_common.presets import Preset
+
 from ..decode import DecodedImage
 from ..pillow_io import pillow_pixels
-from ..presets import Preset
 
 
 def warmup_images() -> list[bytes]:

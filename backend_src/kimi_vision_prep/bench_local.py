@@ -34,14 +34,15 @@ import numba
 import numpy as np
 from PIL import Image
 
+from kimi_vision_client.samples import bench_photos
+from kimi_vision_common.patches import normalize_table
 from kimi_vision_prep import ImageDecoder, get_preset, navit_target_size, preprocess_batch, preprocess_bytes
-from kimi_vision_prep.allocator import keep_large_buffers
 from kimi_vision_prep.buffers import scratch_scope
 from kimi_vision_prep.decode import decode_simplejpeg
-from kimi_vision_prep.normalize import normalize_table, write_patches
+from kimi_vision_prep.normalize import write_patches
 from kimi_vision_prep.pipeline import PixelOutput, resize_to_target
 
-from .samples import bench_photos
+from .serving.allocator import keep_large_buffers
 
 Reference = Callable[[bytes, str], Any]  # (encoded image, preset name) -> anything (timed only)
 
@@ -110,11 +111,11 @@ def pillow_rgb(data: bytes) -> np.ndarray:
 
 
 def apply_allocator(keep: bool) -> str:
-    """The malloc setting of this run, applied (``keep``: :func:`~kimi_vision_prep.allocator.keep_large_buffers`,
+    """The malloc setting of this run, applied (``keep``: :func:`~.serving.allocator.keep_large_buffers`,
     the retention setting; else glibc's defaults, as an inference engine's process has them), as
     the label the results carry."""
     if keep and keep_large_buffers():
-        return "large buffers kept on the heap (kimi_vision_prep.allocator)"
+        return "large buffers kept on the heap (kimi_vision_prep.serving.allocator)"
     return "glibc default"
 
 

@@ -1,8 +1,9 @@
 """Preprocessing presets: the single source of truth for every model constant.
 
-A preset is a frozen dataclass. Triton ``config.pbtxt`` parameters map one-to-one onto its field
-names (see :func:`preset_from_parameters`), so a new NaViT-style model is a new preset, not a code
-change.
+A preset is a frozen dataclass. As strings (a served model's ``parameters``) its fields map
+one-to-one onto their names (:func:`preset_parameters` / :func:`preset_from_parameters`), so a new
+NaViT-style model is a new preset, not a code change, and a client learns a served model's preset
+from its config.
 """
 
 from __future__ import annotations
@@ -131,22 +132,6 @@ PRESETS: dict[str, Preset] = {
     "kimi-k2.6": dataclasses.replace(KIMI_K25, name="kimi-k2.6"),
     KIMI_K3.name: KIMI_K3,
 }
-
-
-# The presets the model repository serves, each as the models ``<model_prefix>_*`` (rendered by
-# ``kimi-prep render-repository``). kimi-k2.6 is kimi-k2.5's preset under another name: served once.
-SERVED_PRESETS: tuple[str, ...] = (KIMI_K25.name, KIMI_K3.name)
-
-
-def model_prefix(preset_name: str) -> str:
-    """The model-name prefix of a served preset: ``kimi-k2.5`` -> ``kimi_k25``, ``kimi-k3`` -> ``kimi_k3``."""
-    return preset_name.replace(".", "").replace("-", "_")
-
-
-def preset_aliases(preset: Preset) -> list[str]:
-    """Names of the registered presets equal to ``preset`` but for their name (``preset`` first)."""
-    same = [name for name, other in PRESETS.items() if dataclasses.replace(other, name=preset.name) == preset]
-    return sorted(same, key=lambda name: name != preset.name)
 
 
 def preset_parameters(preset: Preset) -> dict[str, str]:

@@ -1,18 +1,13 @@
-"""One exception hierarchy for the package, its Triton codes, and its round trip over the wire.
+"""One exception hierarchy for the library, the server and the client.
 
 Every error a caller can see derives from :class:`PreprocessError`. ``triton_code`` is the name
-of the ``pb_utils.TritonError`` code the serving layer returns for it; these class attributes are
-the only place where that mapping lives (docs/errors.md repeats it).
-
-Triton 2.51 passes a client only a code and a message, so a served message starts with a tag
-naming the class (:func:`served_message`: ``"InvalidImageError: not a decodable image ..."``) and
-:func:`error_from_served` turns it back into that class: a remote failure raises the same type
-as in process. Triton's own rejections (queue full, wrong shape, ...) carry no tag and map by code.
+of the Triton error code a served model returns for it; these class attributes are the only
+place where that mapping lives (:mod:`.wire` carries the class over the network, the C step reads
+its codes from the same names).
 """
 
 from __future__ import annotations
 
-import re
 from typing import TypeVar
 
 
@@ -125,46 +120,3 @@ def detached(exc: ErrorT) -> ErrorT:
     """
     exc.__context__ = exc.__cause__ = None  # the library's errors carry their cause in the message
     return exc.with_traceback(None)
-
-
-def _error_classes() -> dict[str, type[PreprocessError]]:
-    """Every :class:`PreprocessError` class of this module by name (derived, not listed)."""
-    classes: dict[str, type[PreprocessError]] = {}
-    pending: list[type[PreprocessError]] = [PreprocessError]
-    while pending:
-        cls = pending.pop()
-        if cls.__module__ == __name__:
-            classes[cls.__name__] = cls
-        pending.extend(cls.__subclasses__())
-    return classes
-
-
-ERROR_CLASSES = _error_classes()
-# The class a served message without a tag maps to, by Triton code (Triton's own rejections).
-_UNTAGGED = {
-    "INVALID_ARG": InvalidRequestError,
-    "UNAVAILABLE": ServerUnavailableError,
-    "CANCELLED": CancelledError,
-}
-_TAG = re.compile(r"^(?P<tag>[A-Za-z]+Error): (?P<message>.*)$", re.S)
-# Triton prefixes an ensemble step's error with this.
-ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
-
-
-def served_message(exc: BaseException) -> str:
-    """The message a served model returns for ``exc``: its class tag, then its text (a bug, not a
-    :class:`PreprocessError`, is tagged ``PreprocessError: internal error: <type>: ...``)."""
-    if isinstance(exc, PreprocessError):
-        return f"{type(exc).__name__}: {exc}"
-    return f"{PreprocessError.__name__}: internal error: {type(exc).__name__}: {exc}"
-
-
-def error_from_served(code: str, message: str) -> PreprocessError:
-    """The error a served ``message`` with Triton ``code`` (a ``triton_code`` name: INVALID_ARG,
-    UNAVAILABLE, ...) stands for: the tagged class with the untagged text, else by code."""
-    message = ENSEMBLE_PREFIX.sub("", message)
-    match = _TAG.match(message)
-    if match and match["tag"] in ERROR_CLASSES:
-        return ERROR_CLASSES[match["tag"]](match["message"])
-    return _UNTAGGED.get(code, PreprocessError)(message)
-

@@ -1,0 +1,41 @@
+"""The library's input limits and their defaults, each defined here once.
+
+A served model reads the same fields from its ``parameters`` (``serving/config.py``); where the
+served default differs, ``serving/render_blocks.py`` says why (docs/serving.md has the table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# 178,956,970: Pillow's own DecompressionBombError threshold (2 x Image.MAX_IMAGE_PIXELS in Pillow 13).
+PILLOW_MAX_PIXELS = 178_956_970
+DEFAULT_MAX_ENCODED_BYTES = 64 << 20
+DEFAULT_MAX_IMAGES_PER_REQUEST = 16
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Checked from an image's header, before any pixel buffer is allocated.
+
+    ``max_pixels``: stored width x height (Pillow's own bomb threshold); ``max_encoded_bytes``:
+    the encoded image."""
+
+    max_pixels: int = PILLOW_MAX_PIXELS
+    max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    """Checked before the work they guard (defaults in brackets).
+
+    ``max_encoded_bytes`` (256 MiB): the encoded video; ``max_frame_pixels`` (3840 x 2160): a
+    frame's width x height, from the stream header and again per decoded frame;
+    ``max_video_frames`` (36,000: 20 minutes at 30 fps): frames (packets) of the video stream,
+    counted before decoding; ``max_sampled_frames`` (4,096): frames sampled for preprocessing.
+    """
+
+    max_encoded_bytes: int = 256 << 20
+    max_frame_pixels: int = 3840 * 2160
+    max_video_frames: int = 36_000
+    max_sampled_frames: int = 4096

@@ -1,0 +1,96 @@
+"""What travels between a served model and its clients: tensor names, the admin header, and the
+error tags that make a remote failure raise the class it raised in process.
+
+Triton 2.51 passes a client only a code and a message, so a served message starts with a tag
+naming the class (:func:`served_message`: ``"InvalidImageError: not a decodable image ..."``) and
+:func:`error_from_served` turns it back into that class. Triton's own rejections (queue full,
+wrong shape, ...) carry no tag and map by code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from .errors import CancelledError, InvalidRequestError, PreprocessError, ServerUnavailableError
+
+IMAGE_BYTES = "IMAGE_BYTES"
+PIXEL_VALUES, PIXEL_PATCHES = "PIXEL_VALUES", "PIXEL_PATCHES"
+GRID_THW, NUM_TOKENS = "GRID_THW", "NUM_TOKENS"
+
+# The header that carries the admin key to tritonserver's restricted APIs (docs/security.md).
+ADMIN_HEADER = "kimi-prep-admin-key"
+# tritonserver's gRPC frontend looks for the restricted key under this prefix (HTTP: as it is).
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+# Where the operator's key comes from when no key file is named (a Kubernetes Secret in the manifest).
+ADMIN_KEY_ENV = "KIMI_PREP_ADMIN_KEY"
+MIN_KEY_LENGTH = 16
+
+
+def admin_headers(key: str, protocol: str = "http") -> dict[str, str]:
+    """The header that carries ``key`` over ``protocol`` (``http``: :data:`ADMIN_HEADER`; ``grpc``:
+    the same name behind :data:`GRPC_HEADER_PREFIX`, as tritonserver's gRPC frontend expects it)."""
+    return {(GRPC_HEADER_PREFIX if protocol == "grpc" else "") + ADMIN_HEADER: key}
+
+
+def checked_key(key: str, source: str) -> str:
+    """``key`` stripped; ValueError where it is too short to guess or would break the flag's syntax."""
+    key = key.strip()
+    if len(key) < MIN_KEY_LENGTH:
+        raise ValueError(f"the admin key from {source} has {len(key)} characters: use at least {MIN_KEY_LENGTH}")
+    if any(c in key for c in ",:= \t\n") or not key.isprintable():
+        raise ValueError(f"the admin key from {source} may not hold spaces, ',', ':' or '='")
+    return key
+
+
+def operator_key(key_file: Path | None, environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+    """The operator's admin key: ``key_file``'s content, else :data:`ADMIN_KEY_ENV`; None if neither."""
+    if key_file is not None:
+        return checked_key(Path(key_file).read_text(), str(key_file))
+    if environ.get(ADMIN_KEY_ENV):
+        return checked_key(environ[ADMIN_KEY_ENV], ADMIN_KEY_ENV)
+    return None
+
+
+def _error_classes() -> dict[str, type[PreprocessError]]:
+    """Every :class:`PreprocessError` class of :mod:`.errors` by name (derived, not listed)."""
+    classes: dict[str, type[PreprocessError]] = {}
+    pending: list[type[PreprocessError]] = [PreprocessError]
+    while pending:
+        cls = pending.pop()
+        if cls.__module__ == PreprocessError.__module__:
+            classes[cls.__name__] = cls
+        pending.extend(cls.__subclasses__())
+    return classes
+
+
+ERROR_CLASSES = _error_classes()
+# The class a served message without a tag maps to, by Triton code (Triton's own rejections).
+_UNTAGGED = {
+    "INVALID_ARG": InvalidRequestError,
+    "UNAVAILABLE": ServerUnavailableError,
+    "CANCELLED": CancelledError,
+}
+_TAG = re.compile(r"^(?P<tag>[A-Za-z]+Error): (?P<message>.*)$", re.S)
+# Triton prefixes an ensemble step's error with this.
+ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
+
+
+def served_message(exc: BaseException) -> str:
+    """The message a served model returns for ``exc``: its class tag, then its text (a bug, not a
+    :class:`PreprocessError`, is tagged ``PreprocessError: internal error: <type>: ...``)."""
+    if isinstance(exc, PreprocessError):
+        return f"{type(exc).__name__}: {exc}"
+    return f"{PreprocessError.__name__}: internal error: {type(exc).__name__}: {exc}"
+
+
+def error_from_served(code: str, message: str) -> PreprocessError:
+    """The error a served ``message`` with Triton ``code`` (a ``triton_code`` name: INVALID_ARG,
+    UNAVAILABLE, ...) stands for: the tagged class with the untagged text, else by code."""
+    message = ENSEMBLE_PREFIX.sub("", message)
+    match = _TAG.match(message)
+    if match and match["tag"] in ERROR_CLASSES:
+        return ERROR_CLASSES[match["tag"]](match["message"])
+    return _UNTAGGED.get(code, PreprocessError)(message)
+

@@ -1,0 +1,47 @@
+"""Dependencies of kimi-vision-prep (the rest of the build is in pyproject.toml).
+
+Here rather than in pyproject.toml because the shared package and the client are folders of this
+checkout, named by absolute path so that pip finds them without an index.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+COMMON = f"kimi-vision-common @ {(ROOT / 'client' / 'common').as_uri()}"
+CLIENT = f"kimi-vision-client @ {(ROOT / 'client').as_uri()}"
+
+setup(
+    # The library door: numpy 1 or 2.
+    install_requires=[
+        COMMON,
+        "numpy>=1.26",
+        "numba>=0.60",
+        # The reference build: Pillow's verdict and pixels are the contract.
+        "pillow==13.0.0",
+        # The CPU fast route for clean JPEGs (libjpeg-turbo 3, SIMD; bit-equal to Pillow, decode.py).
+        "simplejpeg==1.9.0",
+        # FFmpeg through PyAV: video decode (its wheels bundle FFmpeg; tests also encode clips with it).
+        "av>=14",
+    ],
+    extras_require={
+        # The kimi-prep front (the client's) for hosts that bring their own tritonserver (NGC images).
+        "cli": [CLIENT],
+        # The server door: embedded tritonserver 2.51 (CPU) and the kimi-prep front with its client.
+        # The tritonserver Python stub is built against numpy 1.x: with numpy 2 every output tensor
+        # arrives empty, so the serving environment (only) keeps numpy 1.
+        "serve": ["nvidia-pytriton==0.7.0", "numpy>=1.26,<2", CLIENT],
+        # KimiVisionProcessor as a transformers BaseImageProcessor (plain class without it).
+        "transformers": ["transformers>=4.45"],
+        # nvImageCodec per CUDA major (its CPU backend works on hosts without CUDA).
+        "cu12": ["nvidia-nvimgcodec-cu12>=0.9"],
+        "cu13": ["nvidia-nvimgcodec-cu13>=0.9"],
+        # CPU installs pin exactly this build (a range resolves to a CUDA build of several GB).
+        "torch": ["torch==2.13.0"],
+        "bench": ["matplotlib"],
+        # Coverage-guided fuzzing (fuzz/fuzz_preprocess.py); Linux x86_64 wheels only.
+        "fuzz": ["atheris>=2.3; sys_platform == 'linux' and platform_machine == 'x86_64'"],
+        "test": ["pytest>=8", "hypothesis", "ruff", "matplotlib", "pyyaml"],
+    },
+)
