@@ -6,9 +6,17 @@ PIP := $(PY) -m pip
 CUDA_EXTRA ?= cu12
 STAMP := $(VENV)/.installed-$(CUDA_EXTRA)
 
-.PHONY: setup test serve repository demo lint bench perf-analyzer soak fuzz clean
+.PHONY: setup doors test serve repository demo lint bench perf-analyzer soak fuzz clean
 
-$(STAMP): pyproject.toml backend_src/kimi_vision_prep/_libjpeg.c backend_src/kimi_vision_prep/_triton_patchify.c
+# The three doors' packaging: the library and server (pyproject.toml, setup.py), the client and the
+# package they share (client/).
+PACKAGING := pyproject.toml setup.py client/pyproject.toml client/setup.py client/common/pyproject.toml
+# A fresh numpy 2 venv for each door that must work without the server's numpy 1 (docs/install.md).
+LIB_VENV ?= .venv-library
+CLIENT_VENV ?= .venv-client
+LIBRARY_SOURCES := $(shell find backend_src/kimi_vision_prep client/common/kimi_vision_common -maxdepth 1 -name '*.py' -o -maxdepth 1 -name '*.c')
+
+$(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/kimi_vision_prep/_triton_patchify.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# torch first and pinned: the CPU build (a plain `torch` pulls several GB of CUDA).
@@ -16,7 +24,9 @@ $(STAMP): pyproject.toml backend_src/kimi_vision_prep/_libjpeg.c backend_src/kim
 	# libjpeg62-turbo headers (Debian) for the libjpeg route's extension (_libjpeg.c, jpeg_bands.py); without them
 	# the package still installs and clean JPEGs take simplejpeg (a warning says so).
 	test -f /usr/include/jpeglib.h || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjpeg62-turbo-dev; } || echo "libjpeg62-turbo-dev unavailable: the libjpeg route is not built"
-	$(PIP) install -q -e ".[$(CUDA_EXTRA),serve,test,bench,fuzz]"
+	$(PIP) install -q -e ".[$(CUDA_EXTRA),serve,transformers,test,bench,fuzz]"
+	# The shared package and the client editable too (the line above installed them from their folders).
+	$(PIP) install -q --no-deps -e client/common -e client
 	# cjpeg (Debian libjpeg-turbo-progs) writes the 4:4:0 / 4:1:1 JPEGs of tests/test_exactness.py.
 	command -v cjpeg >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjpeg-turbo-progs; } || echo "cjpeg unavailable: 4:4:0/4:1:1 tests will be skipped"
 	# jemalloc (Debian libjemalloc2) for tritonserver: reused pages for its 37 MiB float32 answers (allocator.py).
@@ -25,9 +35,34 @@ $(STAMP): pyproject.toml backend_src/kimi_vision_prep/_libjpeg.c backend_src/kim
 
 setup: $(STAMP)
 
-test: setup
+# The library door: the package without the serve extra, numpy 2, as a wheel (not editable).
+$(LIB_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES)
+	test -x $(LIB_VENV)/bin/python || python3 -m venv $(LIB_VENV)
+	$(LIB_VENV)/bin/pip install -q -U pip
+	$(LIB_VENV)/bin/pip install -q "numpy>=2" ".[$(CUDA_EXTRA)]" "pytest>=8" hypothesis
+	$(LIB_VENV)/bin/pip install -q --no-deps --force-reinstall . ./client/common
+	touch $@
+
+# The client door: `pip install ./client` into a numpy 2 venv, as a user does.
+$(CLIENT_VENV)/.installed: $(PACKAGING) $(shell find client -name '*.py')
+	test -x $(CLIENT_VENV)/bin/python || python3 -m venv $(CLIENT_VENV)
+	$(CLIENT_VENV)/bin/pip install -q -U pip
+	$(CLIENT_VENV)/bin/pip install -q "numpy>=2" ./client
+	$(CLIENT_VENV)/bin/pip install -q --no-deps --force-reinstall ./client ./client/common
+	touch $@
+
+doors: $(LIB_VENV)/.installed $(CLIENT_VENV)/.installed
+
+# The core exactness tests once more in the library door (numpy 2, no server, no torch, no
+# transformers: the processor's plain class); then everything in the serving venv, the client
+# door's test (tests/test_doors.py) included.
+CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.py tests/test_sizing.py \
+	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py
+
+test: setup doors
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	$(LIB_VENV)/bin/python -m pytest -q -p no:cacheprovider $(CORE_TESTS)
+	KIMI_CLIENT_VENV=$(CLIENT_VENV) $(VENV)/bin/pytest -q --durations=15
 
 serve: setup
 	$(VENV)/bin/kimi-prep serve
@@ -71,7 +106,7 @@ fuzz: setup
 	$(PY) fuzz/fuzz_steps.py --seconds 120
 
 clean:
-	rm -rf $(VENV) $(PERF_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PERF_VENV) $(LIB_VENV) $(CLIENT_VENV) .pytest_cache .ruff_cache
 
 SOAK_SECONDS ?= 300
 
