@@ -62,7 +62,7 @@ class Finding(AssertionError):
 
 def make_decoder(limits: DecodeLimits = FUZZ_LIMITS) -> ImageDecoder:
     """A CPU decoder with modest limits, one nvImageCodec decoder on one thread."""
-    return ImageDecoder("cpu", limits=limits, pool_size=1, decoder_threads=1)
+    return ImageDecoder("cpu", limits=limits, pool_size=1, codec_threads=1, cpu_decode_threads=1)
 
 
 def _rejected(exc: Exception) -> Rejected:

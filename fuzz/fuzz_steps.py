@@ -219,7 +219,7 @@ def check_case(library: ctypes.CDLL, case: Case) -> None:
 def check_parameters(rng: random.Random) -> None:
     """Parameter strings: a setting or InvalidPresetError, nothing else."""
     values = ["0", "1", "-3", "16", " 8 ", "1e3", "0x10", "", "yes", "9" * 30, "\x00", "NaN", "２"]
-    keys = ["max_images_per_request", "max_patches_per_request", "decoder_threads", "max_pixels", "strict_decode"]
+    keys = ["max_images_per_request", "max_patches_per_request", "cpu_decode_threads", "max_pixels", "strict_decode"]
     parameters = {key: rng.choice(values) for key in rng.sample(keys, rng.randint(1, len(keys)))}
     try:
         decoder_settings(parameters)

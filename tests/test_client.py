@@ -200,7 +200,7 @@ CONFIGS = {
         _preprocess("prep_custom", preset="kimi-k2.5", image_mean="0.1,0.2,0.3", image_std="0.4,0.5,0.6"),
         _preprocess("prep_bare"),
         # Single models with both pixel outputs (a custom decode + preprocess model): their own parameters.
-        _preprocess("fused_k3", preset="kimi-k3", decoder_threads="1"),
+        _preprocess("fused_k3", preset="kimi-k3", cpu_decode_threads="1"),
         _preprocess("fused_custom", preset="kimi-k2.5", image_mean="0.1,0.2,0.3", image_std="0.4,0.5,0.6"),
         _preprocess("fused_bare"),
     ]

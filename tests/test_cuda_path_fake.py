@@ -50,7 +50,7 @@ def pillow_rgb(data: bytes) -> np.ndarray:
 def test_decoder_built_for_the_device_with_gpu_backends_and_fancy_upsampling(
     corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
-    ImageDecoder("cuda:3", decoder_threads=5).decode(read(corpus, BASELINE_JPEG), K25)
+    ImageDecoder("cuda:3", codec_threads=5).decode(read(corpus, BASELINE_JPEG), K25)
 
     [decoder] = codec.decoders
     assert decoder.device_id == 3

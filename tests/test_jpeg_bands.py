@@ -226,7 +226,7 @@ def test_pipeline_patchifies_in_bands_exactly(corpus: Path) -> None:
     own rows (``rows_consumed``), in both outputs and into a caller's ``out``, equal to the
     reference; a wrong ``out`` is refused and leaves the decoder able to split again."""
     data = (corpus / "pil__xmp_test.jpg").read_bytes()  # 2000x1072: no resize under K2.5
-    decoder = ImageDecoder(decoder_threads=2)
+    decoder = ImageDecoder(cpu_decode_threads=2)
     seen: list[bool] = []
     real_decode = decoder.decode
 
@@ -267,7 +267,7 @@ def recorded_bands(decoder: ImageDecoder, monkeypatch: pytest.MonkeyPatch) -> li
 def test_a_thread_that_is_not_the_decoders_only_caller_decodes_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two callers at once (the second a claim held by this thread) keep the cores busy already:
     a lone image is then decoded in one band."""
-    decoder, preset = ImageDecoder(decoder_threads=2), kimi_vision_prep.get_preset("kimi-k2.5")
+    decoder, preset = ImageDecoder(cpu_decode_threads=2), kimi_vision_prep.get_preset("kimi-k2.5")
     asked = recorded_bands(decoder, monkeypatch)
     data = jpeg_rgb(640, 700, seed=5)
     decoder.decode(data, preset)

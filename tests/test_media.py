@@ -237,8 +237,8 @@ def test_bombs_and_limits_are_refused_before_the_work() -> None:
     clip = encode_clip(tiny * 50, 25, "mpeg4")
     with pytest.raises(kvp.VideoTooLargeError, match="max_sampled_frames=2"):
         kvp.preprocess_video(clip, limits=kvp.VideoLimits(max_sampled_frames=2))
-    with pytest.raises(kvp.VideoTooLargeError, match="max_encoded_bytes=100"):
-        kvp.preprocess_video(clip, limits=kvp.VideoLimits(max_encoded_bytes=100))
+    with pytest.raises(kvp.VideoTooLargeError, match="max_video_bytes=100"):
+        kvp.preprocess_video(clip, limits=kvp.VideoLimits(max_video_bytes=100))
     with pytest.raises(kvp.VideoTooLargeError, match="max_video_frames=10"):
         kvp.preprocess_video(clip, limits=kvp.VideoLimits(max_video_frames=10))
 

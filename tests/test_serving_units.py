@@ -342,7 +342,7 @@ def count_batch_decodes(model: Any, monkeypatch: pytest.MonkeyPatch, at_once: in
     its pixels are gone, unless the resize returned them as they were (an image already at its
     NaViT size): no more than ``at_once`` stored-size images alive."""
     decoder, calls, stored_size, resize_outputs = model.decoding.decoder, [], [], []
-    decoder.decoder_threads = at_once
+    decoder.cpu_decode_threads = at_once
     real_decode_batch, real_resized = decoder.decode_batch, components.resized_decoded
 
     def decode_batch(items: Any, preset: Any) -> Any:
@@ -940,7 +940,7 @@ def test_render_options_change_only_their_fields(tmp_path: Path) -> None:
         if config.platform == "ensemble" and any(step.model_name.endswith("_patchify") for step in
                                                  config.ensemble_scheduling.step):  # fmt: skip
             continue  # a CPU rendering's pixel step: tests/test_patchify_backend.py
-        for key in ("numba_threads", "decoder_threads"):
+        for key in ("numba_threads", "codec_threads", "cpu_decode_threads", "ffmpeg_threads"):
             if key in original.parameters:
                 assert config.parameters[key].string_value == "1"
                 original.parameters[key].string_value = "1"
@@ -952,9 +952,9 @@ def test_render_options_change_only_their_fields(tmp_path: Path) -> None:
             original.max_batch_size = config.max_batch_size
             original.dynamic_batching.CopyFrom(config.dynamic_batching)
         assert config == original, name  # nothing else changed
-    # decoder_threads: decode, 2 fused, video, video_chunk; numba_threads: decode, preprocess, 2 fused, video,
-    # video_chunk
-    assert threaded == 22  # x2 presets
+    # codec_threads and cpu_decode_threads: decode, 2 fused; ffmpeg_threads: video, video_chunk;
+    # numba_threads: decode, preprocess, 2 fused, video, video_chunk
+    assert threaded == 2 * (2 * 3 + 2 + 6)  # x2 presets
     args = build_parser().parse_args(["serve", "--instances", "2", "--threads", "1", "--kind", "gpu"])
     assert (args.instances, args.threads, args.kind) == (2, 1, "gpu")
     for bad in ({"instances": 0}, {"threads": -1}, {"kind": "tpu"}):

@@ -205,7 +205,8 @@ def batch_throughput(images: list[BenchImage], preset_name: str, rounds: int) ->
     speed wanders it is the figure the batch ratio reads against."""
     items = [im.data for im in images]
     threads = numba.get_num_threads()
-    runs = {"single_thread": (ImageDecoder(decoder_threads=1), 1, 1), "default": (ImageDecoder(), None, threads)}
+    single_thread = ImageDecoder(codec_threads=1, cpu_decode_threads=1)
+    runs = {"single_thread": (single_thread, 1, 1), "default": (ImageDecoder(), None, threads)}
     rates: dict[str, list[float]] = {name: [] for name in (*runs, "ceiling_1", "ceiling_n")}
     try:
         with ThreadPoolExecutor(threads) as decode_pool:

@@ -177,7 +177,8 @@ def add_render_arguments(parser: argparse.ArgumentParser, note: str = "") -> Non
         "--threads",
         type=non_negative_int,
         default=None,
-        help="CPU threads per instance (numba_threads and decoder_threads; 0: all cores). CPU-only hosts: "
+        help="CPU threads per instance (numba_threads, codec_threads, cpu_decode_threads, ffmpeg_threads; "
+        "0: all cores). CPU-only hosts: "
         f"keep instances x threads <= cores, e.g. --instances 2 --threads 1 on 2 cores{note}",
     )
     parser.add_argument(

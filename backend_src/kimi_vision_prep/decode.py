@@ -57,6 +57,8 @@ from .resample import Resample
 log = logging.getLogger("kimi_vision_prep.decode")
 
 FANCY_UPSAMPLING_OPTIONS = ":fancy_upsampling=1"
+# nvImageCodec decoders a process keeps per device: two callers decode at once without waiting.
+DEFAULT_DECODER_POOL_SIZE = 2
 
 DecodePath = Literal["libjpeg", "simplejpeg", "nvimgcodec-cpu", "nvimgcodec-cuda", "pillow"]
 CPU_ROUTES: tuple[DecodePath, ...] = ("libjpeg", "simplejpeg", "nvimgcodec-cpu")
@@ -168,9 +170,10 @@ class ImageDecoder:
 
     ``pool_size`` caps the nvImageCodec decoders alive in this process for this device (each holds
     scratch memory; on a GPU, device memory), ``pool_timeout_s`` bounds the wait for one.
-    ``decoder_threads`` is nvImageCodec's CPU thread count per decoder, and the threads of one CPU
-    decode call (0: all cores): the JPEGs of a batch that many at once, or a lone JPEG in row bands
-    on those of them that are idle (:mod:`.jpeg_bands`).
+    ``codec_threads`` is nvImageCodec's CPU thread count per decoder (0: all cores).
+    ``cpu_decode_threads`` is the threads of one CPU decode call (0: all cores): the JPEGs of a
+    batch that many at once, or a lone JPEG in row bands on those of them that are idle
+    (:mod:`.jpeg_bands`): one pool, so a batch and a lone photo use the same cores.
     ``stats`` records every decode (default: a fresh :class:`DecodeStats` logging to this module's
     logger). ``cpu_routes``: the fast CPU decoders a clean JPEG may take, in order (default all:
     libjpeg, simplejpeg, then nvImageCodec for what they refuse; the benchmark and the exactness
@@ -184,9 +187,10 @@ class ImageDecoder:
         *,
         limits: DecodeLimits | None = None,
         strict: bool = False,
-        pool_size: int = 2,
+        pool_size: int = DEFAULT_DECODER_POOL_SIZE,
         pool_timeout_s: float = 30.0,
-        decoder_threads: int = 0,
+        codec_threads: int = 0,
+        cpu_decode_threads: int = 0,
         stats: DecodeStats | None = None,
         cpu_routes: Sequence[DecodePath] = CPU_ROUTES,
     ) -> None:
@@ -197,7 +201,8 @@ class ImageDecoder:
         self.device_kind, self.device_index = _parse_device(device)
         self.limits = limits or DecodeLimits()
         self.strict = strict
-        self.decoder_threads = decoder_threads
+        self.codec_threads = codec_threads
+        self.cpu_decode_threads = cpu_decode_threads
         self.stats = stats or DecodeStats()
         self.pool: DecodePool[Any] = DecodePool(
             self._make_decoder, cap=pool_size, timeout_s=pool_timeout_s, name=f"nvImageCodec decoder ({device})"
@@ -215,8 +220,8 @@ class ImageDecoder:
 
     @property
     def cpu_workers(self) -> int:
-        """How many JPEGs a CPU batch call decodes at once (``decoder_threads``, 0: all cores)."""
-        return self.decoder_threads or os.cpu_count() or 1
+        """How many JPEGs a CPU batch call decodes at once (``cpu_decode_threads``, 0: all cores)."""
+        return self.cpu_decode_threads or os.cpu_count() or 1
 
     @property
     def fast_path(self) -> DecodePath:
@@ -243,7 +248,7 @@ class ImageDecoder:
         # Never rely on defaults: up to 0.8 they use nearest-neighbour chroma (fancy_upsampling=0).
         return codec.Decoder(
             device_id=device_id,
-            max_num_cpu_threads=self.decoder_threads,
+            max_num_cpu_threads=self.codec_threads,
             backends=backends,
             options=FANCY_UPSAMPLING_OPTIONS,
         )

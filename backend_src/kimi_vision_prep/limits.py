@@ -29,13 +29,13 @@ class DecodeLimits:
 class VideoLimits:
     """Checked before the work they guard (defaults in brackets).
 
-    ``max_encoded_bytes`` (256 MiB): the encoded video; ``max_frame_pixels`` (3840 x 2160): a
+    ``max_video_bytes`` (256 MiB): the encoded video; ``max_frame_pixels`` (3840 x 2160): a
     frame's width x height, from the stream header and again per decoded frame;
     ``max_video_frames`` (36,000: 20 minutes at 30 fps): frames (packets) of the video stream,
     counted before decoding; ``max_sampled_frames`` (4,096): frames sampled for preprocessing.
     """
 
-    max_encoded_bytes: int = 256 << 20
+    max_video_bytes: int = 256 << 20
     max_frame_pixels: int = 3840 * 2160
     max_video_frames: int = 36_000
     max_sampled_frames: int = 4096

@@ -200,9 +200,9 @@ def probe_video(data: bytes, limits: VideoLimits = VideoLimits()) -> VideoInfo:
     data = bytes(data)
     if not data:
         raise InvalidVideoError("empty input: 0 bytes")
-    if len(data) > limits.max_encoded_bytes:
+    if len(data) > limits.max_video_bytes:
         raise VideoTooLargeError(
-            f"encoded video of {len(data)} bytes exceeds max_encoded_bytes={limits.max_encoded_bytes}"
+            f"encoded video of {len(data)} bytes exceeds max_video_bytes={limits.max_video_bytes}"
         )
     _reject_images(data)
     with _open(data) as container:

@@ -93,7 +93,8 @@ def settings_decoder(settings: DecoderSettings, device: str, stats: DecodeStats 
         limits=settings.limits,
         strict=settings.strict_decode,
         pool_size=settings.decoder_pool_size,
-        decoder_threads=settings.decoder_threads,
+        codec_threads=settings.codec_threads,
+        cpu_decode_threads=settings.cpu_decode_threads,
         stats=stats,
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from kimi_vision_common.errors import InvalidPresetError
 
+from ..decode import DEFAULT_DECODER_POOL_SIZE
 from ..limits import (
     DEFAULT_MAX_ENCODED_BYTES,
     DEFAULT_MAX_IMAGES_PER_REQUEST,
@@ -63,9 +64,14 @@ def parse_int(key: str, raw: str, minimum: int) -> int:
 class DecoderSettings:
     """Decoder knobs of a decode model (config.pbtxt ``parameters``).
 
+    Every default is the library's (:class:`~kimi_vision_prep.ImageDecoder`,
+    :class:`~kimi_vision_prep.DecodeLimits`); what a rendered model sets instead is
+    :class:`~.render_blocks.ServingDefaults`' (docs/serving.md has the table).
+
     ``decoder_pool_size``: nvImageCodec decoders per model instance (process);
-    ``decoder_threads``: nvImageCodec CPU threads per decoder, and the threads of one CPU decode
-    call: the JPEGs of a batch that many at once, a lone one in row bands (0: all cores);
+    ``codec_threads``: nvImageCodec's CPU threads per decoder; ``cpu_decode_threads``: the threads
+    of one CPU decode call, the JPEGs of a batch that many at once, a lone one in row bands (0: all
+    cores, both);
     ``strict_decode``: a failed fast decode is an error instead of a counted Pillow fallback;
     ``max_images_per_request``: K of ``IMAGE_BYTES [1, K]`` (more: ImageTooLargeError);
     ``max_patches_per_request``: the NaViT patches of one request's images, counted from their
@@ -73,8 +79,9 @@ class DecoderSettings:
     """
 
     max_images_per_request: int = DEFAULT_MAX_IMAGES_PER_REQUEST
-    decoder_pool_size: int = 1
-    decoder_threads: int = 0
+    decoder_pool_size: int = DEFAULT_DECODER_POOL_SIZE
+    codec_threads: int = 0
+    cpu_decode_threads: int = 0
     max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES
     max_pixels: int = PILLOW_MAX_PIXELS
     strict_decode: bool = False
@@ -94,7 +101,10 @@ def decoder_settings(parameters: Mapping[str, str]) -> DecoderSettings:
             "max_images_per_request", get("max_images_per_request", str(defaults.max_images_per_request)), 1
         ),
         decoder_pool_size=parse_int("decoder_pool_size", get("decoder_pool_size", str(defaults.decoder_pool_size)), 1),
-        decoder_threads=parse_int("decoder_threads", get("decoder_threads", str(defaults.decoder_threads)), 0),
+        codec_threads=parse_int("codec_threads", get("codec_threads", str(defaults.codec_threads)), 0),
+        cpu_decode_threads=parse_int(
+            "cpu_decode_threads", get("cpu_decode_threads", str(defaults.cpu_decode_threads)), 0
+        ),
         max_encoded_bytes=parse_int("max_encoded_bytes", get("max_encoded_bytes", str(defaults.max_encoded_bytes)), 1),
         max_pixels=parse_int("max_pixels", get("max_pixels", str(defaults.max_pixels)), 1),
         strict_decode=parse_bool("strict_decode", get("strict_decode", "no")),
@@ -111,12 +121,11 @@ def max_patches_per_request(parameters: Mapping[str, str]) -> int | None:
 @dataclass(frozen=True)
 class VideoSettings:
     """Video knobs of a video model (config.pbtxt ``parameters``): the :class:`VideoLimits` fields
-    (``max_encoded_bytes``, ``max_frame_pixels``, ``max_video_frames``, ``max_sampled_frames``;
-    the video models' ``max_encoded_bytes`` is the video's) and ``decoder_threads`` (FFmpeg's
-    decoder threads; 0: its default)."""
+    (``max_video_bytes``, ``max_frame_pixels``, ``max_video_frames``, ``max_sampled_frames``) and
+    ``ffmpeg_threads`` (FFmpeg's decoder threads; 0: its default)."""
 
     limits: VideoLimits = dataclasses.field(default_factory=VideoLimits)
-    decoder_threads: int = 0
+    ffmpeg_threads: int = 0
 
 
 def video_settings(parameters: Mapping[str, str]) -> VideoSettings:
@@ -126,7 +135,7 @@ def video_settings(parameters: Mapping[str, str]) -> VideoSettings:
         field.name: parse_int(field.name, parameters.get(field.name, str(getattr(defaults, field.name))), 1)
         for field in dataclasses.fields(VideoLimits)
     }
-    threads = parse_int("decoder_threads", parameters.get("decoder_threads", "0"), 0)
+    threads = parse_int("ffmpeg_threads", parameters.get("ffmpeg_threads", "0"), 0)
     return VideoSettings(VideoLimits(**values), threads)
 
 

@@ -42,7 +42,7 @@ def _video_block(options: RenderOptions) -> str:
     return pbtxt.parameters(
         {field.name: getattr(limits, field.name) for field in dataclasses.fields(VideoLimits)},
         "Limits checked before the work they guard (encoded bytes, frame size, frames, sampled frames).",
-    ) + pbtxt.parameters({"decoder_threads": options.threads}, "FFmpeg decoder threads (0: FFmpeg's choice).")
+    ) + pbtxt.parameters({"ffmpeg_threads": options.threads}, "FFmpeg decoder threads (0: FFmpeg's choice).")
 
 
 def video_model(served: ServedPreset) -> ModelFiles:
@@ -76,7 +76,7 @@ def video_chunk_model(served: ServedPreset) -> ModelFiles:
     sampled = pbtxt.parameters(
         {"max_sampled_frames": VideoLimits().max_sampled_frames}, "T of FRAME_BYTES [1, T] at most."
     )
-    blocks = [decoder_block(options), sampled, numba_block(options), preset_block(preset, prefix)]
+    blocks = [decoder_block(options, defaults), sampled, numba_block(options), preset_block(preset, prefix)]
     cls = "media_models.VideoChunkModel"
     return python_model(name, summary, inputs, _chunk_outputs(preset), blocks, cls, options, defaults)
 

@@ -132,7 +132,7 @@ class VideoModel(StreamingModel):
             self.preset,
             output=output,
             limits=self.video.limits,
-            threads=self.video.decoder_threads,
+            threads=self.video.ffmpeg_threads,
             on_frame=lambda: self.metrics.count_video_frames(1),
         )
         for chunk in chunks:

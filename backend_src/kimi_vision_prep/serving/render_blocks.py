@@ -28,7 +28,8 @@ class RenderOptions:
     """Host-dependent knobs of a rendering; the defaults are host-independent (the checked-in copy).
 
     ``instances``: ``instance_group`` count of every Python model; ``threads``: ``numba_threads``
-    and ``decoder_threads`` of each instance (0: all cores); ``kind``: ``KIND_CPU`` / ``KIND_GPU``,
+    and the decode threads (``codec_threads``, ``cpu_decode_threads``, ``ffmpeg_threads``) of each
+    instance (0: all cores); ``kind``: ``KIND_CPU`` / ``KIND_GPU``,
     or None to leave it unset (Triton then picks GPU where there is one, CPU elsewhere);
     ``c_patchify``: a CPU rendering ends the vision ensembles with the C step ``<prefix>_patchify``
     (False: with the Python preprocess step, where the C backend is not built).
@@ -91,6 +92,10 @@ class ServingDefaults:
 
     max_batch_size: int = 8
     pixel_batch_size: int = 1
+    # The library keeps two decoders so that two callers decode at once; a decode instance runs
+    # one execute at a time (its images share the decoder's batch call), so a second would only
+    # hold its scratch memory (device memory on a GPU).
+    decoder_pool_size: int = 1
     scratch_cap_bytes: int = 64 << 20
     recycle_cap_bytes: int = 0
     max_queue_delay_us: int = 1000
@@ -174,13 +179,29 @@ def preset_block(preset: Preset, prefix: str) -> str:
     )
 
 
-def decoder_block(options: RenderOptions) -> str:
-    settings = dataclasses.replace(DecoderSettings(), decoder_threads=options.threads)
+def rendered_decoder_settings(options: RenderOptions, defaults: ServingDefaults) -> DecoderSettings:
+    """What a rendered decode model's parameters say: the library's defaults, the serving
+    overrides of :class:`ServingDefaults`, and the host's threads. A step that takes the decode
+    model's pixels (the C patchify step) renders its limits from this too."""
+    return dataclasses.replace(
+        DecoderSettings(),
+        decoder_pool_size=defaults.decoder_pool_size,
+        codec_threads=options.threads,
+        cpu_decode_threads=options.threads,
+    )
+
+
+def decoder_block(options: RenderOptions, defaults: ServingDefaults) -> str:
+    settings = rendered_decoder_settings(options, defaults)
     return (
         pbtxt.parameters(
-            {"decoder_pool_size": settings.decoder_pool_size, "decoder_threads": settings.decoder_threads},
-            "nvImageCodec decoders alive per instance, and CPU threads per decoder and for the JPEGs of one\n"
-            "execute() that libjpeg decodes at once, a lone one in row bands (0: all cores).",
+            {
+                "decoder_pool_size": settings.decoder_pool_size,
+                "codec_threads": settings.codec_threads,
+                "cpu_decode_threads": settings.cpu_decode_threads,
+            },
+            "nvImageCodec decoders alive per instance and its CPU threads per decoder; the CPU threads of\n"
+            "one decode call: the JPEGs of an execute() that many at once, a lone one in row bands (0: all cores).",
         )
         + pbtxt.parameters(
             {"max_images_per_request": settings.max_images_per_request},

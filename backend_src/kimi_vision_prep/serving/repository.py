@@ -50,6 +50,7 @@ from .render_blocks import (
     pixel_outputs,
     preset_block,
     python_model,
+    rendered_decoder_settings,
 )
 from .triton_install import PATCHIFY_BACKEND
 
@@ -115,14 +116,17 @@ def decode_model(served: ServedPreset) -> ModelFiles:
     summary = (
         f"{name} ({title}): encoded image bytes -> pixels with Pillow's verdict, resized to their NaViT\n"
         "size exactly (so the hop to the preprocess step carries at most the preset's patch budget). The\n"
-        "images of one execute() are decoded decoder_threads at a time on a CPU instance, each resized\n"
+        "images of one execute() are decoded cpu_decode_threads at a time on a CPU instance, each resized\n"
         "before the next ones (at most that many stored-size images alive), all in one batch call on a\n"
         "GPU (fancy chroma upsampling, no EXIF rotation); what the fast decoders cannot decode exactly\n"
         "goes through Pillow. On a GPU instance IMAGE is a CUDA tensor (resized with torch there)\n"
         "handed over through DLPack."
     )
     blocks = [
-        decoder_block(options), budget_block(preset, defaults), numba_block(options), preset_block(preset, prefix)
+        decoder_block(options, defaults),
+        budget_block(preset, defaults),
+        numba_block(options),
+        preset_block(preset, prefix),
     ]
     # On CPU instances the images of a batch are decoded one after the other anyway (no batch
     # call to feed), and every request of an execute holds its resized images until the execute
@@ -180,7 +184,10 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
     preset, prefix, title, options, defaults = served.parts
     tensors = pixel_outputs(preset.patch_size)
     blocks = [
-        decoder_block(options), budget_block(preset, defaults), numba_block(options), preset_block(preset, prefix)
+        decoder_block(options, defaults),
+        budget_block(preset, defaults),
+        numba_block(options),
+        preset_block(preset, prefix),
     ]
     models = []
     for wire, pixels in PIXEL_WIRES.items():
@@ -217,7 +224,7 @@ def patchify_model(served: ServedPreset) -> ModelFiles:
         ("uint8 (ΣHWC,): the K images, flat, RGB", pbtxt.tensor("IMAGE", "TYPE_UINT8", (-1,), RAGGED)),
         ("int64 (K, 4): height, width, 3, offset", pbtxt.tensor("IMAGE_SHAPES", "TYPE_INT64", (-1, 4), RAGGED)),
     ]
-    limit = DecoderSettings().max_images_per_request
+    limit = rendered_decoder_settings(options, defaults).max_images_per_request
     config = (
         pbtxt.head(name, summary, batch, backend=PATCHIFY_BACKEND)
         + dynamic_batching(defaults, batch)
