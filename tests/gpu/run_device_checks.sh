@@ -49,7 +49,7 @@ if [ "$MODE" = "served" ]; then
     for part in site tritonserver; do
         timeout 120 tar -xJf "$SERVED/$part.tar.xz" -C "$SERVED_SITE" || { echo "unpacking $part failed" >&2; exit 3; }
     done
-    export PYTHONPATH="$SERVED_SITE:$PWD/backend_src:$PWD/client"
+    export PYTHONPATH="$SERVED_SITE:$PWD/backend_src:$PWD/client:$PWD/client/common"
     export NUMBA_CACHE_DIR=/tmp/kimi-numba-cache
     {
         timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
@@ -77,7 +77,7 @@ fi
 rm -rf "$SITE"
 timeout 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$CARRY"/*.whl \
     || { echo "pip install of the carried wheels failed" >&2; exit 3; }
-export PYTHONPATH="$SITE:$PWD/backend_src"
+export PYTHONPATH="$SITE:$PWD/backend_src:$PWD/client/common"
 export KIMI_PREP_CORPUS="$PWD/$CARRY/corpus"
 export NUMBA_CACHE_DIR=/tmp/kimi-numba-cache
 timeout 60 "$PY" -c 'import PIL, nvidia.nvimgcodec as c; print("pillow", PIL.__version__, "nvimgcodec", c.__version__,
