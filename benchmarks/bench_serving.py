@@ -3,7 +3,8 @@ single model) on this host, in one run.
 
 In-process: ``bench_local.throughput`` (``preprocess_bytes`` on 2 threads, best of rounds). Served:
 the embedded tritonserver started per server setting (instances of every model, the decode,
-preprocess and fused models' ``numba_threads``, the decode and fused models' ``decoder_threads``), swept
+preprocess and fused models' ``numba_threads``, the decode and fused models' ``codec_threads``
+and ``cpu_decode_threads``), swept
 with ``bench_server`` over gRPC with and without shared memory, each on three models: the float32
 ``PIXEL_VALUES`` ensemble (``kimi_k25_vision``), the uint8 ``PIXEL_PATCHES`` ensemble
 (``kimi_k25_vision_u8``, expanded into the same float32 ``pixel_values`` by the client, inside the
@@ -34,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from photos import benchmark_photos
 
+from kimi_vision_client import bench_server
 from kimi_vision_client.cli import positive_int_list
-from kimi_vision_prep import bench_local, bench_server
+from kimi_vision_prep import bench_local
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.repository import RenderOptions
 
@@ -49,7 +51,7 @@ WIRES = {"float32": MODEL, "uint8": "kimi_k25_vision_u8", "fused uint8": "kimi_k
 class ServerSetting:
     label: str
     instances: int
-    # numba_threads and decoder_threads of every instance; 0: all cores (the checked-in value).
+    # numba_threads and the decode threads of every instance; 0: all cores (the checked-in value).
     # ``kimi-prep serve --instances N --threads T`` renders the same.
     threads: int
 

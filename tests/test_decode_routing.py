@@ -161,7 +161,7 @@ def test_pool_discards_decoder_whose_block_raised() -> None:
 
 
 def test_cap_respected_under_threads(probed_decoder: Callable[..., tuple[ImageDecoder, DecoderProbe]]) -> None:
-    decoder, probe = probed_decoder(pool_size=2, decoder_threads=1)
+    decoder, probe = probed_decoder(pool_size=2, codec_threads=1)
     probe.rendezvous = threading.Barrier(2)  # both pooled decoders busy at once, 6 threads waiting
     images = [jpeg_rgb(160 + 7 * i, 120 + 5 * i, ("4:2:0", "4:2:2", "4:4:4")[i % 3], seed=i) for i in range(8)]
     images += [jpeg_grey(90 + i, 70) for i in range(4)]
@@ -335,7 +335,7 @@ def test_strict_libjpeg_refusal_takes_nvimgcodec_not_a_fallback(corpus: Path, ro
 
 
 def test_batch_decodes_several_jpegs_at_once_exactly(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """libjpeg decodes a batch's JPEGs on ``decoder_threads`` threads at once, each whole: each image
+    """libjpeg decodes a batch's JPEGs on ``cpu_decode_threads`` threads at once, each whole: each image
     is still Pillow's pixels, in order, owned by the caller (the worker threads have no scratch
     arena), and a refused file in the same batch still takes its planned route."""
     names = ["imagers__large_image.jpg", "sklearn__china.jpg", "imagers__extraneous-data.jpg", "pil__iptc.jpg"]
@@ -349,7 +349,7 @@ def test_batch_decodes_several_jpegs_at_once_exactly(corpus: Path, monkeypatch: 
         return real_decode(data, pixels, row_begin, row_end)
 
     monkeypatch.setattr(jpeg_bands, "decode_rows", recorded_decode)
-    decoded = ImageDecoder(decoder_threads=2).decode_batch(items, preset)
+    decoded = ImageDecoder(cpu_decode_threads=2).decode_batch(items, preset)
     assert len(threads_seen) == len(items), threads_seen  # whole images: one call each
     assert all(name.startswith("kimi-prep-decode") and begin == 0 for name, begin, _ in threads_seen), threads_seen
     assert [d.decode_path for d in decoded] == ["libjpeg"] * 2 + ["nvimgcodec-cpu"] + ["libjpeg"] * 3
@@ -357,10 +357,10 @@ def test_batch_decodes_several_jpegs_at_once_exactly(corpus: Path, monkeypatch: 
         expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
         np.testing.assert_array_equal(np.asarray(image.pixels), expected)
     kept = [np.array(d.pixels) for d in decoded]
-    ImageDecoder(decoder_threads=2).decode_batch(items[::-1], preset)
+    ImageDecoder(cpu_decode_threads=2).decode_batch(items[::-1], preset)
     assert all(np.array_equal(d.pixels, k) for d, k in zip(decoded, kept, strict=True))
-    result = kimi_vision_prep.preprocess_images(items, decoder=ImageDecoder(decoder_threads=2))
-    sequential = kimi_vision_prep.preprocess_images(items, decoder=ImageDecoder(decoder_threads=1))
+    result = kimi_vision_prep.preprocess_images(items, decoder=ImageDecoder(cpu_decode_threads=2))
+    sequential = kimi_vision_prep.preprocess_images(items, decoder=ImageDecoder(cpu_decode_threads=1))
     np.testing.assert_array_equal(result.pixel_values, sequential.pixel_values)
     assert result.decode_paths == sequential.decode_paths
 

@@ -279,7 +279,7 @@ def test_a_thread_that_is_not_the_decoders_only_caller_decodes_whole(monkeypatch
 def test_progressive_small_and_batched_images_take_one_band(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bands pay only for a single-scan stream (a progressive one is entropy-decoded whole before
     its first row), for images of more than one band's worth of pixels, decoded alone."""
-    decoder, preset = ImageDecoder(decoder_threads=4), kimi_vision_prep.get_preset("kimi-k2.5")
+    decoder, preset = ImageDecoder(cpu_decode_threads=4), kimi_vision_prep.get_preset("kimi-k2.5")
     asked = recorded_bands(decoder, monkeypatch)
     progressive, baseline = jpeg_rgb(640, 700, progressive=True), jpeg_rgb(640, 700)
     assert not scan_jpeg(progressive).single_scan and scan_jpeg(baseline).single_scan

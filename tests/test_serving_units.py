@@ -60,7 +60,7 @@ from kimi_vision_prep.serving.config import (
 from kimi_vision_prep.serving.contract import ServingModel, TritonIO
 from kimi_vision_prep.serving.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
 from kimi_vision_prep.serving.patch_embed import make_patch_embed
-from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
+from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS, rendered_decoder_settings
 from kimi_vision_prep.serving.repository import RenderOptions, render_repository
 from kimi_vision_prep.serving.requests import decoded_from_inputs, images_from_input
 from kimi_vision_prep.serving.tensors import input_array, output_tensor
@@ -111,8 +111,8 @@ def test_decode_preprocess_and_fused_configs_carry_the_same_preset(family: str, 
 @pytest.mark.parametrize(("kind", "pixels"), [("vision_fused", "PIXEL_VALUES"), ("vision_fused_u8", "PIXEL_PATCHES")])
 @pytest.mark.parametrize("family", [f for f, _ in FAMILIES])
 def test_fused_config_carries_the_decode_and_preprocess_settings(family: str, kind: str, pixels: str) -> None:
-    """The fused models' parameters are the decode model's (preset block and decoder settings, at
-    DecoderSettings' defaults) plus the preprocess model's numba_threads and scratch cap (both
+    """The fused models' parameters are the decode model's (preset block and decoder settings, as
+    rendered_decoder_settings renders them) plus the preprocess model's numba_threads and scratch cap (both
     return pixels), nothing else; their input
     and queue policy are the decode model's, their outputs the preprocess model's less the other
     pixel output (float32 for ``_vision_fused``, uint8 for ``_vision_fused_u8``)."""
@@ -121,7 +121,9 @@ def test_fused_config_carries_the_decode_and_preprocess_settings(family: str, ki
     assert fused_params == decode_params | {key: prep_params[key] for key in ("numba_threads", "scratch_cap_bytes")}
     assert DECODER_KEYS <= decode_params.keys(), f"missing decoder settings: {DECODER_KEYS - decode_params.keys()}"
     budget = SERVING_DEFAULTS.patch_budget(dict(FAMILIES)[family])
-    expected = dataclasses.replace(DecoderSettings(), max_patches_per_request=budget)
+    expected = dataclasses.replace(
+        rendered_decoder_settings(RenderOptions(), SERVING_DEFAULTS), max_patches_per_request=budget
+    )
     assert decoder_settings(fused_params) == decoder_settings(decode_params) == expected
     assert numba_threads(fused_params) == numba_threads(prep_params) == 0
     assert fused.backend == decode.backend == "python" and fused.max_batch_size == prep.max_batch_size == 1
@@ -952,9 +954,9 @@ def test_render_options_change_only_their_fields(tmp_path: Path) -> None:
             original.max_batch_size = config.max_batch_size
             original.dynamic_batching.CopyFrom(config.dynamic_batching)
         assert config == original, name  # nothing else changed
-    # codec_threads and cpu_decode_threads: decode, 2 fused; ffmpeg_threads: video, video_chunk;
+    # codec_threads and cpu_decode_threads: decode, 2 fused, video_chunk; ffmpeg_threads: video;
     # numba_threads: decode, preprocess, 2 fused, video, video_chunk
-    assert threaded == 2 * (2 * 3 + 2 + 6)  # x2 presets
+    assert threaded == 2 * (2 * 4 + 1 + 6)  # x2 presets
     args = build_parser().parse_args(["serve", "--instances", "2", "--threads", "1", "--kind", "gpu"])
     assert (args.instances, args.threads, args.kind) == (2, 1, "gpu")
     for bad in ({"instances": 0}, {"threads": -1}, {"kind": "tpu"}):

@@ -1,0 +1,137 @@
+"""Every file, module and symbol the documents cite exists; the README and BENCHMARKS.md stay short.
+
+Checked in README.md, BENCHMARKS.md, docs/*.md and the other READMEs: each code span (backticks)
+that names a file of the checkout (``serving/requests.py``, ``docs/benchmarks/x.{json,png}``), a
+module or an attribute of ours (``kimi_vision_prep.resized_decoded``, ``resample.vertical_pass_first``)
+or calls a function (``configure_buffers(...)``) must resolve.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = sorted(
+    [
+        ROOT / "README.md",
+        ROOT / "BENCHMARKS.md",
+        ROOT / "docker" / "README.md",
+        ROOT / "tests" / "gpu" / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+    ]
+)
+PACKAGES = {
+    "kimi_vision_prep": ROOT / "backend_src" / "kimi_vision_prep",
+    "kimi_vision_common": ROOT / "client" / "common" / "kimi_vision_common",
+    "kimi_vision_client": ROOT / "client" / "kimi_vision_client",
+}
+# Every file and folder of the checkout (git's list), for paths cited in full or by their tail.
+TRACKED = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+TRACKED += [f"shared/corpus/{path.name}" for path in (ROOT.parent / "shared" / "corpus").glob("*")]
+FOLDERS = {str(parent) for path in TRACKED for parent in Path(path).parents if str(parent) != "."}
+# Paths cited that are made by a run (git-ignored) or are not files at all (Kubernetes names).
+NOT_FILES = frozenset(
+    {"bench_results", "tests/gpu/served", "tests/gpu/wheels", "machine.txt", "gpu_report.json", "served_check.json"}
+    | {"nvidia.com/gpu", "autoscaling/v2"}
+)
+FILE = re.compile(r"^[\w.\-/{},*]+\.(py|c|md|sh|json|png|pbtxt|toml|yaml|yml|tsv|txt|jpg|so)$|^[\w.\-]+/[\w.\-/]*$")
+DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+CALL = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)\(.*\)$")
+# Calls the documents cite that are Triton's, Python's or a library's, not ours.
+FOREIGN_CALLS = frozenset({"requested_output_names", "as_numpy", "to_ndarray", "cached_get_image_processor", "open"})
+SOURCES = "\n".join(
+    path.read_text(errors="replace")
+    for folder in PACKAGES.values()
+    for path in [*folder.rglob("*.py"), *folder.rglob("*.c")]
+)
+
+
+def spans(document: Path) -> list[str]:
+    """The code spans of ``document`` (fenced blocks left out: they are commands and examples)."""
+    text = re.sub(r"```.*?```", "", document.read_text(), flags=re.S)
+    return [span.strip() for span in re.findall(r"`([^`\n]+)`", text)]
+
+
+def expand(path: str) -> list[str]:
+    """``a.{json,png}`` -> ``a.json``, ``a.png``."""
+    match = re.search(r"\{([^}]*)\}", path)
+    if not match:
+        return [path]
+    return [p for option in match[1].split(",") for p in expand(path[: match.start()] + option + path[match.end() :])]
+
+
+def file_exists(path: str) -> bool:
+    """Each expansion of ``path`` is a tracked file or folder, in full or as the tail of one."""
+
+    def found(candidate: str) -> bool:
+        tail = candidate.rstrip("/")
+        return any(p == tail or p.endswith("/" + tail) for p in (*TRACKED, *FOLDERS))
+
+    if path.rstrip("/") in NOT_FILES or (path.startswith("../") and (ROOT / path).exists()):
+        return True
+    return all(found(candidate) for candidate in expand(path))
+
+
+def our_module(name: str) -> str | None:
+    """The module of ours that a dotted name starts with (``kimi_vision_prep.x`` or a short ``resample``)."""
+    first = name.split(".", maxsplit=1)[0]
+    if first in PACKAGES:
+        return first
+    for package, folder in PACKAGES.items():
+        if (folder / f"{first}.py").exists() or (folder / first).is_dir():
+            return f"{package}.{first}"
+        if (folder / "serving" / f"{first}.py").exists():
+            return f"{package}.serving.{first}"
+    return None
+
+
+def resolves(name: str) -> bool:
+    """``module.attr...`` of ours: import the longest module prefix, then walk the attributes."""
+    start = our_module(name)
+    assert start is not None
+    parts = [*start.split("."), *name.split(".")[1:]]
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(value, attribute):
+                return False
+            value = getattr(value, attribute)
+        return True
+    return False
+
+
+def problems(document: Path) -> list[str]:
+    found = []
+    for span in spans(document):
+        if span.startswith(("/", "~", "$", "<", "http", "-")) or " " in span or span == "..":
+            continue
+        if FILE.match(span):
+            if not file_exists(span):
+                found.append(f"file {span}")
+        elif DOTTED.match(span) and our_module(span) and not resolves(span):
+            found.append(f"name {span}")
+        elif call := CALL.match(span):
+            name = call["name"]
+            if "." in name and our_module(name) and not resolves(name):
+                found.append(f"name {span}")
+            elif "." not in name and name not in FOREIGN_CALLS and not re.search(rf"\b(def|class) {name}\b", SOURCES):
+                found.append(f"function {span}")
+    return found
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_cited_name_exists(document: Path) -> None:
+    assert not problems(document), problems(document)
+
+
+def test_readme_and_benchmarks_stay_short() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 170
+    assert len((ROOT / "BENCHMARKS.md").read_text().splitlines()) <= 260
