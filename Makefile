@@ -65,7 +65,7 @@ test: setup doors
 	KIMI_CLIENT_VENV=$(CLIENT_VENV) $(VENV)/bin/pytest -q --durations=15
 
 serve: setup
-	$(VENV)/bin/kimi-prep serve
+	$(VENV)/bin/kimi-prep serve --probe-port 8003
 
 # model_repository/ is rendered from presets.py (a test fails when the checked-in copy differs).
 repository: setup

@@ -57,12 +57,16 @@ typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
 typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
 typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
 typedef struct TRITONBACKEND_ResponseFactory TRITONBACKEND_ResponseFactory;
+typedef struct TRITONSERVER_MetricFamily TRITONSERVER_MetricFamily;
+typedef struct TRITONSERVER_Metric TRITONSERVER_Metric;
+typedef struct TRITONSERVER_Parameter TRITONSERVER_Parameter;
 
 typedef enum { TYPE_UINT8 = 2, TYPE_INT32 = 8, TYPE_INT64 = 9, TYPE_FP32 = 11 } DataType;
 typedef enum { MEMORY_CPU = 0, MEMORY_CPU_PINNED = 1, MEMORY_GPU = 2 } MemoryType;
 typedef enum { ERROR_INTERNAL = 1, ERROR_INVALID_ARG = 3 } ErrorCode;
 typedef enum { LOG_INFO = 0, LOG_ERROR = 2 } LogLevel;
 enum { REQUEST_RELEASE_ALL = 1, RESPONSE_COMPLETE_FINAL = 1, BACKEND_API_MAJOR = 1 };
+enum { METRIC_KIND_COUNTER = 0, PARAMETER_STRING = 0 };
 
 #define WEAK __attribute__((weak))
 WEAK TRITONSERVER_Error *TRITONSERVER_ErrorNew(int code, const char *msg);
@@ -106,6 +110,17 @@ WEAK TRITONSERVER_Error *TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output *output
                                                     int64_t *memory_type_id);
 WEAK TRITONSERVER_Error *TRITONBACKEND_ResponseSend(TRITONBACKEND_Response *response, uint32_t send_flags,
                                                     TRITONSERVER_Error *error);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelInstanceName(TRITONBACKEND_ModelInstance *instance, const char **name);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelInstanceState(TRITONBACKEND_ModelInstance *instance, void **state);
+WEAK TRITONSERVER_Error *TRITONBACKEND_ModelInstanceSetState(TRITONBACKEND_ModelInstance *instance, void *state);
+WEAK TRITONSERVER_Error *TRITONSERVER_MetricFamilyNew(TRITONSERVER_MetricFamily **family, int kind, const char *name,
+                                                      const char *description);
+WEAK TRITONSERVER_Error *TRITONSERVER_MetricNew(TRITONSERVER_Metric **metric, TRITONSERVER_MetricFamily *family,
+                                                const TRITONSERVER_Parameter **labels, uint64_t label_count);
+WEAK TRITONSERVER_Error *TRITONSERVER_MetricDelete(TRITONSERVER_Metric *metric);
+WEAK TRITONSERVER_Error *TRITONSERVER_MetricIncrement(TRITONSERVER_Metric *metric, double value);
+WEAK TRITONSERVER_Parameter *TRITONSERVER_ParameterNew(const char *name, int type, const void *value);
+WEAK void TRITONSERVER_ParameterDelete(TRITONSERVER_Parameter *parameter);
 WEAK TRITONSERVER_Error *TRITONBACKEND_ModelInstanceReportStatistics(TRITONBACKEND_ModelInstance *instance,
                                                                      TRITONBACKEND_Request *request, bool success,
                                                                      uint64_t exec_start_ns, uint64_t compute_start_ns,
@@ -383,6 +398,48 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
   return NULL;
 }
 
+/* kimi_prep_stage_seconds_total{model, instance, stage="patchify"}: the family, name and help the
+ * Python models use (serving/metrics.py), so Triton merges them into one family. The family is
+ * never deleted here: the Python models' series live in it too. */
+static const char STAGE_FAMILY[] = "kimi_prep_stage_seconds_total";
+static const char STAGE_HELP[] = "Cumulative wall time per stage in seconds";
+
+static TRITONSERVER_Error *stage_metric(const char *model, const char *instance, TRITONSERVER_Metric **metric) {
+  TRITONSERVER_MetricFamily *family;
+  RETURN_IF_ERROR(TRITONSERVER_MetricFamilyNew(&family, METRIC_KIND_COUNTER, STAGE_FAMILY, STAGE_HELP));
+  const TRITONSERVER_Parameter *labels[3] = {
+      TRITONSERVER_ParameterNew("model", PARAMETER_STRING, model),
+      TRITONSERVER_ParameterNew("instance", PARAMETER_STRING, instance),
+      TRITONSERVER_ParameterNew("stage", PARAMETER_STRING, "patchify"),
+  };
+  TRITONSERVER_Error *error = TRITONSERVER_MetricNew(metric, family, labels, 3);
+  for (int i = 0; i < 3; i++) TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter *)labels[i]);
+  return error;
+}
+
+/* An instance's state: its stage counter (NULL where the server has no metrics). */
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance) {
+  const char *instance_name, *model_name;
+  TRITONBACKEND_Model *model;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceName(instance, &instance_name));
+  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceModel(instance, &model));
+  RETURN_IF_ERROR(TRITONBACKEND_ModelName(model, &model_name));
+  TRITONSERVER_Metric *metric = NULL;
+  TRITONSERVER_Error *error = stage_metric(model_name, instance_name, &metric);
+  if (error != NULL) { /* metrics off (--allow-metrics=false): serve without the counter */
+    TRITONSERVER_ErrorDelete(error);
+    metric = NULL;
+  }
+  return TRITONBACKEND_ModelInstanceSetState(instance, metric);
+}
+
+TRITONSERVER_Error *TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance *instance) {
+  void *metric;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &metric));
+  if (metric != NULL) RETURN_IF_ERROR(TRITONSERVER_MetricDelete(metric));
+  return NULL;
+}
+
 TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
   void *state;
   RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &state));
@@ -475,7 +532,8 @@ int kimi_check_images(const Limits *limits, const int64_t *rows, int64_t k, int6
   if (length < 0) return verdict(message, capacity, CHECK_INVALID, "IMAGE must have shape [1, L]");
   if (k < 1) return verdict(message, capacity, CHECK_INVALID, "IMAGE_SHAPES must have shape [1, K, 4] with K >= 1");
   if (k > limits->max_images)
-    return verdict(message, capacity, CHECK_TOO_LARGE, "%lld images exceed max_images_per_request=%lld",
+    return verdict(message, capacity, CHECK_INVALID,
+                   "%lld images in one request: at most %lld (max_images_per_request); send them in several requests",
                    (long long)k, (long long)limits->max_images);
   const int64_t p = limits->patch_size, f = limits->factor, side_px = limits->side_limit * p;
   int64_t expected = 0; /* where image `index` must start: right after the one before it */
@@ -537,8 +595,9 @@ static TRITONSERVER_Error *request_images(const ModelState *state, const HostInp
                            (long long)shapes->shape[2]);
   /* Before the allocation below (kimi_check_images says the same): K sizes it. */
   if (k > state->limits.max_images)
-    return TOO_LARGE("%lld images exceed max_images_per_request=%lld", (long long)k,
-                     (long long)state->limits.max_images);
+    return INVALID_REQUEST("%lld images in one request: at most %lld (max_images_per_request); "
+                           "send them in several requests",
+                           (long long)k, (long long)state->limits.max_images);
   *images = calloc((size_t)k, sizeof **images);
   if (*images == NULL) return INTERNAL("out of memory");
   *count = (size_t)k;
@@ -668,7 +727,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceModel(instance, &model));
   RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, (void **)&state));
   const uint64_t exec_start = now_ns();
-  uint64_t compute_end = exec_start;
+  uint64_t compute_end = exec_start, compute_ns = 0;
   for (uint32_t r = 0; r < count; r++) {
     TRITONBACKEND_Request *request = requests[r];
     TRITONBACKEND_Response *response = NULL;
@@ -678,6 +737,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
     if (error == NULL) error = fill_response(state, request, response, &images);
     free(images);
     const uint64_t end = compute_end = now_ns();
+    compute_ns += end - start;
     const bool success = error == NULL;
     if (response == NULL) response = fallback_response(state, request);
     if (response != NULL) {
@@ -696,5 +756,12 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   TRITONSERVER_Error *reported =
       TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, exec_start, exec_start, compute_end, now_ns());
   if (reported != NULL) log_error(state, "reporting batch statistics", reported);
+  void *metric = NULL;
+  TRITONSERVER_Error *found = TRITONBACKEND_ModelInstanceState(instance, &metric);
+  if (found != NULL) log_error(state, "reading the instance state", found);
+  if (metric != NULL) {
+    TRITONSERVER_Error *counted = TRITONSERVER_MetricIncrement(metric, (double)compute_ns / 1e9);
+    if (counted != NULL) log_error(state, "counting the stage seconds", counted);
+  }
   return NULL;
 }

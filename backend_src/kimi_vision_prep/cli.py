@@ -9,6 +9,7 @@ without this package and this package's commands join it when both are installed
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from kimi_vision_client.cli import (
     EXIT_SOME_FAILED,
     EXIT_USAGE,
     chunk_outcomes,
+    command,
     expand_paths,
     non_negative_int,
     outcome_of,
@@ -91,7 +93,21 @@ def served_models(args: argparse.Namespace, options: RenderOptions | None) -> tu
         return None
     names = None if args.all else (args.models or default_model_names())
     rendered = repository_models(options or RenderOptions())
-    return tuple(model.name for model in select_models(rendered, names, args.preset))
+    selected = [model.name for model in select_models(rendered, names, args.preset)]
+    needs_torch = [m.name for m in rendered if m.name in selected and needs_torch_model(m.name, m.config)]
+    if needs_torch and importlib.util.find_spec("torch") is None:
+        if args.models:
+            raise ValueError(f"{', '.join(needs_torch)} need torch, which is not installed: pip install torch")
+        print(f"kimi-prep: not serving {', '.join(needs_torch)}: they need torch (pip install torch)", file=sys.stderr)
+        selected = [name for name in selected if name not in needs_torch]
+    return tuple(selected)
+
+
+def needs_torch_model(name: str, config: str) -> bool:
+    """The chaining example's patch embedding (a torch Conv2d) and the ensembles through it."""
+    from .serving.repository import PATCH_EMBED_MODEL
+
+    return name == PATCH_EMBED_MODEL or f'model_name: "{PATCH_EMBED_MODEL}"' in config
 
 
 def serve_options(args: argparse.Namespace) -> RenderOptions | None:
@@ -124,7 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         key = operator_key(args.admin_key_file)
         spec = LaunchSpec(
             ports, args.model_repository, options, models, args.tritonserver_args,
-            host=args.host, admin_key=key, open_apis=tuple(args.open_api),
+            host=args.host, admin_key=key, open_apis=tuple(args.open_api), verbose=args.verbose,
         )  # fmt: skip
     except (ValueError, OSError) as exc:
         print(f"kimi-prep serve: {exc}", file=sys.stderr)
@@ -189,19 +205,20 @@ def add_render_arguments(parser: argparse.ArgumentParser, note: str = "") -> Non
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add this package's subcommands to the ``kimi-prep`` parser (the entry point)."""
     set_codec_env()
-    pre = sub.add_parser("preprocess", help="preprocess images in-process (no server)")
-    pre.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS))
+    pre = command(sub, "preprocess", help="preprocess images in-process (no server)")
+    pre.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS), help="the checkpoint's preset")
     pre.add_argument("--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz")
     pre.add_argument("--quiet", action="store_true", help="no progress bar (videos)")
     pre.add_argument("images", nargs="+", type=Path, metavar="IMAGE|VIDEO|DIR")
     pre.set_defaults(run=cmd_preprocess)
 
-    render = sub.add_parser("render-repository", help="write the model repository rendered from the presets")
+    render = command(sub, "render-repository", help="write the model repository rendered from the presets")
     render.add_argument("--out", type=Path, required=True, help="the repository folder to write")
     add_render_arguments(render)
     render.set_defaults(run=cmd_render_repository)
 
-    srv = sub.add_parser(
+    srv = command(
+        sub,
         "serve",
         help="run tritonserver on the model repository",
         description="Arguments after -- go to tritonserver as they are, last (e.g. -- --log-verbose=1).",
@@ -239,10 +256,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         choices=("shared-memory",),
         help="open a restricted API to clients without the key (shared-memory: for a trusted network)",
     )
+    srv.add_argument(
+        "--verbose", action="store_true", help="relay tritonserver's info lines and start-up tables too"
+    )
     srv.set_defaults(run=cmd_serve)
 
-    local = sub.add_parser("bench-local", help="in-process timings: ours vs the plain reference and the decode floor")
-    local.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS))
+    local = command(sub, "bench-local", help="in-process timings: ours vs the plain reference and the decode floor")
+    local.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS), help="the checkpoint's preset")
     local.add_argument("--repeats", type=int, default=5, help="timed runs per image (min and median reported)")
     local.add_argument("--images", nargs="+", type=Path, metavar="FILE|DIR", help="default: generated photos")
     local.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="bench_local.json and .png")
@@ -253,6 +273,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     local.set_defaults(run=cmd_bench_local)
 
-    demo = sub.add_parser("demo", help="start a server, send sample images over HTTP and gRPC, stop")
+    demo = command(sub, "demo", help="start a server, send sample images over HTTP and gRPC, stop")
     demo.add_argument("--model", default="kimi_k25_vision", choices=sorted(model_presets()))
     demo.set_defaults(run=cmd_demo)

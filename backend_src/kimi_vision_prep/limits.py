@@ -11,7 +11,6 @@ from dataclasses import dataclass
 # 178,956,970: Pillow's own DecompressionBombError threshold (2 x Image.MAX_IMAGE_PIXELS in Pillow 13).
 PILLOW_MAX_PIXELS = 178_956_970
 DEFAULT_MAX_ENCODED_BYTES = 64 << 20
-DEFAULT_MAX_IMAGES_PER_REQUEST = 16
 
 
 @dataclass(frozen=True)

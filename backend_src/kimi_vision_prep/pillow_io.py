@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import binascii
 import io
+import re
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,6 +20,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from kimi_vision_common.errors import ImageTooLargeError, InvalidImageError, UnsupportedImageError
+from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.presets import Preset
 
 from .kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
@@ -31,16 +34,20 @@ ResultT = TypeVar("ResultT")
 def open_with_pillow(data: bytes, max_pixels: int = PILLOW_MAX_PIXELS) -> Image.Image:
     """Parse the header with Pillow (the reference verdict, no pixels loaded) and apply the pixel limit."""
     try:
-        image = Image.open(io.BytesIO(data))
+        with warnings.catch_warnings():
+            # Between Pillow's warning and error thresholds the reference accepts the image (with
+            # a warning on its stderr): no stray line here; max_pixels is the limit.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(f"image too large: {exc}") from None
     except UnidentifiedImageError:
         raise InvalidImageError(
             f"not a decodable image ({len(data)} bytes, starts with {data[:8]!r}): Pillow cannot identify it"
-            + base64_hint(data)
+            + content_hint(data)
         ) from None
     except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, struct.error...
-        raise InvalidImageError(f"cannot parse image header: {type(exc).__name__}: {exc}") from None
+        raise load_failure("parse the image header", exc) from None
     width, height = image.size
     if width < 1 or height < 1:
         raise InvalidImageError(f"image has zero size {width}x{height}")
@@ -52,6 +59,27 @@ def open_with_pillow(data: bytes, max_pixels: int = PILLOW_MAX_PIXELS) -> Image.
 # Magic numbers of the formats a JSON client typically base64-encodes by mistake.
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
 _BASE64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=\r\n")
+
+
+def content_hint(data: bytes) -> str:
+    """What ``data`` looks like when it is not an image, as a hint for the sender ("" when it looks
+    like nothing known): a video, a ``data:`` URL, a URL or a file path sent as the bytes, or base64
+    text of an image. Read from the first bytes only; nothing is fetched, opened or decoded."""
+    if looks_like_video(data):
+        return "; these bytes are a video: send them to a video model (kimi_*_video, kimi-prep infer does)"
+    head = bytes(data[:256])
+    if head.startswith(b"data:"):
+        return "; these bytes are a data: URL: send the image's bytes (the base64 payload decoded)"
+    if head.startswith((b"http://", b"https://", b"ftp://", b"s3://", b"gs://")):
+        return "; these bytes are a URL: the server fetches nothing; send the image's bytes"
+    if len(data) < 4096 and head.isascii() and head.strip() and not head.strip().count(b"\n") and (
+        head.startswith((b"/", b"./", b"../", b"~/")) or _PATH_SUFFIX.search(head.strip())
+    ):
+        return "; these bytes are a file path: the server opens no files; send the file's bytes"
+    return base64_hint(data)
+
+
+_PATH_SUFFIX = re.compile(rb"\.(jpe?g|png|gif|webp|bmp|tiff?|heic|avif)$", re.IGNORECASE)
 
 
 def base64_hint(data: bytes) -> str:
@@ -72,10 +100,29 @@ def base64_hint(data: bytes) -> str:
     )
 
 
+# What Pillow's loaders say, in words a caller acts on (the loader's own text follows).
+_TRUNCATED = ("image file is truncated", "truncated", "unexpected end of file", "premature end")
+_CORRUPT = ("broken data stream", "decoder error", "corrupt", "invalid", "crc", "bad ")
+
+
+def load_failure(what: str, exc: Exception) -> InvalidImageError:
+    """A loader's failure as "truncated" or "corrupt" in words, Pillow's own text after it."""
+    text = str(exc)
+    lowered = text.lower()
+    if any(marker in lowered for marker in _TRUNCATED):
+        return InvalidImageError(f"truncated image: the file ends early ({text}); send the whole file")
+    kind = "corrupt image" if any(marker in lowered for marker in _CORRUPT) else f"cannot {what}"
+    return InvalidImageError(f"{kind}: {type(exc).__name__}: {text}")
+
+
 def pillow_call(what: str, fn: Callable[..., ResultT], *args: Any) -> ResultT:
-    """``fn(*args)``, a Pillow call that loads pixels, with its failures mapped onto the typed errors."""
+    """``fn(*args)``, a Pillow call that loads pixels, with its failures mapped onto the typed
+    errors (a truncated or corrupt file said so in words)."""
     try:
-        return fn(*args)
+        with warnings.catch_warnings():
+            # The reference accepts what lies between Pillow's warning and its error threshold.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return fn(*args)
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(f"image too large: {exc}") from None
     except MemoryError:
@@ -83,7 +130,7 @@ def pillow_call(what: str, fn: Callable[..., ResultT], *args: Any) -> ResultT:
     except (ValueError, NotImplementedError) as exc:
         raise UnsupportedImageError(f"cannot {what}: {exc}") from None
     except Exception as exc:
-        raise InvalidImageError(f"cannot {what}: {type(exc).__name__}: {exc}") from None
+        raise load_failure(what, exc) from None
 
 
 def has_alpha(image: Image.Image) -> bool:

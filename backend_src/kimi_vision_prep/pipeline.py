@@ -19,11 +19,11 @@ from kimi_vision_common.patches import normalize_table
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult
 from kimi_vision_common.sizing import TargetSize, navit_target_size
+from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST
 
 from .buffers import scratch_scope
 from .composite import composite_on_chessboard
 from .decode import DecodedImage, ImageDecoder, default_decoder
-from .limits import DEFAULT_MAX_IMAGES_PER_REQUEST
 from .normalize import (
     IDENTITY_TABLE,
     concatenate_patches,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kimi_vision_common.errors import ImageTooLargeError, InvalidImageError, PreprocessError
+from kimi_vision_common.errors import ImageTooLargeError, InvalidImageError, InvalidRequestError, PreprocessError
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import TokenCount
 from kimi_vision_common.sizing import navit_target_size
@@ -48,9 +48,13 @@ def count_tokens(data: bytes, preset: str | Preset = "kimi-k2.5", *, limits: Dec
 
 
 def check_image_count(count: int, max_images_per_request: int) -> None:
-    """ImageTooLargeError when one request holds more than ``max_images_per_request`` images."""
+    """InvalidRequestError when one request holds more than ``max_images_per_request`` images (a
+    count, not a size)."""
     if count > max_images_per_request:
-        raise ImageTooLargeError(f"{count} images exceed max_images_per_request={max_images_per_request}")
+        raise InvalidRequestError(
+            f"{count} images in one request: at most {max_images_per_request} (max_images_per_request); "
+            "send them in several requests"
+        )
 
 
 def check_patch_total(patches: int, max_patches_per_request: int | None) -> None:

@@ -24,12 +24,13 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-from kimi_vision_common.errors import PreprocessError
+from kimi_vision_common.errors import ModelNotServedError, PreprocessError, ServerUnavailableError
 from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.results import VideoChunkResult, concat_results
-from kimi_vision_common.wire import operator_key
+from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST, operator_key
 
 from .client import KimiVisionClient, VisionResult
+from .media import require_grpc, sibling_model
 
 EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 # Other packages add subcommands here: ``kimi-vision-prep`` adds serve, preprocess, render-repository,
@@ -108,7 +109,7 @@ def write_npz(path: Path, outcomes: Sequence[Outcome], patch_size: int = 14) -> 
     """Save the good results as the processor returns them.
 
     ``pixel_values`` float32 ``(ΣN, 3, p, p)``, ``grid_thws`` int64 ``(n, 3)``, ``num_tokens``
-    int64 ``(n,)``, ``names`` str ``(n,)``; failed images are left out.
+    int32 ``(n,)`` (as on the wire), ``names`` str ``(n,)``; failed images are left out.
     """
     good = [o for o in outcomes if o.result is not None]
     results = [o.result for o in good if o.result is not None]
@@ -117,7 +118,7 @@ def write_npz(path: Path, outcomes: Sequence[Outcome], patch_size: int = 14) -> 
         path,
         pixel_values=pixel_values,
         grid_thws=grid_thws,
-        num_tokens=np.array([r.num_tokens for r in results], dtype=np.int64),
+        num_tokens=np.array([r.num_tokens for r in results], dtype=np.int32),  # NUM_TOKENS' wire dtype
         names=np.array([o.name for o in good], dtype=np.str_),
     )
 
@@ -193,9 +194,15 @@ def cmd_infer(args: argparse.Namespace) -> int:
     outcomes = [outcome for outcome, data in inputs if data is None]
     admin_key = operator_key(args.admin_key_file) if args.shm else None
     with KimiVisionClient(args.url, args.protocol, args.model, args.shm, admin_key=admin_key) as client:
-        if not client.is_ready():
-            print(f"kimi-prep: no ready model {args.model!r} at {args.url} ({args.protocol})", file=sys.stderr)
-            return EXIT_UNAVAILABLE
+        try:
+            if to_send:
+                client.require_model()
+            if videos:
+                require_grpc(args.protocol)
+                client.require_model(sibling_model(args.model, "video"))
+        except PreprocessError as exc:
+            print(f"kimi-prep: {exc}", file=sys.stderr)
+            return EXIT_UNAVAILABLE if isinstance(exc, (ServerUnavailableError, ModelNotServedError)) else EXIT_USAGE
         for outcome, data in videos:
             outcomes += chunk_outcomes(outcome.name, lambda d=data: client.preprocess_video(d), args.quiet)
         if args.images_per_request > 1:
@@ -217,22 +224,42 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 def infer_groups(client: KimiVisionClient, to_send: list[tuple[Outcome, bytes]], size: int) -> list[Outcome]:
     """Images in requests of ``size`` (``client.preprocess_images``): each image's result cut out of
-    its request's; a failed request's error (naming the image) for each of its images."""
+    its request's. A request fails as a whole (one verdict, naming its first bad image): that
+    image gets the error, and the others are sent again without it."""
     for start in range(0, len(to_send), size):
-        group = to_send[start : start + size]
+        infer_group(client, to_send[start : start + size])
+    return [outcome for outcome, _ in to_send]
+
+
+def infer_group(client: KimiVisionClient, group: list[tuple[Outcome, bytes]]) -> None:
+    while group:
         try:
             result = client.preprocess_images([data for _, data in group])
         except PreprocessError as exc:
-            for outcome, _ in group:
-                outcome.error = exc
-                print_outcome(outcome)
+            bad = failed_index(str(exc), len(group))
+            if bad is None:  # the request as a whole: every image gets its error
+                for outcome, _ in group:
+                    outcome.error = exc
+                    print_outcome(outcome)
+                return
+            outcome = group[bad][0]
+            outcome.error = type(exc)(str(exc).split(": ", 1)[1])
+            print_outcome(outcome)
+            group = group[:bad] + group[bad + 1 :]
             continue
         counts = [int(np.prod(grid)) for grid in result.grid_thws]
         parts = np.split(result.pixel_values, np.cumsum(counts)[:-1])
         for (outcome, _), pixels, grid, tokens in zip(group, parts, result.grid_thws, result.num_tokens, strict=True):
             outcome.result = VisionResult(pixels, grid, int(tokens))
             print_outcome(outcome)
-    return [outcome for outcome, _ in to_send]
+        return
+
+
+def failed_index(message: str, count: int) -> int | None:
+    """``i`` of a K-image request's ``"image i: ..."`` error, if ``i`` is one of its ``count``."""
+    head, _, rest = message.partition(": ")
+    kind, _, index = head.partition(" ")
+    return int(index) if kind == "image" and index.isdigit() and int(index) < count and rest else None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -243,8 +270,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.url, args.protocol, args.model, args.shm, args.concurrency_levels, args.duration, args.requests
     )
     with KimiVisionClient(args.url, args.protocol, args.model) as client:
-        if not client.is_ready():
-            print(f"kimi-prep: no ready model {args.model!r} at {args.url} ({args.protocol})", file=sys.stderr)
+        try:
+            client.require_model()
+        except PreprocessError as exc:
+            print(f"kimi-prep: {exc}", file=sys.stderr)
             return EXIT_UNAVAILABLE
     images = [(str(path), path.read_bytes()) for path in expand_paths(args.images)] if args.images else None
     result = bench_server.run(config, images, args.out_dir, args.quiet)
@@ -288,6 +317,32 @@ def positive_int(text: str) -> int:
     return value
 
 
+def images_per_request(text: str) -> int:
+    """``--images-per-request``: 1 to the served models' ``max_images_per_request``."""
+    value = positive_int(text)
+    if value > DEFAULT_MAX_IMAGES_PER_REQUEST:
+        raise argparse.ArgumentTypeError(
+            f"at most {DEFAULT_MAX_IMAGES_PER_REQUEST} images per request (the served models' "
+            f"max_images_per_request), got {value}: a folder of more is sent in several requests anyway"
+        )
+    return value
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default (none shown for flags and unset options)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS, []) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def command(sub: argparse._SubParsersAction, name: str, **kwargs: object) -> argparse.ArgumentParser:
+    """A subcommand's parser, its help showing every default."""
+    return sub.add_parser(name, formatter_class=DefaultsHelpFormatter, **kwargs)
+
+
 def positive_int_list(text: str) -> list[int]:
     """``1,2,4,8`` -> ``[1, 2, 4, 8]``; every value must be >= 1."""
     return [positive_int(part) for part in text.split(",")]
@@ -296,8 +351,8 @@ def positive_int_list(text: str) -> list[int]:
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """``--url``, ``--protocol``, ``--model``, ``--shm``: how ``infer`` and ``bench`` reach a server."""
     parser.add_argument("--url", default=None, help="host:port (default localhost:8001 for grpc, :8000 for http)")
-    parser.add_argument("--protocol", choices=("http", "grpc"), default="grpc")
-    parser.add_argument("--model", default="kimi_k25_vision")
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="grpc", help="how to reach the server")
+    parser.add_argument("--model", default="kimi_k25_vision", help="the image model to send to")
     parser.add_argument("--shm", action="store_true", help="exchange tensors through system shared memory")
     parser.add_argument(
         "--admin-key-file",
@@ -312,19 +367,27 @@ def non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kimi-prep", description="Bit-exact Kimi vision preprocessing.")
+    parser = argparse.ArgumentParser(
+        prog="kimi-prep", description="Bit-exact Kimi vision preprocessing.", formatter_class=DefaultsHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    inf = sub.add_parser("infer", help="preprocess images on a running server")
+    inf = command(sub, "infer", help="preprocess images on a running server")
     add_server_arguments(inf)
     inf.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     inf.add_argument("--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz")
-    inf.add_argument("--images-per-request", type=positive_int, default=1, metavar="K", help="images in one request")
+    inf.add_argument(
+        "--images-per-request",
+        type=images_per_request,
+        default=1,
+        metavar="K",
+        help=f"images in one request (at most {DEFAULT_MAX_IMAGES_PER_REQUEST}, the served models' limit)",
+    )
     inf.add_argument("--quiet", action="store_true", help="no progress bar")
     inf.add_argument("images", nargs="+", type=Path, metavar="IMAGE|VIDEO|DIR")
     inf.set_defaults(run=cmd_infer)
 
-    bench = sub.add_parser("bench", help="throughput and latency of a running server over a concurrency sweep")
+    bench = command(sub, "bench", help="throughput and latency of a running server over a concurrency sweep")
     add_server_arguments(bench)
     bench.add_argument(
         "--concurrency",
@@ -344,13 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(run=cmd_bench)
 
-    perf = sub.add_parser("perf-data", help="write perf_analyzer --input-data JSON for images")
+    perf = command(sub, "perf-data", help="write perf_analyzer --input-data JSON for images")
     perf.add_argument("-o", "--out", type=Path, required=True, help="the JSON file to write")
     perf.add_argument("images", nargs="+", type=Path, metavar="IMAGE|DIR")
     perf.set_defaults(run=cmd_perf_data)
 
-    for command in entry_points(group=COMMANDS_GROUP):
-        command.load()(sub)
+    for plugin in entry_points(group=COMMANDS_GROUP):
+        plugin.load()(sub)
     return parser
 
 

@@ -35,7 +35,7 @@ import tritonclient.utils
 import tritonclient.utils.shared_memory as shm
 from PIL import Image
 
-from kimi_vision_common.errors import PreprocessError
+from kimi_vision_common.errors import ModelNotServedError, PreprocessError, ServerUnavailableError
 from kimi_vision_common.patches import expand_patches
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult, TokenCount, VideoChunkResult
@@ -114,6 +114,17 @@ def error_from_server(exc: Exception, single_image: bool = False) -> PreprocessE
             error = type(error)(text.removeprefix(SINGLE_IMAGE_PREFIX))
         return error
     return PreprocessError(f"{type(exc).__name__}: {exc}")
+
+
+def connection_failure(exc: Exception) -> str:
+    """Why a connection failed, in words ("connection refused", ...), from any transport's error."""
+    text = str(exc).lower()
+    for cause in ("connection refused", "timed out", "name or service not known", "no route to host"):
+        if cause in text:
+            return cause
+    if isinstance(exc, ConnectionRefusedError) or "failed to connect" in text:
+        return "connection refused"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
@@ -265,9 +276,34 @@ class KimiVisionClient:
     def is_ready(self) -> bool:
         """True when the server answers and ``model`` is loaded (connection errors mean False)."""
         try:
-            return bool(self._client.is_server_ready() and self._client.is_model_ready(self.model))
-        except Exception:  # refused / unreachable / timed out: not ready, whatever the transport says
+            self.require_model()
+        except PreprocessError:
             return False
+        return True
+
+    def require_model(self, model: str | None = None) -> None:
+        """Return when the server answers and serves ``model`` (default: this client's), else raise
+        :class:`ServerUnavailableError` (nothing answers at the URL: refused, unreachable) or
+        :class:`ModelNotServedError` (it answers but does not serve the model), saying what to do."""
+        name = model or self.model
+        try:
+            live = self._client.is_server_live()
+        except Exception as exc:  # refused / unreachable / timed out, whatever the transport calls it
+            raise ServerUnavailableError(
+                f"cannot connect to {self.url} ({self.protocol}): {connection_failure(exc)}; "
+                "is the server running? start one with `kimi-prep serve`"
+            ) from None
+        if not live:
+            raise ServerUnavailableError(f"the server at {self.url} ({self.protocol}) is not live yet; retry")
+        try:
+            ready = self._client.is_model_ready(name)
+        except Exception:  # an unknown model is an error on some transports, False on others
+            ready = False
+        if not ready:
+            raise ModelNotServedError(
+                f"the server at {self.url} does not serve {name!r}: start it with "
+                f"`kimi-prep serve --models {name}` (or `--all` for every model)"
+            )
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -286,6 +322,7 @@ class KimiVisionClient:
         the iterator early cancels the request on the server."""
         require_grpc(self.protocol)
         name = model or sibling_model(self.model, "video")
+        self.require_model(name)
         wire = learn_wire(lambda n: self._adapter.model_config(self._client, n), name, self._preset_override)
         return stream_video(self.url, name, data, wire, error_from_server)
 
@@ -293,6 +330,7 @@ class KimiVisionClient:
         """Grid, tokens and prompt of each image from its header (``model``: default the
         ``*_tokens`` model of this client's preset prefix), in one request."""
         name = model or sibling_model(self.model, "tokens")
+        self.require_model(name)
         inputs, outputs = tokens_request(self._adapter.module, items)
         try:
             result = self._adapter.submit(self._client, name, inputs, outputs)()

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kimi_vision_common.errors import InvalidPresetError
+from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST
 
 from ..decode import DEFAULT_DECODER_POOL_SIZE
 from ..limits import (
     DEFAULT_MAX_ENCODED_BYTES,
-    DEFAULT_MAX_IMAGES_PER_REQUEST,
     PILLOW_MAX_PIXELS,
     DecodeLimits,
     VideoLimits,

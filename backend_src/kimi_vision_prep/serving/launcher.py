@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -60,8 +61,12 @@ CPU_ONLY_ARGS = ("--pinned-memory-pool-byte-size=0", "--allow-gpu-metrics=false"
 CPU_ONLY_NOISE = (
     re.compile(r'"CudaDriverHelper has not been initialized\."'),
     re.compile(r'"unable to create stream for \S+: CUDA driver version is insufficient for CUDA runtime version"'),
+    # The launcher turns the pinned pool off on a host without CUDA (CPU_ONLY_ARGS): nothing to warn about.
+    re.compile(r'"failed to allocate pinned system memory: no pinned memory pool'),
 )
-CPU_ONLY_NOTICE = b"kimi-prep: CPU-only host: CUDA disabled (tritonserver's CUDA driver messages are not shown)\n"
+CPU_ONLY_NOTICE = (
+    b"kimi-prep: CPU-only host: CUDA and pinned memory disabled (tritonserver's messages about them are not shown)\n"
+)
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,8 @@ class LaunchSpec:
 
     ``host``: the address every listener binds to (loopback unless the operator says otherwise);
     ``admin_key``: the key of the restricted APIs (:mod:`.access`; None: a random one, written to
-    :func:`admin_key_path`); ``open_apis``: restricted APIs opened to anonymous clients."""
+    :func:`admin_key_path`); ``open_apis``: restricted APIs opened to anonymous clients;
+    ``verbose``: relay tritonserver's info lines and tables too (default: warnings and errors)."""
 
     ports: Ports = Ports()
     model_repository: Path | None = None
@@ -93,6 +99,7 @@ class LaunchSpec:
     host: str = LOOPBACK_HOST
     admin_key: str | None = None
     open_apis: tuple[str, ...] = ()
+    verbose: bool = False  # tritonserver's info lines and start-up tables, relayed
 
     def __post_init__(self) -> None:
         if self.model_repository is not None and (self.render is not None or self.models is not None):
@@ -160,6 +167,8 @@ def server_args(
         f"--model-repository={model_repository}",
         "--model-control-mode=explicit",
         "--load-model=*",
+        # A model that fails to load is reported (ready_line) while the others serve.
+        "--exit-on-error=false",
         f"--http-port={ports.http}",
         f"--grpc-port={ports.grpc}",
         f"--metrics-port={ports.metrics}",
@@ -178,8 +187,15 @@ def server_args(
     return [*args, *extra_args]
 
 
-def relay_log(source: IO[bytes], sink: IO[bytes], drop: Sequence[re.Pattern[str]]) -> None:
-    """Copy tritonserver's output line by line, dropping lines that match ``drop`` (saying so once)."""
+# tritonserver's info lines ("I1203 12:00:00.000000 42 file.cc:12] ...") and the tables it prints
+# at start: shown with --verbose only; its warnings and errors (W, E) always.
+INFO_LINE = re.compile(r"^I\d{4} ")
+TABLE_LINE = re.compile(r"^(\+[-+]*\+|\|.*\|)\s*$|^\s*$")
+
+
+def relay_log(source: IO[bytes], sink: IO[bytes], drop: Sequence[re.Pattern[str]], *, verbose: bool = False) -> None:
+    """Copy tritonserver's output line by line, dropping lines that match ``drop`` (saying so once)
+    and, unless ``verbose``, its info lines and start-up tables."""
     noticed = False
     for line in iter(source.readline, b""):
         text = line.decode(errors="replace")
@@ -187,6 +203,8 @@ def relay_log(source: IO[bytes], sink: IO[bytes], drop: Sequence[re.Pattern[str]
             if not noticed:
                 sink.write(CPU_ONLY_NOTICE)
                 noticed = True
+            continue
+        if not verbose and (INFO_LINE.match(text) or TABLE_LINE.match(text)):
             continue
         sink.write(line)
         sink.flush()
@@ -223,7 +241,7 @@ def checked_repository_path(repository: Path) -> Path:
 def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     """Start a server as ``spec`` says; closing ``stack`` stops it and removes what it left."""
     install = find_tritonserver()
-    log.info("%s", describe_server_allocator(install.env))
+    log.debug("%s", describe_server_allocator(install.env))
     for region in remove_stale_shm_regions():
         log.info("removed stale shared-memory region /dev/shm/%s", region)
     shm_prefix = shm_region_prefix()
@@ -256,7 +274,12 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     )
     if spec.stdout is None:
         drop = () if cuda_device_count() else CPU_ONLY_NOISE
-        relay = threading.Thread(target=relay_log, args=(process.stdout, sys.stdout.buffer, drop), daemon=True)
+        relay = threading.Thread(
+            target=relay_log,
+            args=(process.stdout, sys.stdout.buffer, drop),
+            kwargs={"verbose": spec.verbose},
+            daemon=True,
+        )
         relay.start()
         stack.callback(relay.join, 10)
     stack.callback(stop_process, process)
@@ -290,6 +313,47 @@ def describe_listeners(host: str, ports: Ports, access: AccessPolicy, key_file: 
     return f"listening on {listening}; {access.describe()}; {key}"
 
 
+def repository_index(http_url: str, headers: dict[str, str]) -> list[dict[str, str]]:
+    """tritonserver's repository index (name, state, reason of every model); the admin key's API."""
+    request = urllib.request.Request(
+        f"http://{http_url}/v2/repository/index", data=b"{}", method="POST", headers=headers
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return list(json.loads(response.read()))
+
+
+def ready_lines(index: Sequence[dict[str, str]], host: str, ports: Ports) -> list[str]:
+    """What ``kimi-prep serve`` says once every model has loaded or failed: one line with the
+    models and the URLs, then one line per model that failed to load, with tritonserver's reason."""
+    ready = [m["name"] for m in index if m.get("state") == "READY"]
+    failed = [m for m in index if m.get("state") != "READY"]
+    urls = f"HTTP http://{host}:{ports.http}, gRPC {host}:{ports.grpc}, metrics http://{host}:{ports.metrics}/metrics"
+    if ports.probe is not None:
+        urls += f", probes http://{host}:{ports.probe}/readyz"
+    lines = [f"kimi-prep: ready: {len(ready)} of {len(index)} models ({', '.join(ready)}) at {urls}"]
+    lines += [
+        f"kimi-prep: not serving {m['name']}: {m.get('reason') or m.get('state') or 'not loaded'}" for m in failed
+    ]
+    return lines
+
+
+def announce_ready(launched: Launched, host: str, out: IO[str]) -> None:
+    """Wait until tritonserver answers (it opens its ports once every model has loaded or failed),
+    then write :func:`ready_lines`; nothing if the server exits first."""
+    http_url = f"{launched.access.connect_host}:{launched.ports.http}"
+    while launched.process.poll() is None:
+        try:
+            index = repository_index(http_url, launched.access.headers("http"))
+        except (urllib.error.URLError, OSError, ValueError):
+            time.sleep(0.2)
+            continue
+        if index and all(m.get("state") in ("READY", "UNAVAILABLE") for m in index):
+            out.write("\n".join(ready_lines(index, host, launched.ports)) + "\n")
+            out.flush()
+            return
+        time.sleep(0.2)
+
+
 def _log_to_stderr() -> None:
     """The watchdog's recoveries on stderr, next to tritonserver's log (unless the caller set up logging)."""
     if not logging.getLogger().handlers:
@@ -308,6 +372,7 @@ def serve(spec: LaunchSpec) -> int:
             process.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+        threading.Thread(target=announce_ready, args=(launched, spec.host, sys.stderr), daemon=True).start()
         try:
             return process.wait()
         finally:

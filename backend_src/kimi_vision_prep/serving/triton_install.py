@@ -13,6 +13,7 @@ keeps it out of them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -20,6 +21,7 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +107,7 @@ def _layout_embedded_backends(pytriton_dir: Path) -> Path:
     stamp = "|".join([*(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files.values()), STUB_WRAPPER])
     backends = cache_dir() / f"{version}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}" / "backends"
     if (backends / "python" / STUB).exists():
+        remove_unused_layouts(backends.parent)
         return backends
     backends.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="backends.", dir=backends.parent))
@@ -118,7 +121,29 @@ def _layout_embedded_backends(pytriton_dir: Path) -> Path:
         staging.rename(backends)  # atomic: a concurrent launcher may have won the race
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
+    remove_unused_layouts(backends.parent)
     return backends
+
+
+LAYOUT_GRACE_S = 60.0
+
+
+def remove_unused_layouts(current: Path) -> list[Path]:
+    """Remove the other layouts under :func:`cache_dir` (each install or rebuild of the backends
+    makes a new one, ~3 MB) that no running process names on its command line (a tritonserver
+    started from one has it in ``--backend-directory``); the removed ones."""
+    in_use = {current}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            text = cmdline.read_bytes().decode(errors="replace")
+            in_use.update(path for path in current.parent.iterdir() if str(path) in text)
+    removed = []
+    for path in current.parent.iterdir():
+        # A layout another launcher is writing right now is young: left alone.
+        if path.is_dir() and path not in in_use and time.time() - path.stat().st_mtime > LAYOUT_GRACE_S:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def find_tritonserver() -> TritonInstall:

@@ -97,6 +97,14 @@ class ServerUnavailableError(PreprocessError):
     reason = "server_unavailable"
 
 
+class ModelNotServedError(PreprocessError):
+    """The server does not serve the model asked for (not in its repository, or not loaded).
+    Raised by clients only; the message names the flag that serves it."""
+
+    triton_code = "NOT_FOUND"
+    reason = "model_not_served"
+
+
 def triton_code_for(exc: BaseException) -> str:
     """Triton error code name for any exception; unknown exceptions are INTERNAL."""
     return exc.triton_code if isinstance(exc, PreprocessError) else "INTERNAL"

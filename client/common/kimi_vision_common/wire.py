@@ -18,6 +18,8 @@ from .errors import CancelledError, InvalidRequestError, PreprocessError, Server
 IMAGE_BYTES = "IMAGE_BYTES"
 PIXEL_VALUES, PIXEL_PATCHES = "PIXEL_VALUES", "PIXEL_PATCHES"
 GRID_THW, NUM_TOKENS = "GRID_THW", "NUM_TOKENS"
+# K of IMAGE_BYTES [1, K] the served models accept by default (their max_images_per_request).
+DEFAULT_MAX_IMAGES_PER_REQUEST = 16
 
 # The header that carries the admin key to tritonserver's restricted APIs (docs/security.md).
 ADMIN_HEADER = "kimi-prep-admin-key"
