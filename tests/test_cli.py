@@ -192,7 +192,10 @@ def test_infer_without_a_server_fails_once_and_clearly(
     url = f"127.0.0.1:{free_port()}"  # nothing listens there
     code = cli.main(["infer", "--url", url, "--protocol", protocol, str(corpus / GOOD[0])])
     assert code == cli.EXIT_UNAVAILABLE
-    expected = f"kimi-prep: no ready model 'kimi_k25_vision' at {url} ({protocol})"
+    expected = (
+        f"kimi-prep: cannot connect to {url} ({protocol}): connection refused; "
+        "is the server running? start one with `kimi-prep serve`"
+    )
     assert capsys.readouterr().err.strip().splitlines() == [expected]
 
 

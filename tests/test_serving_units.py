@@ -32,7 +32,7 @@ from reference import k25_rgb, ref_size
 from tritonclient.grpc import model_config_pb2
 
 from kimi_vision_client.cli import build_parser
-from kimi_vision_common.errors import ImageTooLargeError, InvalidRequestError
+from kimi_vision_common.errors import InvalidRequestError
 from kimi_vision_common.wire import served_message
 from kimi_vision_prep import (
     KIMI_K3,

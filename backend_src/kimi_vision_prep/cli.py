@@ -230,9 +230,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--all", action="store_true", help="every model (default: the image ensembles and their steps)")
     which.add_argument("--models", nargs="+", metavar="NAME", help="exactly these models (ensembles bring their steps)")
     srv.add_argument("--preset", default=None, help="only this preset's models (kimi-k2.5 / kimi-k2.6, kimi-k3)")
-    srv.add_argument("--http-port", type=int, default=8000)
-    srv.add_argument("--grpc-port", type=int, default=8001)
-    srv.add_argument("--metrics-port", type=int, default=8002)
+    srv.add_argument("--http-port", type=int, default=8000, help="HTTP (KServe v2 REST)")
+    srv.add_argument("--grpc-port", type=int, default=8001, help="gRPC (KServe v2)")
+    srv.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics")
     add_render_arguments(srv, " (serves a fresh rendering from the presets)")
     srv.add_argument(
         "--probe-port", type=int, default=None, help="serve /livez, /readyz and the watchdog's /metrics on this port"
@@ -274,5 +274,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     local.set_defaults(run=cmd_bench_local)
 
     demo = command(sub, "demo", help="start a server, send sample images over HTTP and gRPC, stop")
-    demo.add_argument("--model", default="kimi_k25_vision", choices=sorted(model_presets()))
+    demo.add_argument("--model", default="kimi_k25_vision", choices=sorted(model_presets()), help="the model to try")
     demo.set_defaults(run=cmd_demo)
