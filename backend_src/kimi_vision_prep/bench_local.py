@@ -244,7 +244,7 @@ def _ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[
 
 
 PROFILE_PIXELS = {"1080p": 1920 * 1080, "9 MP": 9_000_000, "12 MP": 12_000_000}
-# Rounds of the batch comparison: single rounds on the 2-core VM swung 1.07-2.2x (BENCHMARKS.md).
+# Rounds of the batch comparison: single rounds on the 2-core VM swung 1.07-2.2x (BENCHMARKS.md's history).
 BATCH_ROUNDS = 5
 
 

@@ -2,7 +2,7 @@
 
 With glibc's defaults a fresh 37 MiB ``pixel_values`` or 36 MiB decoded photo is a fresh
 ``mmap``: every 4 KiB page faults on first touch. Filling 39 MiB costs ~25 ms that way and ~4 ms
-in memory touched before, on this project's 2-core VM (BENCHMARKS.md); transparent huge pages do
+in memory touched before, on this project's 2-core VM (BENCHMARKS.md's history); transparent huge pages do
 not help there (``MADV_HUGEPAGE`` measured the same: the VM hands out none). So large buffers are
 reused, in two bounded ways:
 

@@ -16,7 +16,7 @@ left, split where its owner and the thief (who skips the rows above first) finis
 a skipped row costs :data:`SKIP_COST` of a decoded one, a consumer adds ``row_work`` per row.
 So a helper that wakes late takes less, and one that wakes after the end takes nothing: a decode
 is never slower than one thread's by more than the hand-off (on this project's VM an idle
-thread can take milliseconds to wake; a fixed split waited for it, BENCHMARKS.md). Region
+thread can take milliseconds to wake; a fixed split waited for it, BENCHMARKS.md's history). Region
 bookkeeping is one compare-and-swap word per band in ``_libjpeg.c``. With two threads and the
 image to itself a helper takes the bottom ~0.29 of a decode alone, ~0.38 with a float32 patchify.
 
@@ -38,7 +38,7 @@ from typing import Protocol
 import numpy as np
 
 # A skipped row's entropy decoding against decoding the row: jpeg_read_coefficients took a median
-# 0.6 (0.3-0.85) of a whole decode's time on the benchmark photos (BENCHMARKS.md, 2026-12-02 "bands").
+# 0.6 (0.3-0.85) of a whole decode's time on the benchmark photos (BENCHMARKS.md at 0a95504, "bands").
 SKIP_COST = 0.6
 MIN_BAND_PIXELS = 1 << 17  # smaller bands cost more in thread hand-off than they save
 DECODE_ROW_MULTIPLE = 16  # band edges on iMCU rows (8 or 16 high) when no consumer asks for others

@@ -108,7 +108,7 @@ def _concatenate_torch(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 # The patch-row kernels index with unsigned integers only: numba wraps a signed index that might be
 # negative around the axis (a compare and select per access), which kept the inner loops scalar
-# with scatters and cost 1.3-1.5x (BENCHMARKS.md). Each channel's table is a contiguous row of
+# with scatters and cost 1.3-1.5x (BENCHMARKS.md's history). Each channel's table is a contiguous row of
 # ``tables`` (the table transposed, :func:`_channel_tables`).
 
 
@@ -145,7 +145,7 @@ def _patch_row_by_pixel(image: np.ndarray, tables: np.ndarray, out: np.ndarray, 
 def _patch_row_by_plane(image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int, gy: int) -> None:
     """As :func:`_patch_row_by_pixel`, one channel plane of a patch after the other: each patch
     is written as one ascending stream, the faster order for float32 patches of large images
-    (1.4x at 3 MP, BENCHMARKS.md). The two repeat the patch loop on purpose: one loop calling a
+    (1.4x at 3 MP, BENCHMARKS.md's history). The two repeat the patch loop on purpose: one loop calling a
     per-patch function of either order measured 0.73-0.95x."""
     zero, p, height, width = uint64(0), uint64(out.shape[2]), uint64(image.shape[0]), uint64(image.shape[1])
     y0, grid_w_u = uint64(gy) * p, uint64(grid_w)

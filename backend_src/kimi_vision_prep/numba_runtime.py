@@ -7,7 +7,7 @@ kernel goes through :func:`parallel_kernel`, which holds it while the active lay
 (or not chosen yet). A process that picks a thread-safe layer itself (``NUMBA_THREADING_LAYER=omp``
 or ``tbb``: the library never changes it, it is process-wide) runs kernels of several threads at
 once: ``preprocess_batch`` on 2 cores measured 1.6-2.0x single-thread with omp against 1.2-1.5x
-with workqueue (BENCHMARKS.md).
+with workqueue (BENCHMARKS.md's history).
 
 numba compiles one specialisation per argument layout and writability, so every kernel input
 passes through :func:`kernel_input`: whatever a caller hands in (a writable array, Pillow's

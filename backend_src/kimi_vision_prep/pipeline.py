@@ -42,7 +42,7 @@ from .tokens import check_image_count, check_patch_budget
 PixelOutput = Literal["pixel_values", "pixel_patches"]
 PIXEL_OUTPUTS: tuple[str, ...] = get_args(PixelOutput)
 # The patch work per image row against decoding the row, by output (where row bands split:
-# jpeg_bands; measured, BENCHMARKS.md).
+# jpeg_bands; measured, BENCHMARKS.md's history).
 PATCH_ROW_WORK: dict[str, float] = {"pixel_values": 0.6, "pixel_patches": 0.5}
 
 
@@ -219,7 +219,7 @@ def preprocess_batch(
     already, and a worker's parallel kernels would otherwise wake threads that then compete with
     the other worker (under the omp layer they also spin for milliseconds after each kernel).
     On the 2-core host that measured 1.17x and 1.25x the throughput of every worker keeping all
-    the threads (medians of 5 and 4 alternating rounds; BENCHMARKS.md). On a GPU the images are
+    the threads (medians of 5 and 4 alternating rounds; BENCHMARKS.md's history). On a GPU the images are
     decoded in one nvImageCodec batch call, then processed in order."""
     preset = get_preset(preset)
     decoder = decoder or default_decoder()

@@ -5,7 +5,7 @@
 step's output, then the response. Above glibc's largest mmap threshold (32 MiB) each is a fresh
 ``mmap`` whose pages fault in anew, so the float32 ensembles spent ~20 ms a request there. Triton's
 docs suggest preloading jemalloc or tcmalloc; with jemalloc (``oversize_threshold:0``, below)
-tritonserver reuses those pages. Measured on this 2-core host (BENCHMARKS.md, "late"):
+tritonserver reuses those pages. Measured on this 2-core host (BENCHMARKS.md at a3ec8cb):
 - compute_output of ``kimi_k25_vision`` + shm fell from 32-44 to 18-31 ms a request;
 - its perf_analyzer throughput rose 20% (the median over four A/B runs);
 - the uint8 wires lost 4%;
@@ -21,14 +21,14 @@ serves allocations above a threshold (dynamic, at most 32 MiB) with a fresh ``mm
 them on free, and it trims freed memory at the top of the heap back to the
 kernel. A 16384-patch ``pixel_values`` is 37 MiB and a decoded 12 MP photo 36 MiB, so every such
 request page-faults its buffers in anew: on a 2-core VM that alone swung the
-patchify of one image between 4 and 63 ms (BENCHMARKS.md). With the thresholds below, buffers up
+patchify of one image between 4 and 63 ms (BENCHMARKS.md's history). With the thresholds below, buffers up
 to 256 MiB come from the heap and are reused, and up to 512 MiB of free heap top is kept.
 
 The cost: a process keeps its peak heap (about one batch of its largest requests) instead of
 returning it between requests. These are process-wide settings, so the library never applies
 them on import, and the launcher no longer passes them (under load they cost ~250-930 MiB of
 PSS; the gain ranged from none to +20% in requests/s, and +35-50% in float32 perf_analyzer
-throughput in one A/B: BENCHMARKS.md, "night"). An
+throughput in one A/B: BENCHMARKS.md at 8883d91). An
 operator may put :func:`allocator_env` into the launcher's environment: the stubs get it, and
 tritonserver too where it runs with glibc's malloc (``benchmarks/bench_load_memory.py`` measures
 that as its "retention" row), and a process

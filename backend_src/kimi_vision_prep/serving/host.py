@@ -80,7 +80,7 @@ def host_layout(cores: int | None = None, gpus: int | None = None) -> HostLayout
 
     CPU-only: instances x threads = cores, 1 thread an instance up to 4 cores and 2 above (several
     processes beat threads in one on small hosts: on 2 cores 2 instances x 1 thread served best,
-    BENCHMARKS.md), at most :data:`MAX_CPU_INSTANCES` instances. With GPUs: KIND_GPU, one instance
+    BENCHMARKS.md's history), at most :data:`MAX_CPU_INSTANCES` instances. With GPUs: KIND_GPU, one instance
     per GPU (Triton's count is per device) and the cores shared out, at most :data:`MAX_GPU_THREADS`
     threads each; provisional until the GPU check measures HBM per instance (README).
     """

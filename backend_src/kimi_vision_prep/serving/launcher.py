@@ -50,7 +50,7 @@ SHM_GROWTH_BYTES = 64 << 20
 STUB_TIMEOUT_S = 120
 # gRPC request/response objects tritonserver keeps for reuse (its default: 8). A kept response keeps
 # the capacity of its largest output (37 MiB of float32 pixel_values), so 8 of them held ~650 MiB
-# more at concurrency 16 than 1 does, for the same perf_analyzer throughput (BENCHMARKS.md).
+# more at concurrency 16 than 1 does, for the same perf_analyzer throughput (BENCHMARKS.md's history).
 GRPC_INFER_POOL_SIZE = 1
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 log = logging.getLogger(__name__)

@@ -63,7 +63,7 @@ class ServingDefaults:
     that return pixels (preprocess, fused) and the ensembles through them (an ensemble may not
     batch more than a step): every output of a batch lives in the stub at once, twice (numpy, then
     its shared memory; float32 is up to 37 MiB a request), so 1 caps an instance's working set at
-    one request; the images a request carries (K) are unaffected. Measured: BENCHMARKS.md, memory
+    one request; the images a request carries (K) are unaffected. Measured: BENCHMARKS.md, "Served: memory"
     under load.
 
     ``scratch_cap_bytes`` / ``recycle_cap_bytes``: each stub's :func:`~kimi_vision_prep.configure_buffers`
@@ -72,12 +72,12 @@ class ServingDefaults:
     scratch scope (``contract.ServingModel``), so a request's pixel output lands on the pages of
     the last one's, which the stub copied into its shared memory in between: 64 MiB holds a K2.5
     float32 output (37 MiB); larger needs get fresh pages. Measured on the pair of K2.5
-    ensembles (BENCHMARKS.md, "arena"): the preprocess stubs' page faults fell ~90% and the
+    ensembles (BENCHMARKS.md at 3853835, "arena"): the preprocess stubs' page faults fell ~90% and the
     float32 ensemble's server CPU per request 2-18%, at the same peak memory under load; the
     decode stubs stay at 0: a 12 MP photo's decode and resize passes (~64 MiB) did not fit that
     cap, and a cap that holds them adds ~64 MiB a stub. Freed outputs are not recycled (0): a
     stub's outputs leave it as copies, so a free list only adds memory there (the library's 128
-    MiB in process held ~400 MiB more over the pair, BENCHMARKS.md).
+    MiB in process held ~400 MiB more over the pair, BENCHMARKS.md's history).
 
     ``budget_images``: a request's ``max_patches_per_request`` is this many times the preset's
     ``in_patch_limit`` (:meth:`patch_budget`): every single image the reference accepts fits (one

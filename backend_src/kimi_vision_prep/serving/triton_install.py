@@ -150,7 +150,7 @@ def find_tritonserver() -> TritonInstall:
     """``tritonserver`` on PATH (NGC container), else the embedded one from ``nvidia-pytriton``."""
     # A GPU-less host loads only nvImageCodec's CPU extensions (host.py: no red "Failed to load"
     # lines); operator values win. glibc's retention stays off: keeping the peak heap cost
-    # ~600-930 MiB under load (allocator.py's docstring, BENCHMARKS.md).
+    # ~600-930 MiB under load (allocator.py's docstring, BENCHMARKS.md's history).
     env = {**codec_env(cache_root()), **os.environ}
     _stub_env(env)
     on_path = shutil.which("tritonserver", path=os.environ.get("PATH"))
