@@ -41,7 +41,7 @@ def expected_npz(paths: list[Path], preset: str) -> dict[str, np.ndarray]:
     return {
         "pixel_values": pixel_values,
         "grid_thws": grid_thws,
-        "num_tokens": np.array([r.num_tokens for r in results], dtype=np.int64),
+        "num_tokens": np.array([r.num_tokens for r in results], dtype=np.int32),  # NUM_TOKENS' wire dtype
         "names": np.array(names),
     }
 
@@ -263,7 +263,7 @@ def video_npz(path: Path, preset: str) -> dict[str, np.ndarray]:
     return {
         "pixel_values": np.concatenate([c.pixel_values for c in chunks]),
         "grid_thws": np.stack([c.grid_thw for c in chunks]),
-        "num_tokens": np.array([c.num_tokens for c in chunks], dtype=np.int64),
+        "num_tokens": np.array([c.num_tokens for c in chunks], dtype=np.int32),
         "names": np.array([f"{path} [chunk {i}]" for i in range(len(chunks))], dtype=np.str_),
     }
 
@@ -363,7 +363,7 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
         if re.search(r"\[ERROR\]|^E\d{4} |Traceback|Failed to initialize NVML|Failed to load nv", line)
     ]
     assert not noisy, noisy
-    assert output.count("CPU-only host: CUDA disabled") == 1
+    assert output.count("CPU-only host: CUDA and pinned memory disabled") == 1
     assert "stub exit seen" not in output  # a shutdown on purpose is not reported as stub deaths
 
 

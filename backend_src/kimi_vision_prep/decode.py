@@ -50,15 +50,13 @@ from . import jpeg_bands
 from .buffers import scratch
 from .decode_pool import DecodePool
 from .jpeg_scan import JpegScan, scan_jpeg
-from .limits import DecodeLimits
+from .limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits
 from .pillow_io import open_with_pillow, pillow_pixels
 from .resample import Resample
 
 log = logging.getLogger("kimi_vision_prep.decode")
 
 FANCY_UPSAMPLING_OPTIONS = ":fancy_upsampling=1"
-# nvImageCodec decoders a process keeps per device: two callers decode at once without waiting.
-DEFAULT_DECODER_POOL_SIZE = 2
 
 DecodePath = Literal["libjpeg", "simplejpeg", "nvimgcodec-cpu", "nvimgcodec-cuda", "pillow"]
 CPU_ROUTES: tuple[DecodePath, ...] = ("libjpeg", "simplejpeg", "nvimgcodec-cpu")

@@ -1,4 +1,4 @@
-"""The library's input limits and their defaults, each defined here once.
+"""The library's input limits and its decoder's defaults, each defined here once.
 
 A served model reads the same fields from its ``parameters`` (``serving/config.py``); where the
 served default differs, ``serving/render_blocks.py`` says why (docs/serving.md has the table).
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 # 178,956,970: Pillow's own DecompressionBombError threshold (2 x Image.MAX_IMAGE_PIXELS in Pillow 13).
 PILLOW_MAX_PIXELS = 178_956_970
 DEFAULT_MAX_ENCODED_BYTES = 64 << 20
+# nvImageCodec decoders a process keeps per device: two callers decode at once without waiting.
+DEFAULT_DECODER_POOL_SIZE = 2
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import Any
 from kimi_vision_common.errors import InvalidPresetError
 from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST
 
-from ..decode import DEFAULT_DECODER_POOL_SIZE
 from ..limits import (
+    DEFAULT_DECODER_POOL_SIZE,
     DEFAULT_MAX_ENCODED_BYTES,
     PILLOW_MAX_PIXELS,
     DecodeLimits,
