@@ -240,3 +240,27 @@ def test_bad_direct_requests_get_their_class_and_the_server_keeps_serving(
         assert client.is_model_ready("kimi_k25_patchify")
     finally:
         client.close()
+
+
+@pytest.mark.server
+def test_the_c_step_counts_its_seconds_with_the_python_steps(triton_server: Any, corpus: Path) -> None:
+    """``kimi_prep_stage_seconds_total{stage="patchify"}`` grows with each request the C step runs,
+    in the family the Python models' stages share."""
+    import urllib.request
+
+    def patchify_seconds() -> float:
+        with urllib.request.urlopen(triton_server.metrics_url, timeout=30) as response:
+            text = response.read().decode()
+        lines = [line for line in text.splitlines() if line.startswith("kimi_prep_stage_seconds_total{")]
+        assert any('stage="decode"' in line for line in lines), lines  # one family for both kinds of step
+        found = [line for line in lines if 'model="kimi_k25_patchify"' in line and 'stage="patchify"' in line]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in found)
+
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    tensor = grpcclient.InferInput("IMAGE_BYTES", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[(corpus / "pil__hopper.jpg").read_bytes()]], dtype=np.object_))
+    client.infer("kimi_k25_vision", [tensor])
+    before = patchify_seconds()
+    client.infer("kimi_k25_vision", [tensor])
+    assert patchify_seconds() > before
+    client.close()
