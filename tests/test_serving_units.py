@@ -1122,3 +1122,15 @@ def test_a_broken_metrics_backend_never_fails_requests(
     (response,) = model.execute([bytes_request(images["pil__hopper.jpg"])])
     assert outputs_of(response)["IMAGE_SHAPES"].tolist() == [[[128, 128, 3, 0]]]
     assert not model.metrics.enabled and "metrics registry gone" in model.metrics.error
+
+
+def test_library_warnings_are_logged_with_the_model_and_the_request(pb: SimpleNamespace, corpus: Path) -> None:
+    """Pillow's warning about a palette PNG with byte transparency reaches the log once, naming
+    the model and the request, instead of the stub's stderr; the image is still served."""
+    model = DecodeModel(pb, model_args("kimi_k25_decode"))
+    FakeLogger.lines = []
+    (response,) = model.execute([bytes_request((corpus / "pilx__pil123p.png").read_bytes())])
+    assert response.error is None
+    warned = [line for level, line in FakeLogger.lines if level == "log_warn" and "Palette images" in line]
+    assert len(warned) == 1, FakeLogger.lines
+    assert warned[0].startswith("kimi_k25_decode: request gen-") and "UserWarning: Palette images" in warned[0]

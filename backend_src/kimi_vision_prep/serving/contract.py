@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 import traceback
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -167,7 +168,11 @@ class ServingModel:
         # passes, pixel outputs) come back to the next execute, so their pages fault in once per
         # stub, not once per request. Outputs may be arena memory: the stub copies each response
         # into its shared memory when execute returns, before it calls execute again.
-        with scratch_scope():
+        with scratch_scope(), warnings.catch_warnings(record=True) as raised:
+            # Pillow's warnings (and any library's) land in the log with this model and the
+            # requests of the execute, not as stray lines on the stub's stderr. A stub runs one
+            # execute at a time, so what its decode threads warn in the meantime is this execute's.
+            warnings.simplefilter("always")
             try:
                 handled = self.handle([requests[i] for i in live]) if live else []
                 for index, result in zip(live, handled, strict=True):
@@ -179,7 +184,16 @@ class ServingModel:
                 for index in live:
                     results[index] = error
             self.metrics.add_stage_seconds(self.stage, time.perf_counter() - started)
+            self._log_warnings(raised, [requests[i] for i in live])
             return [self._respond(request, result) for request, result in zip(requests, results, strict=True)]
+
+    def _log_warnings(self, raised: Sequence[warnings.WarningMessage], requests: Sequence[Any]) -> None:
+        """Each distinct warning of an execute, once, with the model and the request ids."""
+        if not raised:
+            return
+        ids = ", ".join(self.io.request_id(request) for request in requests)
+        for text in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in raised):
+            self.io.log("warn", f"{self.name}: request {ids}: {text}")
 
     def _respond(self, request: Any, result: Result | None) -> Any:
         if result is None:
