@@ -46,6 +46,7 @@ class BenchConfig:
     concurrency: Sequence[int] = (1, 2, 4, 8)
     duration_s: float | None = 10.0  # per level; ignored when ``requests`` is set
     requests: int | None = None  # per level
+    admin_key: str | None = None  # for shm registration against a server that restricts it
 
 
 @dataclass
@@ -226,7 +227,10 @@ def run_level(
     """One concurrency level: warm the clients, snapshot statistics, run the closed loops, snapshot again."""
     from tqdm import tqdm
 
-    clients = [KimiVisionClient(config.url, config.protocol, config.model, config.shm) for _ in range(concurrency)]
+    clients = [
+        KimiVisionClient(config.url, config.protocol, config.model, config.shm, admin_key=config.admin_key)
+        for _ in range(concurrency)
+    ]
     try:
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(lambda c: c.infer_many(warmup_images(images), concurrency=1), clients))

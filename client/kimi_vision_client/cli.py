@@ -266,8 +266,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Concurrency sweep against a running server (``bench_server``)."""
     from . import bench_server
 
+    admin_key = operator_key(args.admin_key_file) if args.shm else None
     config = bench_server.BenchConfig(
-        args.url, args.protocol, args.model, args.shm, args.concurrency_levels, args.duration, args.requests
+        args.url, args.protocol, args.model, args.shm, args.concurrency_levels, args.duration, args.requests, admin_key
     )
     with KimiVisionClient(args.url, args.protocol, args.model) as client:
         try:
