@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from make_inputs import CORPUS
+from make_inputs import CORPUS, require_tritonserver
 
 
 @pytest.fixture(autouse=True)
@@ -45,12 +45,8 @@ def triton_server():
     """
     from kimi_vision_prep.serving.launcher import EmbeddedServer
     from kimi_vision_prep.serving.repository import RenderOptions
-    from kimi_vision_prep.serving.triton_install import find_tritonserver
 
-    try:
-        find_tritonserver()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    require_tritonserver()
     server = EmbeddedServer(render=RenderOptions(kind="cpu"))
     server.start()
     try:

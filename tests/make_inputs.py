@@ -235,3 +235,16 @@ def video_clips() -> dict[str, bytes]:
     real = ("torchcodec__av1_video.mkv", "torchcodec__h264_10bits.mp4", "torchcodec__h265_video.mp4")
     return {**encoded, **{name: (CORPUS / "video" / name).read_bytes() for name in real}}
 
+
+
+def require_tritonserver() -> None:
+    """Skip the calling test or fixture where no tritonserver can be found (not on PATH, no
+    nvidia-pytriton): the serving tests need a real one."""
+    import pytest
+
+    from kimi_vision_prep.serving.triton_install import find_tritonserver
+
+    try:
+        find_tritonserver()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))

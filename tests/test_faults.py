@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from make_inputs import require_tritonserver
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_prep.serving import shm_regions, triton_install
+from kimi_vision_prep.serving import shm_regions
 from kimi_vision_prep.serving.launcher import EmbeddedServer, free_port
 from kimi_vision_prep.serving.watchdog import stub_processes
 
@@ -55,10 +56,7 @@ class Outcomes:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[EmbeddedServer]:
-    try:
-        triton_install.find_tritonserver()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    require_tritonserver()
     with EmbeddedServer(probe_port=free_port()) as embedded:
         yield embedded
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from make_inputs import encode_clip, photo_frames, png_header_only
+from make_inputs import encode_clip, photo_frames, png_header_only, require_tritonserver
 
 import kimi_vision_prep as kvp
 from kimi_vision_client import cli
@@ -110,10 +110,7 @@ def test_unused_backend_layouts_are_removed(tmp_path: Path, monkeypatch: pytest.
 
 @pytest.fixture(scope="module")
 def vision_only() -> Any:
-    try:
-        triton_install.find_tritonserver()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    require_tritonserver()
     with EmbeddedServer(models=("kimi_k25_vision",)) as server:
         yield server
 

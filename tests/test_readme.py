@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from make_inputs import require_tritonserver
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_prep.serving import triton_install
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,10 +32,7 @@ def readme_curl_block() -> str:
 def server() -> Any:
     if shutil.which("curl") is None:
         pytest.skip("no curl on this host")
-    try:
-        triton_install.find_tritonserver()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    require_tritonserver()
     with EmbeddedServer(models=("kimi_k25_vision",)) as embedded:
         yield embedded
 
