@@ -30,6 +30,7 @@ from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.sizing import navit_target_size
 
 from .decode import DecodedImage, ImageDecoder
+from .normalize import concatenate_patches
 from .pillow_io import open_with_pillow, pillow_call, pillow_pixels
 from .pipeline import PreprocessResult, preprocess_bytes, preprocess_decoded
 from .tokens import count_tokens
@@ -129,7 +130,7 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
             results.append(self._image(payload) if kind == "image" else self._video_chunk(payload))
         data = {}
         if results:
-            data["pixel_values"] = _concatenate([r.pixel_values for r in results])
+            data["pixel_values"] = concatenate_patches([r.pixel_values for r in results])
             data["grid_thws"] = np.stack([np.asarray(r.grid_thw, dtype=np.int64) for r in results])
         return _batch(data, return_tensors)
 
@@ -150,14 +151,6 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
             with open_with_pillow(first) as image:
                 width, height = image.size
         return chunk_tokens(chunk_target(width, height, len(payload), self.preset), self.preset)
-
-
-def _concatenate(parts: list[Any]) -> Any:
-    if all(isinstance(part, np.ndarray) for part in parts):
-        return np.concatenate(parts, axis=0)
-    import torch
-
-    return torch.cat([torch.as_tensor(part) for part in parts], dim=0)
 
 
 def _batch(data: dict[str, Any], return_tensors: Any) -> Any:

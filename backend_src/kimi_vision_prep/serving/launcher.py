@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -41,7 +40,7 @@ from .probes import ProbeServer
 from .repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
 from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver, patchify_library
-from .watchdog import StubWatchdog
+from .watchdog import RepositoryError, StubWatchdog
 
 # One FP32 PIXEL_VALUES of a 1920x1080 image is ~25 MiB, K3's largest ~145 MiB: start each stub's
 # shared-memory pool large enough for typical images and grow it in big steps.
@@ -313,15 +312,6 @@ def describe_listeners(host: str, ports: Ports, access: AccessPolicy, key_file: 
     return f"listening on {listening}; {access.describe()}; {key}"
 
 
-def repository_index(http_url: str, headers: dict[str, str]) -> list[dict[str, str]]:
-    """tritonserver's repository index (name, state, reason of every model); the admin key's API."""
-    request = urllib.request.Request(
-        f"http://{http_url}/v2/repository/index", data=b"{}", method="POST", headers=headers
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return list(json.loads(response.read()))
-
-
 def ready_lines(index: Sequence[dict[str, str]], host: str, ports: Ports) -> list[str]:
     """What ``kimi-prep serve`` says once every model has loaded or failed: one line with the
     models and the URLs, then one line per model that failed to load, with tritonserver's reason."""
@@ -340,11 +330,10 @@ def ready_lines(index: Sequence[dict[str, str]], host: str, ports: Ports) -> lis
 def announce_ready(launched: Launched, host: str, out: IO[str]) -> None:
     """Wait until tritonserver answers (it opens its ports once every model has loaded or failed),
     then write :func:`ready_lines`; nothing if the server exits first."""
-    http_url = f"{launched.access.connect_host}:{launched.ports.http}"
     while launched.process.poll() is None:
         try:
-            index = repository_index(http_url, launched.access.headers("http"))
-        except (urllib.error.URLError, OSError, ValueError):
+            index = launched.watchdog.repository.index()
+        except (RepositoryError, ValueError):
             time.sleep(0.2)
             continue
         if index and all(m.get("state") in ("READY", "UNAVAILABLE") for m in index):

@@ -132,18 +132,22 @@ def remove_unused_layouts(current: Path) -> list[Path]:
     """Remove the other layouts under :func:`cache_dir` (each install or rebuild of the backends
     makes a new one, ~3 MB) that no running process names on its command line (a tritonserver
     started from one has it in ``--backend-directory``); the removed ones."""
-    in_use = {current}
+    # A layout another launcher is writing right now is young: left alone.
+    others = [
+        path
+        for path in current.parent.iterdir()
+        if path != current and path.is_dir() and time.time() - path.stat().st_mtime > LAYOUT_GRACE_S
+    ]
+    if not others:  # the usual start: nothing to look up in /proc
+        return []
+    command_lines = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         with contextlib.suppress(OSError):
-            text = cmdline.read_bytes().decode(errors="replace")
-            in_use.update(path for path in current.parent.iterdir() if str(path) in text)
-    removed = []
-    for path in current.parent.iterdir():
-        # A layout another launcher is writing right now is young: left alone.
-        if path.is_dir() and path not in in_use and time.time() - path.stat().st_mtime > LAYOUT_GRACE_S:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
+            command_lines.append(cmdline.read_bytes().decode(errors="replace"))
+    unused = [path for path in others if not any(str(path) in line for line in command_lines)]
+    for path in unused:
+        shutil.rmtree(path, ignore_errors=True)
+    return unused
 
 
 def find_tritonserver() -> TritonInstall:

@@ -166,11 +166,14 @@ class TritonRepository:
         except (urllib.error.URLError, OSError) as exc:
             raise RepositoryError(f"POST {path}: {exc}") from None
 
+    def index(self) -> list[dict[str, str]]:
+        """tritonserver's repository index: ``name``, ``state`` and ``reason`` of every model."""
+        return list(json.loads(self._post("/repository/index", timeout_s=10) or b"[]"))
+
     def model_states(self) -> dict[str, str]:
         """``{model: state}`` of every model in the repository (READY, LOADING, UNLOADING, UNAVAILABLE;
         UNLOADED for one an operator unloaded through the repository API)."""
-        entries = json.loads(self._post("/repository/index", timeout_s=10) or b"[]")
-        return {entry["name"]: _state(entry) for entry in entries}
+        return {entry["name"]: _state(entry) for entry in self.index()}
 
     def server_ready(self) -> bool:
         try:
