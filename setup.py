@@ -1,18 +1,44 @@
-"""Dependencies of kimi-vision-prep (the rest of the build is in pyproject.toml).
+"""Dependencies and C extensions of kimi-vision-prep (the rest of the build is in pyproject.toml).
 
 Here rather than in pyproject.toml because the shared package and the client are folders of this
-checkout, named by absolute path so that pip finds them without an index.
+checkout, named by absolute path so that pip finds them without an index, and because pyproject's
+``ext-modules`` table is still experimental in setuptools (it warns on every build).
 """
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 ROOT = Path(__file__).resolve().parent
 COMMON = f"kimi-vision-common @ {(ROOT / 'client' / 'common').as_uri()}"
 CLIENT = f"kimi-vision-client @ {(ROOT / 'client').as_uri()}"
 
+EXTENSIONS = [
+    # Rows of a JPEG by Pillow's own libjpeg-turbo, in bands on several threads (jpeg_bands.py).
+    # Built against the system's libjpeg headers (Debian libjpeg62-turbo-dev; the Makefile installs
+    # them); optional: without them the package installs and clean JPEGs take simplejpeg (said once
+    # in the log).
+    Extension(
+        "kimi_vision_prep._libjpeg",
+        sources=["backend_src/kimi_vision_prep/_libjpeg.c"],
+        libraries=["dl"],
+        optional=True,
+    ),
+    # The Triton backend kimi_patchify (the C API, no Python): the last step of the vision ensembles
+    # in a CPU rendering (serving/repository.py). Built as a module of the package so that it ships
+    # in the wheel; the launcher lays it out as <backends>/kimi_patchify/libtriton_kimi_patchify.so;
+    # never imported. Without a C compiler the package installs without it: CPU renderings then use
+    # the Python preprocess step (the launcher says so once at start).
+    Extension(
+        "kimi_vision_prep._triton_patchify",
+        sources=["backend_src/kimi_vision_prep/_triton_patchify.c"],
+        extra_compile_args=["-O3", "-Wall", "-Wextra"],
+        optional=True,
+    ),
+]
+
 setup(
+    ext_modules=EXTENSIONS,
     # The library door: numpy 1 or 2.
     install_requires=[
         COMMON,
@@ -42,6 +68,7 @@ setup(
         "bench": ["matplotlib"],
         # Coverage-guided fuzzing (fuzz/fuzz_preprocess.py); Linux x86_64 wheels only.
         "fuzz": ["atheris>=2.3; sys_platform == 'linux' and platform_machine == 'x86_64'"],
-        "test": ["pytest>=8", "hypothesis", "ruff", "matplotlib", "pyyaml"],
+        # check-jsonschema (the compose spec) and kubernetes-validate: the deploy files' schemas, offline.
+        "test": ["pytest>=8", "hypothesis", "ruff", "matplotlib", "pyyaml", "check-jsonschema", "kubernetes-validate"],
     },
 )

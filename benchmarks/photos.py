@@ -1,8 +1,8 @@
-"""The developer benchmarks' photos: real photos of ``../shared/corpus``, 2x upscales of some, and the
-camera photos of public test suites under ``benchmarks/data/`` (sources and licences in its README).
+"""The developer benchmarks' photos: real photos of the test corpus (``tests/data/corpus``), 2x
+upscales of some, and the camera photos of public test suites under ``benchmarks/data/`` (sources
+and licences in its README).
 
-The corpus is the project's test corpus (a checkout with ``shared/`` beside it); the installed
-``kimi-prep bench-local`` / ``bench`` default to generated photos instead.
+The installed ``kimi-prep bench-local`` / ``bench`` (no checkout) default to generated photos instead.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from types import ModuleType
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "corpus"
+CORPUS = ROOT / "tests" / "data" / "corpus"
 CAMERA_PHOTOS = ROOT / "benchmarks" / "data"
 
 # Real photos of the corpus (MANIFEST category "photo"/"edge", Pillow accepts them), chosen to cover
@@ -44,8 +44,6 @@ def upscale_2x(data: bytes) -> bytes:
 
 def corpus_photos() -> list[tuple[str, bytes]]:
     """(name, encoded bytes) of the real photos, then of the upscaled ones (``name@2x``)."""
-    if not CORPUS.is_dir():
-        raise FileNotFoundError(f"the developer benchmarks need the test corpus at {CORPUS}")
     photos = [(name, (CORPUS / name).read_bytes()) for name in REAL_PHOTOS]
     return photos + [(f"{name}@2x", upscale_2x((CORPUS / name).read_bytes())) for name in UPSCALED_PHOTOS]
 

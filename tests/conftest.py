@@ -25,8 +25,7 @@ def library_buffer_caps():
 
 @pytest.fixture(scope="session")
 def corpus() -> Path:
-    if not CORPUS.exists():
-        pytest.skip("shared/corpus not present")
+    """The test corpus in the repository (``tests/data/corpus``: real images and videos, MANIFEST.tsv)."""
     return CORPUS
 
 

@@ -1,5 +1,5 @@
-"""Test inputs: the shared corpus's manifest, and synthetic images generated deterministically with
-Pillow (and ``cjpeg`` where present).
+"""Test inputs: the manifest of the test corpus (``tests/data/corpus``), and synthetic images
+generated deterministically with Pillow (and ``cjpeg`` where present).
 
 Synthetic content has sharp colour edges, gradients and noise, so chroma upsampling, resampling and
 alpha handling all show up in the pixels. (The corpus helpers live here rather than being imported
@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image
 
 CJPEG = shutil.which("cjpeg")
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
 
 
 def pillow_resize(pixels: np.ndarray, new_width: int, new_height: int, resample: str) -> np.ndarray:
@@ -35,10 +35,8 @@ def pillow_resize(pixels: np.ndarray, new_width: int, new_height: int, resample:
 
 
 def corpus_manifest() -> dict[str, dict[str, str]]:
-    """Rows of ``shared/corpus/MANIFEST.tsv`` by file name (empty when the corpus is missing)."""
+    """Rows of ``tests/data/corpus/MANIFEST.tsv`` by file name."""
     path = CORPUS / "MANIFEST.tsv"
-    if not path.exists():
-        return {}
     with path.open(newline="") as f:
         return {row["filename"]: row for row in csv.DictReader(f, delimiter="\t")}
 

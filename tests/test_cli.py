@@ -369,7 +369,7 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
 
 @pytest.mark.server
 def test_an_installed_wheel_serves_without_a_checkout(triton_server: Any, tmp_path: Path) -> None:
-    """The wheel, installed on its own (no checkout, no ../shared), from another folder: `kimi-prep
+    """The wheel, installed on its own (no checkout), from another folder: `kimi-prep
     demo` renders its repository from the presets, serves, and checks the results bit for bit."""
     import os
     import subprocess

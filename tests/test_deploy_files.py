@@ -13,6 +13,8 @@ import inspect
 import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -229,8 +231,7 @@ def test_k8s_service_and_hpa_target_the_deployment() -> None:
 
 def test_model_names_referenced_exist_in_the_model_repository() -> None:
     available = model_repository_names()
-    if not available:
-        pytest.skip("model_repository/ has no models yet")
+    assert available, "model_repository/ is rendered and checked in"
     for name, text in deploy_texts().items():
         missing = set(MODEL_NAME.findall(text)) - available
         assert not missing, f"{name} references models not in model_repository/: {sorted(missing)}"
@@ -274,3 +275,31 @@ def test_k8s_pod_takes_the_admin_key_from_a_secret_and_runs_locked_down() -> Non
     assert policy["spec"]["podSelector"]["matchLabels"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
     served = {port["port"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
     assert served == {*PORTS.values(), PROBE_PORT}
+
+
+# -- schemas (validators from PyPI with their schemas inside: no network) -------------------------
+
+
+def validator(name: str) -> str:
+    """The console script ``name`` of this interpreter's environment (the test extra installs it)."""
+    path = Path(sys.executable).parent / name
+    assert path.exists(), f"{name} is not installed: the test extra brings it"
+    return str(path)
+
+
+def test_compose_file_is_valid_against_the_compose_spec() -> None:
+    done = subprocess.run(
+        [validator("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_k8s_resources_are_valid_against_the_kubernetes_schemas() -> None:
+    """Every resource of the manifest, strictly (unknown fields refused); the prometheus-operator
+    PodMonitor has no schema there and is checked by test_k8s_scrapes_both_metrics_endpoints."""
+    done = subprocess.run([validator("kubernetes-validate"), "--strict", str(K8S)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(K8S.read_text()) if doc}
+    passed = set(re.findall(r"passed for resource (\w+)/", done.stdout + done.stderr))
+    assert {kind.lower() for kind in kinds - {"PodMonitor"}} <= passed, done.stdout + done.stderr

@@ -32,7 +32,6 @@ PACKAGES = {
 }
 # Every file and folder of the checkout (git's list), for paths cited in full or by their tail.
 TRACKED = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-TRACKED += [f"shared/corpus/{path.name}" for path in (ROOT.parent / "shared" / "corpus").glob("*")]
 FOLDERS = {str(parent) for path in TRACKED for parent in Path(path).parents if str(parent) != "."}
 # Paths cited that are made by a run (git-ignored) or are not files at all (Kubernetes names).
 NOT_FILES = frozenset(
@@ -43,7 +42,7 @@ FILE = re.compile(r"^[\w.\-/{},*]+\.(py|c|md|sh|json|png|pbtxt|toml|yaml|yml|tsv
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 CALL = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)\(.*\)$")
 # Calls the documents cite that are Triton's, Python's or a library's, not ours.
-FOREIGN_CALLS = frozenset({"requested_output_names", "as_numpy", "to_ndarray", "cached_get_image_processor", "open"})
+FOREIGN_CALLS = frozenset({"requested_output_names", "as_numpy", "to_ndarray", "cached_get_image_processor", "open", "convert"})
 SOURCES = "\n".join(
     path.read_text(errors="replace")
     for folder in PACKAGES.values()
@@ -72,7 +71,7 @@ def file_exists(path: str) -> bool:
         tail = candidate.rstrip("/")
         return any(p == tail or p.endswith("/" + tail) for p in (*TRACKED, *FOLDERS))
 
-    if path.rstrip("/") in NOT_FILES or (path.startswith("../") and (ROOT / path).exists()):
+    if path.rstrip("/") in NOT_FILES:
         return True
     return all(found(candidate) for candidate in expand(path))
 
@@ -135,3 +134,40 @@ def test_every_cited_name_exists(document: Path) -> None:
 def test_readme_and_benchmarks_stay_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 170
     assert len((ROOT / "BENCHMARKS.md").read_text().splitlines()) <= 260
+
+
+# -- links and the repository's edges ------------------------------------------------------------
+
+MARKDOWN = sorted(ROOT / path for path in TRACKED if path.endswith(".md"))
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def dead_links(document: Path) -> list[str]:
+    """Relative links of ``document`` that do not resolve from its own folder inside the checkout."""
+    text = re.sub(r"```.*?```", "", document.read_text(), flags=re.S)
+    found = []
+    for target in LINK.findall(text):
+        if target.startswith(("http://", "https://", "mailto:", "#")):
+            continue
+        path = (document.parent / target.split("#", 1)[0]).resolve()
+        if not path.is_relative_to(ROOT) or not path.exists():
+            found.append(target)
+    return found
+
+
+@pytest.mark.parametrize("document", MARKDOWN, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_resolves_from_its_own_file(document: Path) -> None:
+    assert not dead_links(document)
+
+
+def test_no_tracked_file_reaches_outside_the_checkout() -> None:
+    """The repository stands alone: no file names the folder beside a CI checkout (the corpus and
+    the contract live in tests/data/ and docs/)."""
+    outside = re.compile("|".join(["\\.\\./" + "shared", '"shared" / "' + "corpus", "shared/" + "corpus", "shared/" + "spec"]))
+    offenders = []
+    for path in TRACKED:
+        file = ROOT / path
+        if file.suffix in {".py", ".md", ".sh", ".toml", ".yaml", ".yml", ".txt", ".cfg", ""} and file.is_file():
+            if outside.search(file.read_text(errors="replace")):
+                offenders.append(path)
+    assert not offenders

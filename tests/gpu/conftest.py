@@ -6,15 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu_common import corpus_dir
+from gpu_common import CORPUS
 
 
 @pytest.fixture(scope="session")
 def gpu_corpus() -> Path:
-    corpus = corpus_dir()
-    if corpus is None:
-        pytest.skip("no corpus: run tests/gpu/fetch_wheels.sh or set KIMI_PREP_CORPUS")
-    return corpus
+    """The repository's test corpus (``tests/data/corpus``)."""
+    return CORPUS
 
 
 @pytest.fixture(scope="session")

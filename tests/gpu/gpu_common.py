@@ -1,7 +1,7 @@
 """What the GPU tests and ``gpu_report.py`` share: where the corpus is, and how pixels compare.
 
-The device machine gets the work tree but not ``../shared``, so ``fetch_wheels.sh`` stages a copy
-of the corpus next to the wheels it carries; ``KIMI_PREP_CORPUS`` overrides both.
+The corpus is the repository's own (``tests/data/corpus``): the device machine gets it with the
+work tree.
 """
 
 from __future__ import annotations
@@ -20,20 +20,11 @@ from PIL import Image
 GPU_TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(GPU_TESTS_DIR.parent))  # tests/: make_inputs
 
-from make_inputs import pillow_resize  # noqa: E402
+from make_inputs import CORPUS, pillow_resize  # noqa: E402
 
-__all__ = ["pillow_resize"]
-STAGED_CORPUS = GPU_TESTS_DIR / "wheels" / "corpus"
-SHARED_CORPUS = GPU_TESTS_DIR.parents[2] / "shared" / "corpus"
+__all__ = ["CORPUS", "pillow_resize"]
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".mpo")
 LARGE_CLEAN_JPEG = "imagers__large_image.jpg"  # 2268x1512 baseline 4:4:4, no stream damage
-
-
-def corpus_dir() -> Path | None:
-    """The corpus to use: ``$KIMI_PREP_CORPUS``, the staged copy, or ``../shared/corpus``."""
-    candidates = [Path(os.environ["KIMI_PREP_CORPUS"])] if "KIMI_PREP_CORPUS" in os.environ else []
-    candidates += [STAGED_CORPUS, SHARED_CORPUS]
-    return next((c for c in candidates if (c / "MANIFEST.tsv").is_file()), None)
 
 
 @dataclass(frozen=True)
@@ -50,10 +41,8 @@ class CorpusFile:
         return "arith" in self.sof
 
 
-def accepted_files(corpus: Path | None) -> list[CorpusFile]:
-    """The files Pillow accepts (manifest ``pil_load == "ok"``); empty without a corpus."""
-    if corpus is None:
-        return []
+def accepted_files(corpus: Path) -> list[CorpusFile]:
+    """The files Pillow accepts (manifest ``pil_load == "ok"``)."""
     with (corpus / "MANIFEST.tsv").open(newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     return [CorpusFile(r["filename"], r["sof"]) for r in rows if r["pil_load"] == "ok"]

@@ -49,7 +49,7 @@ from gpu_common import (
     LARGE_CLEAN_JPEG,
     CorpusFile,
     accepted_files,
-    corpus_dir,
+    CORPUS,
     pillow_resize,
     pillow_rgb,
     pixel_diff,
@@ -453,10 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoders", type=int, default=4, help="decoders created in the memory section")
     args = parser.parse_args(argv)
 
-    corpus = corpus_dir()
-    if corpus is None:
-        print("no corpus: run tests/gpu/fetch_wheels.sh or set KIMI_PREP_CORPUS", file=sys.stderr)
-        return 2
+    corpus = CORPUS
     device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else args.device
     from nvidia import nvimgcodec
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gpu_common import LARGE_CLEAN_JPEG, CorpusFile, accepted_files, corpus_dir, pillow_resize, pillow_rgb, pixel_diff
+from gpu_common import LARGE_CLEAN_JPEG, CorpusFile, CORPUS, accepted_files, pillow_resize, pillow_rgb, pixel_diff
 
 from kimi_vision_prep import (
     DecodedImage,
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.gpu
 MEAN_ABS_DIFF_BOUND = 0.5
 MAX_ABS_DIFF_BOUND = 12
 PRESETS = [get_preset("kimi-k2.5"), get_preset("kimi-k3")]
-ACCEPTED = accepted_files(corpus_dir())
+ACCEPTED = accepted_files(CORPUS)
 JPEGS = [f for f in ACCEPTED if f.is_jpeg]
 CPU_DECODER = ImageDecoder("cpu", strict=True)  # the plan and the pixels the CUDA path must follow
 SMALL_JPEG = "pil__hopper.jpg"
