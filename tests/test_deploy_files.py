@@ -298,7 +298,8 @@ def test_compose_file_is_valid_against_the_compose_spec() -> None:
 def test_k8s_resources_are_valid_against_the_kubernetes_schemas() -> None:
     """Every resource of the manifest, strictly (unknown fields refused); the prometheus-operator
     PodMonitor has no schema there and is checked by test_k8s_scrapes_both_metrics_endpoints."""
-    done = subprocess.run([validator("kubernetes-validate"), "--strict", str(K8S)], capture_output=True, text=True, check=False)
+    command = [validator("kubernetes-validate"), "--strict", str(K8S)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     kinds = {doc["kind"] for doc in yaml.safe_load_all(K8S.read_text()) if doc}
     passed = set(re.findall(r"passed for resource (\w+)/", done.stdout + done.stderr))

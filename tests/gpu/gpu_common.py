@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path

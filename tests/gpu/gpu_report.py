@@ -46,10 +46,10 @@ from typing import Any
 import numpy as np
 import torch
 from gpu_common import (
+    CORPUS,
     LARGE_CLEAN_JPEG,
     CorpusFile,
     accepted_files,
-    CORPUS,
     pillow_resize,
     pillow_rgb,
     pixel_diff,

@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         total = tree + size
         over |= total > DEVICE_LIMIT_BYTES
         verdict = "over" if total > DEVICE_LIMIT_BYTES else "fits"
-        print(f"run carrying tests/gpu/served/{name} ({size / 2**20:.1f} MiB): {total / 2**20:.1f} of 64 MiB, {verdict}")
+        carried = f"tests/gpu/served/{name} ({size / 2**20:.1f} MiB)"
+        print(f"run carrying {carried}: {total / 2**20:.1f} of 64 MiB, {verdict}")
     return 1 if over else 0
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gpu_common import LARGE_CLEAN_JPEG, CorpusFile, CORPUS, accepted_files, pillow_resize, pillow_rgb, pixel_diff
+from gpu_common import CORPUS, LARGE_CLEAN_JPEG, CorpusFile, accepted_files, pillow_resize, pillow_rgb, pixel_diff
 
 from kimi_vision_prep import (
     DecodedImage,
