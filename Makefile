@@ -1,10 +1,20 @@
-# Two commands on a fresh machine: `make serve` and `make test`.
+# Two commands on a fresh machine: `make serve` and `make test`. Quiet: one line per phase, then
+# what the tools themselves warn about (`make V=1` echoes every command).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # cu12 by default; `make setup CUDA_EXTRA=cu13` on CUDA 13 hosts.
 CUDA_EXTRA ?= cu12
 STAMP := $(VENV)/.installed-$(CUDA_EXTRA)
+ifndef V
+.SILENT:
+endif
+MAKEFLAGS += --no-print-directory
+say = echo "kimi-prep: $(1)"
+# A Debian package as root (CI and containers), output kept for when it fails; else the caller's message.
+apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	&& apt-get update -qq >/tmp/kimi-prep-apt.log 2>&1 \
+	&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >>/tmp/kimi-prep-apt.log 2>&1; }
 
 .PHONY: setup doors test serve repository demo lint bench perf-analyzer soak fuzz clean
 
@@ -17,26 +27,29 @@ CLIENT_VENV ?= .venv-client
 LIBRARY_SOURCES := $(shell find backend_src/kimi_vision_prep client/common/kimi_vision_common -maxdepth 1 -name '*.py' -o -maxdepth 1 -name '*.c')
 
 $(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/kimi_vision_prep/_triton_patchify.c
+	$(call say,installing the serving environment into $(VENV) (torch CPU, tritonserver, the package editable))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# torch first and pinned: the CPU build (a plain `torch` pulls several GB of CUDA).
 	$(PIP) install -q "torch==2.13.0"
 	# libjpeg62-turbo headers (Debian) for the libjpeg route's extension (_libjpeg.c, jpeg_bands.py); without them
 	# the package still installs and clean JPEGs take simplejpeg (a warning says so).
-	test -f /usr/include/jpeglib.h || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjpeg62-turbo-dev; } || echo "libjpeg62-turbo-dev unavailable: the libjpeg route is not built"
+	test -f /usr/include/jpeglib.h || $(call apt_install,libjpeg62-turbo-dev) || echo "libjpeg62-turbo-dev unavailable: the libjpeg route is not built"
+	$(call say,building the C extensions and installing the package)
 	$(PIP) install -q -e ".[$(CUDA_EXTRA),serve,transformers,test,bench,fuzz]"
 	# The shared package and the client editable too (the line above installed them from their folders).
 	$(PIP) install -q --no-deps -e client/common -e client
 	# cjpeg (Debian libjpeg-turbo-progs) writes the 4:4:0 / 4:1:1 JPEGs of tests/test_exactness.py.
-	command -v cjpeg >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjpeg-turbo-progs; } || echo "cjpeg unavailable: 4:4:0/4:1:1 tests will be skipped"
+	command -v cjpeg >/dev/null 2>&1 || $(call apt_install,libjpeg-turbo-progs) || echo "cjpeg unavailable: 4:4:0/4:1:1 tests will be skipped"
 	# jemalloc (Debian libjemalloc2) for tritonserver: reused pages for its 37 MiB float32 answers (allocator.py).
-	ldconfig -p | grep -q libjemalloc.so.2 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq libjemalloc2; } || echo "libjemalloc2 unavailable: tritonserver runs with glibc's malloc"
+	ldconfig -p | grep -q libjemalloc.so.2 || $(call apt_install,libjemalloc2) || echo "libjemalloc2 unavailable: tritonserver runs with glibc's malloc"
 	touch $@
 
 setup: $(STAMP)
 
 # The library door: the package without the serve extra, numpy 2, as a wheel (not editable).
 $(LIB_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES)
+	$(call say,installing the library door into $(LIB_VENV) (pip install ., numpy 2))
 	test -x $(LIB_VENV)/bin/python || python3 -m venv $(LIB_VENV)
 	$(LIB_VENV)/bin/pip install -q -U pip
 	$(LIB_VENV)/bin/pip install -q "numpy>=2" ".[$(CUDA_EXTRA)]" "pytest>=8" hypothesis
@@ -45,6 +58,7 @@ $(LIB_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES)
 
 # The client door: `pip install ./client` into a numpy 2 venv, as a user does.
 $(CLIENT_VENV)/.installed: $(PACKAGING) $(shell find client -name '*.py')
+	$(call say,installing the client door into $(CLIENT_VENV) (pip install ./client, numpy 2))
 	test -x $(CLIENT_VENV)/bin/python || python3 -m venv $(CLIENT_VENV)
 	$(CLIENT_VENV)/bin/pip install -q -U pip
 	$(CLIENT_VENV)/bin/pip install -q "numpy>=2" ./client
@@ -60,11 +74,15 @@ CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.p
 	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py
 
 test: setup doors
-	$(VENV)/bin/ruff check .
+	$(call say,ruff)
+	$(VENV)/bin/ruff check -q .
+	$(call say,the core exactness tests in the library door ($(LIB_VENV)))
 	$(LIB_VENV)/bin/python -m pytest -q -p no:cacheprovider $(CORE_TESTS)
-	KIMI_CLIENT_VENV=$(CLIENT_VENV) $(VENV)/bin/pytest -q --durations=15
+	$(call say,every test in the serving environment ($(VENV)))
+	KIMI_CLIENT_VENV=$(CLIENT_VENV) KIMI_LIBRARY_VENV=$(LIB_VENV) $(VENV)/bin/pytest -q --durations=15
 
 serve: setup
+	$(call say,serving)
 	$(VENV)/bin/kimi-prep serve --probe-port 8003
 
 # model_repository/ is rendered from presets.py (a test fails when the checked-in copy differs).
@@ -81,7 +99,7 @@ PERF_VENV ?= .venv-perf
 $(PERF_VENV)/bin/perf_analyzer:
 	test -x $(PERF_VENV)/bin/python || python3 -m venv $(PERF_VENV)
 	$(PERF_VENV)/bin/pip install -q "tritonclient[all]==2.41.0" nvidia-cuda-runtime-cu12
-	dpkg -s libb64-0d >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq libb64-0d; }
+	dpkg -s libb64-0d >/dev/null 2>&1 || $(call apt_install,libb64-0d) || echo "libb64-0d unavailable: perf_analyzer will not start"
 
 perf-analyzer: $(PERF_VENV)/bin/perf_analyzer
 

@@ -64,7 +64,7 @@ def assert_reports(out: str, err: str, good: list[Path], bad: list[Path]) -> Non
         with pytest.raises(PreprocessError) as raised:
             preprocess_bytes(path.read_bytes())
         assert f"{type(raised.value).__name__}: {raised.value}" in line
-    assert f"{len(bad)} of {len(good) + len(bad)} images failed" in err
+    assert f"{len(bad)} of {len(good) + len(bad)} inputs failed" in err
 
 
 # -- preprocess (in-process) ------------------------------------------------------------------

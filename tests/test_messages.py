@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from make_inputs import encode_clip, photo_frames, png_header_only, require_tritonserver
 
@@ -149,6 +150,36 @@ def test_a_bad_image_in_a_group_fails_alone_and_folders_are_walked(
     assert captured.out.count("25 tokens") == 3  # the three good ones, found in every subfolder
     (error,) = captured.err.strip().splitlines()[:-1]
     assert error.startswith(f"{tmp_path / 'a' / 'empty.jpg'}: error: InvalidImageError:") and "image 3" not in error
+
+
+@pytest.mark.server
+def test_a_video_in_a_folder_is_reported_and_the_images_are_processed(
+    vision_only: Any, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server has no video model: the clip gets an error line that says how to serve one, every
+    image of the folder is still processed, and the exit code says some failed."""
+    for index in range(3):
+        (tmp_path / f"{index}.jpg").write_bytes((corpus / HOPPER).read_bytes())
+    (tmp_path / "clip.mp4").write_bytes(encode_clip(photo_frames("pil__xmp_test.jpg", 64, 48, 8), 25))
+    out = tmp_path / "out.npz"
+    code = cli.main(["infer", "--url", vision_only.grpc_url, "--quiet", "--out", str(out), str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == cli.EXIT_SOME_FAILED
+    assert captured.out.count("25 tokens") == 3
+    error, count = captured.err.strip().splitlines()
+    assert error.startswith(f"{tmp_path / 'clip.mp4'}: error: ModelNotServedError:")
+    assert "kimi-prep serve --models kimi_k25_video" in error
+    assert count == "1 of 4 inputs failed"
+    assert len(np.load(out)["names"]) == 3
+
+
+@pytest.mark.server
+def test_a_model_no_rendering_has_is_not_suggested_to_serve(vision_only: Any, corpus: Path) -> None:
+    with KimiVisionClient(vision_only.grpc_url, "grpc", "kimi_nope") as client:
+        with pytest.raises(ModelNotServedError) as info:
+            client.require_model()
+    assert "no kimi-prep repository has a model of that name" in str(info.value)
+    assert "serve --models kimi_nope" not in str(info.value) and "kimi_k25_vision" in str(info.value)
 
 
 # -- kimi-prep serve as a user starts it -------------------------------------------------------------

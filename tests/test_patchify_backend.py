@@ -24,12 +24,13 @@ from tritonclient.utils import InferenceServerException
 
 from kimi_vision_client.client import error_from_server
 from kimi_vision_common.errors import ImageTooLargeError, InvalidRequestError
+from kimi_vision_common.models import SERVED_PRESETS, model_prefix
 from kimi_vision_common.patches import normalize_table
 from kimi_vision_common.sizing import navit_target_size
 from kimi_vision_prep import PRESETS, preprocess_bytes
 from kimi_vision_prep.normalize import patchify, write_patches
 from kimi_vision_prep.serving.config import DecoderSettings
-from kimi_vision_prep.serving.repository import SERVED_PRESETS, RenderOptions, model_prefix, repository_models
+from kimi_vision_prep.serving.repository import RenderOptions, repository_models
 from kimi_vision_prep.serving.triton_install import patchify_library
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}

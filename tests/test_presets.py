@@ -169,3 +169,15 @@ def test_triton_code_for(exc: BaseException, code: str, reason: str) -> None:
 def test_all_public_errors_are_preprocess_errors() -> None:
     for exc, _, _ in TRITON_CODES[:9]:
         assert isinstance(exc, PreprocessError)
+
+
+def test_the_client_knows_every_model_name_a_rendering_has() -> None:
+    """kimi_vision_common.models (what a client knows) names exactly the models of the renderings."""
+    from kimi_vision_common.models import PRESET_MODEL_KINDS, SERVED_PRESETS, is_project_model, model_prefix
+    from kimi_vision_prep.serving.repository import RenderOptions, repository_models
+
+    rendered = {m.name for kind in (None, "cpu", "gpu") for m in repository_models(RenderOptions(kind=kind))}
+    assert all(is_project_model(name) for name in rendered)
+    per_preset = {f"{model_prefix(preset)}_{kind}" for preset in SERVED_PRESETS for kind in PRESET_MODEL_KINDS}
+    assert per_preset <= rendered
+    assert not is_project_model("kimi_nope") and not is_project_model("kimi_k9_vision")

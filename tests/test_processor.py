@@ -91,6 +91,17 @@ def test_return_tensors_pt_gives_torch_tensors_of_the_same_values(corpus: Path) 
     assert np.array_equal(as_torch["pixel_values"].numpy(), as_numpy["pixel_values"])
 
 
+def test_return_tensors_pt_without_torch_names_the_extra_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install without torch (the library door) refuses "pt" up front: a bad image in the call
+    is not even looked at, and the message names the extra that brings torch."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
+    with pytest.raises(ModuleNotFoundError, match=r"kimi-vision-prep\[torch\]"):
+        KimiVisionProcessor().preprocess([{"type": "image", "image": b"not an image"}], return_tensors="pt")
+
+
 def test_is_a_transformers_image_processor_where_transformers_is_installed() -> None:
     image_processing = pytest.importorskip("transformers.image_processing_utils")
     processor = KimiVisionProcessor("kimi-k3")

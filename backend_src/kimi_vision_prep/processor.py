@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,7 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
         """``pixel_values`` float32 ``(ΣN, 3, p, p)`` and ``grid_thws`` int64 ``(n, 3)`` of the
         media in order (the reference's concatenation; ``[]``: an empty result). Like the
         reference, one call has one verdict: the first bad item raises its typed error."""
+        check_tensor_type(return_tensors)
         items = [medias] if isinstance(medias, Mapping) else list(medias)
         results = []
         for item in items:
@@ -153,15 +155,28 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
         return chunk_tokens(chunk_target(width, height, len(payload), self.preset), self.preset)
 
 
+def check_tensor_type(return_tensors: Any) -> None:
+    """Refuse, before any work, a ``return_tensors`` this install cannot honour: anything but
+    None/"np"/"pt", and "pt" without torch (named with the extra that brings it)."""
+    kind = None if return_tensors is None else str(getattr(return_tensors, "value", return_tensors))
+    if kind not in (None, "np", "pt"):
+        raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {return_tensors!r}")
+    if kind == "pt" and importlib.util.find_spec("torch") is None:
+        raise ModuleNotFoundError(
+            "return_tensors='pt' needs torch, which this install lacks: pip install 'kimi-vision-prep[torch]' "
+            "(or return_tensors='np' for numpy arrays)",
+            name="torch",
+        )
+
+
 def _batch(data: dict[str, Any], return_tensors: Any) -> Any:
     """``data`` as the reference returns it: a ``BatchFeature`` where transformers is installed,
-    else a dict; torch tensors for ``"pt"``, numpy for None or ``"np"``."""
+    else a dict; torch tensors for ``"pt"``, numpy for None or ``"np"`` (checked by
+    :func:`check_tensor_type` first)."""
     if BatchFeature is not None:
         return BatchFeature(data=data, tensor_type=return_tensors)
     if return_tensors in (None, "np"):
         return data
-    if str(getattr(return_tensors, "value", return_tensors)) != "pt":
-        raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {return_tensors!r}")
     import torch
 
     return {key: torch.as_tensor(value) for key, value in data.items()}

@@ -124,13 +124,16 @@ def write_npz(path: Path, outcomes: Sequence[Outcome], patch_size: int = 14) -> 
 
 
 def report(outcomes: Sequence[Outcome], out: Path | None) -> int:
-    """Write the npz (if asked), print an error count, and return the exit code."""
+    """Write the npz (if asked), print an error count, and return the exit code: 0 when every input
+    gave a result, 1 when some failed, 3 when none did because the server lacks what they need."""
     if out is not None:
         write_npz(out, outcomes)
-    failed = sum(o.error is not None for o in outcomes)
-    if failed:
-        print(f"{failed} of {len(outcomes)} images failed", file=sys.stderr)
-    return EXIT_SOME_FAILED if failed else EXIT_OK
+    errors = [o.error for o in outcomes if o.error is not None]
+    if not errors:
+        return EXIT_OK
+    print(f"{len(errors)} of {len(outcomes)} inputs failed", file=sys.stderr)
+    unavailable = all(isinstance(e, (ServerUnavailableError, ModelNotServedError)) for e in errors)
+    return EXIT_UNAVAILABLE if unavailable and len(errors) == len(outcomes) else EXIT_SOME_FAILED
 
 
 def read_inputs(paths: Sequence[Path]) -> list[tuple[Outcome, bytes | None]]:
@@ -197,12 +200,21 @@ def cmd_infer(args: argparse.Namespace) -> int:
         try:
             if to_send:
                 client.require_model()
-            if videos:
-                require_grpc(args.protocol)
+            elif videos:  # nothing else to send: a server that is not there ends the run here
                 client.require_model(sibling_model(args.model, "video"))
         except PreprocessError as exc:
             print(f"kimi-prep: {exc}", file=sys.stderr)
             return EXIT_UNAVAILABLE if isinstance(exc, (ServerUnavailableError, ModelNotServedError)) else EXIT_USAGE
+        if videos:
+            try:
+                require_grpc(args.protocol)
+                client.require_model(sibling_model(args.model, "video"))
+            except PreprocessError as exc:  # each video is reported, the images still go
+                for outcome, _ in videos:
+                    outcome.error = exc
+                    print_outcome(outcome)
+                outcomes += [outcome for outcome, _ in videos]
+                videos = []
         for outcome, data in videos:
             outcomes += chunk_outcomes(outcome.name, lambda d=data: client.preprocess_video(d), args.quiet)
         if args.images_per_request > 1:

@@ -36,6 +36,7 @@ import tritonclient.utils.shared_memory as shm
 from PIL import Image
 
 from kimi_vision_common.errors import ModelNotServedError, PreprocessError, ServerUnavailableError
+from kimi_vision_common.models import default_model_names, is_project_model
 from kimi_vision_common.patches import expand_patches
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult, TokenCount, VideoChunkResult
@@ -299,6 +300,11 @@ class KimiVisionClient:
             ready = self._client.is_model_ready(name)
         except Exception:  # an unknown model is an error on some transports, False on others
             ready = False
+        if not ready and not is_project_model(name):
+            raise ModelNotServedError(
+                f"the server at {self.url} does not serve {name!r}, and no kimi-prep repository has a model of "
+                f"that name: check --model (the default image models: {', '.join(default_model_names())})"
+            )
         if not ready:
             raise ModelNotServedError(
                 f"the server at {self.url} does not serve {name!r}: start it with "

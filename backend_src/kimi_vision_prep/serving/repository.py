@@ -24,7 +24,8 @@ import shutil
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from kimi_vision_common.presets import KIMI_K3, KIMI_K25, PRESETS, Preset
+from kimi_vision_common.models import PATCH_EMBED_MODEL, SERVED_PRESETS, default_model_names, model_prefix
+from kimi_vision_common.presets import PRESETS, Preset
 
 from . import pbtxt
 from .config import DecoderSettings
@@ -54,15 +55,6 @@ from .render_blocks import (
 )
 from .triton_install import PATCHIFY_BACKEND
 
-# The presets the model repository serves, each as the models ``<model_prefix>_*`` (rendered by
-# ``kimi-prep render-repository``). kimi-k2.6 is kimi-k2.5's preset under another name: served once.
-SERVED_PRESETS: tuple[str, ...] = (KIMI_K25.name, KIMI_K3.name)
-
-
-def model_prefix(preset_name: str) -> str:
-    """The model-name prefix of a served preset: ``kimi-k2.5`` -> ``kimi_k25``, ``kimi-k3`` -> ``kimi_k3``."""
-    return preset_name.replace(".", "").replace("-", "_")
-
 
 def preset_aliases(preset: Preset) -> list[str]:
     """Names of the registered presets equal to ``preset`` but for their name (``preset`` first)."""
@@ -79,8 +71,6 @@ __all__ = [
     "repository_models",
     "select_models",
 ]
-
-PATCH_EMBED_MODEL = "kimi_patch_embed"
 
 
 # -- the image models -----------------------------------------------------------------------------
@@ -341,16 +331,6 @@ def repository_models(
         if preset_name == defaults.embed_preset:
             models += [patch_embed_model(preset, options, defaults), embed_ensemble(served)]
     return models
-
-
-# What `kimi-prep serve` serves unless told otherwise: each served preset's image ensembles (float32
-# and uint8 wire), which bring their decode and preprocess steps; `--all` serves every model.
-DEFAULT_SERVED_KINDS = ("vision", "vision_u8")
-
-
-def default_model_names() -> tuple[str, ...]:
-    """The models ``kimi-prep serve`` serves by default (their steps come with them)."""
-    return tuple(f"{model_prefix(name)}_{kind}" for name in SERVED_PRESETS for kind in DEFAULT_SERVED_KINDS)
 
 
 def select_models(

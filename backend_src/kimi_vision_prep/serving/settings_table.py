@@ -17,13 +17,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from kimi_vision_common.models import SERVED_PRESETS, model_prefix
 from kimi_vision_common.presets import Preset
 
 from ..buffers import DEFAULT_RECYCLE_CAP_BYTES, DEFAULT_SCRATCH_CAP_BYTES
 from ..limits import VideoLimits
 from .config import DecoderSettings
 from .render_blocks import RenderOptions
-from .repository import SERVED_PRESETS, model_prefix, repository_models
+from .repository import repository_models
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "serving.md"
 BEGIN, END = "<!-- settings-table: begin -->", "<!-- settings-table: end -->"
