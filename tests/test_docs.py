@@ -175,3 +175,16 @@ def test_no_tracked_file_reaches_outside_the_checkout() -> None:
             if outside.search(file.read_text(errors="replace")):
                 offenders.append(path)
     assert not offenders
+
+
+def test_num_tokens_has_the_wire_dtype_wherever_a_document_gives_one() -> None:
+    """``num_tokens`` / ``NUM_TOKENS`` have one dtype (the wire's) in the library, the client, the npz
+    and every document that names one."""
+    from kimi_vision_common.wire import NUM_TOKENS_DTYPE
+
+    stated = []
+    for document in DOCUMENTS:
+        for line in document.read_text().splitlines():
+            stated += re.findall(r"num_tokens\W{0,6}(?:#\s*)?(int\d+)", line, re.I)
+    assert stated, "the documents give num_tokens' dtype somewhere"
+    assert {dtype.lower() for dtype in stated} == {NUM_TOKENS_DTYPE.name}, stated

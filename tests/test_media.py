@@ -17,6 +17,7 @@ from make_inputs import CORPUS, corpus_names, encode_clip, video_clips
 from PIL import Image
 
 import kimi_vision_prep as kvp
+from kimi_vision_common.wire import NUM_TOKENS_DTYPE
 from kimi_vision_prep.video import chunk_target, chunk_timestamp, sample_frame_indices
 
 PRESET_NAMES = ("kimi-k2.5", "kimi-k3")
@@ -46,7 +47,7 @@ def test_images_are_the_concatenation_of_single_results(corpus: Path, preset: st
     pixel_values, grid_thws, num_tokens = reference.reference_images(items, preset)
     assert result.pixel_values.dtype == np.float32 and np.array_equal(result.pixel_values, pixel_values)
     assert result.grid_thws.dtype == np.int64 and result.grid_thws.tolist() == grid_thws.tolist()
-    assert result.num_tokens.dtype == np.int64 and result.num_tokens.tolist() == num_tokens.tolist()
+    assert result.num_tokens.dtype == NUM_TOKENS_DTYPE and result.num_tokens.tolist() == num_tokens.tolist()
     patches = kvp.preprocess_images(items, preset, output="pixel_patches")
     assert patches.pixel_values is None and patches.pixel_patches.dtype == np.uint8
     assert np.array_equal(kvp.pixel_values_from_patches(patches.pixel_patches, preset), pixel_values)

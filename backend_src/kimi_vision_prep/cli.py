@@ -186,20 +186,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_SOME_FAILED if failed else EXIT_OK
 
 
-def add_render_arguments(parser: argparse.ArgumentParser, note: str = "") -> None:
-    """``--instances``, ``--threads``, ``--kind``: the host-dependent knobs of a rendered repository."""
-    parser.add_argument("--instances", type=positive_int, default=None, help=f"instances of every Python model{note}")
+def add_render_arguments(parser: argparse.ArgumentParser, defaults: tuple[str, str, str], note: str = "") -> None:
+    """``--instances``, ``--threads``, ``--kind``: the host-dependent knobs of a rendered repository;
+    ``defaults``: what each means when not given, in words."""
+    instances, threads, kind = defaults
+    parser.add_argument(
+        "--instances",
+        type=positive_int,
+        default=None,
+        help=f"instances of every Python model{note} (default: {instances})",
+    )
     parser.add_argument(
         "--threads",
         type=non_negative_int,
         default=None,
         help="CPU threads per instance (numba_threads, codec_threads, cpu_decode_threads, ffmpeg_threads; "
         "0: all cores). CPU-only hosts: "
-        f"keep instances x threads <= cores, e.g. --instances 2 --threads 1 on 2 cores{note}",
+        f"keep instances x threads <= cores, e.g. --instances 2 --threads 1 on 2 cores{note} (default: {threads})",
     )
-    parser.add_argument(
-        "--kind", choices=("cpu", "gpu"), default=None, help=f"instance kind (default: GPU if any){note}"
-    )
+    parser.add_argument("--kind", choices=("cpu", "gpu"), default=None, help=f"instance kind{note} (default: {kind})")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -207,14 +212,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     set_codec_env()
     pre = command(sub, "preprocess", help="preprocess images in-process (no server)")
     pre.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS), help="the checkpoint's preset")
-    pre.add_argument("--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz")
+    pre.add_argument(
+        "--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz (default: none written)"
+    )
     pre.add_argument("--quiet", action="store_true", help="no progress bar (videos)")
     pre.add_argument("images", nargs="+", type=Path, metavar="IMAGE|VIDEO|DIR")
     pre.set_defaults(run=cmd_preprocess)
 
     render = command(sub, "render-repository", help="write the model repository rendered from the presets")
     render.add_argument("--out", type=Path, required=True, help="the repository folder to write")
-    add_render_arguments(render)
+    add_render_arguments(render, ("1", "0, all cores", "unset: GPU where there is one"))
     render.set_defaults(run=cmd_render_repository)
 
     srv = command(
@@ -224,18 +231,34 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description="Arguments after -- go to tritonserver as they are, last (e.g. -- --log-verbose=1).",
     )
     srv.add_argument(
-        "--model-repository", type=Path, default=None, help="serve this repository as is (default: model_repository/)"
+        "--model-repository",
+        type=Path,
+        default=None,
+        help="serve this repository as is (default: a fresh rendering from the presets)",
     )
     which = srv.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="every model (default: the image ensembles and their steps)")
-    which.add_argument("--models", nargs="+", metavar="NAME", help="exactly these models (ensembles bring their steps)")
-    srv.add_argument("--preset", default=None, help="only this preset's models (kimi-k2.5 / kimi-k2.6, kimi-k3)")
+    which.add_argument(
+        "--models",
+        nargs="+",
+        metavar="NAME",
+        help="exactly these models, ensembles with their steps (default: the image ensembles, as --all says)",
+    )
+    srv.add_argument(
+        "--preset",
+        default=None,
+        help="only this preset's models (kimi-k2.5 / kimi-k2.6, kimi-k3; default: every preset)",
+    )
     srv.add_argument("--http-port", type=int, default=8000, help="HTTP (KServe v2 REST)")
     srv.add_argument("--grpc-port", type=int, default=8001, help="gRPC (KServe v2)")
     srv.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics")
-    add_render_arguments(srv, " (serves a fresh rendering from the presets)")
+    host = "this host's layout, printed at start"
+    add_render_arguments(srv, (host, host, "GPU if any"), " (serves a fresh rendering from the presets)")
     srv.add_argument(
-        "--probe-port", type=int, default=None, help="serve /livez, /readyz and the watchdog's /metrics on this port"
+        "--probe-port",
+        type=int,
+        default=None,
+        help="serve /livez, /readyz and the watchdog's /metrics on this port (default: no probe port)",
     )
     srv.add_argument(
         "--host",
@@ -254,11 +277,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         choices=("shared-memory",),
-        help="open a restricted API to clients without the key (shared-memory: for a trusted network)",
+        help="open a restricted API to clients without the key (shared-memory: for a trusted network; default: none)",
     )
-    srv.add_argument(
-        "--verbose", action="store_true", help="relay tritonserver's info lines and start-up tables too"
-    )
+    srv.add_argument("--verbose", action="store_true", help="relay tritonserver's info lines and start-up tables too")
     srv.set_defaults(run=cmd_serve)
 
     local = command(sub, "bench-local", help="in-process timings: ours vs the plain reference and the decode floor")

@@ -19,7 +19,7 @@ from kimi_vision_common.patches import normalize_table
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult
 from kimi_vision_common.sizing import TargetSize, navit_target_size
-from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST
+from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST, NUM_TOKENS_DTYPE
 
 from .buffers import scratch_scope
 from .composite import composite_on_chessboard
@@ -285,7 +285,7 @@ def stack_results(
     elif pixels is None:
         pixels = np.zeros((0, 3, p, p), np.float32 if output == "pixel_values" else np.uint8)
     grid_thws = np.array([r.grid_thw for r in results], dtype=np.int64).reshape(-1, 3)
-    num_tokens = np.array([r.num_tokens for r in results], dtype=np.int64)
+    num_tokens = np.array([r.num_tokens for r in results], dtype=NUM_TOKENS_DTYPE)
     paths = tuple(r.decode_path for r in results)
     if output == "pixel_values":
         return ImagesResult(pixels, grid_thws, num_tokens, paths)

@@ -27,7 +27,7 @@ from PIL import Image
 from kimi_vision_common.errors import ModelNotServedError, PreprocessError, ServerUnavailableError
 from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.results import VideoChunkResult, concat_results
-from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST, operator_key
+from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST, NUM_TOKENS_DTYPE, operator_key
 
 from .client import KimiVisionClient, VisionResult
 from .media import require_grpc, sibling_model
@@ -118,7 +118,7 @@ def write_npz(path: Path, outcomes: Sequence[Outcome], patch_size: int = 14) -> 
         path,
         pixel_values=pixel_values,
         grid_thws=grid_thws,
-        num_tokens=np.array([r.num_tokens for r in results], dtype=np.int32),  # NUM_TOKENS' wire dtype
+        num_tokens=np.array([r.num_tokens for r in results], dtype=NUM_TOKENS_DTYPE),
         names=np.array([o.name for o in good], dtype=np.str_),
     )
 
@@ -342,11 +342,13 @@ def images_per_request(text: str) -> int:
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Help that shows every option's default (none shown for flags and unset options)."""
+    """Help that shows every option's default once: ``(default: X)`` appended to the help of an
+    option that has one, unless its help already says it in words (``default: ...``). Flags and
+    options whose absence is described in their help (``--out``: nothing written) show none."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS, []) or not action.option_strings:
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS, []) or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -388,7 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     inf = command(sub, "infer", help="preprocess images on a running server")
     add_server_arguments(inf)
     inf.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    inf.add_argument("--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz")
+    inf.add_argument(
+        "--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz (default: none written)"
+    )
     inf.add_argument(
         "--images-per-request",
         type=images_per_request,
@@ -408,13 +412,23 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int_list,
         default=[1, 2, 4, 8],
         metavar="N[,N...]",
-        help="requests in flight per level, comma-separated (default 1,2,4,8)",
+        help="requests in flight per level, comma-separated (default: 1,2,4,8)",
     )
     amount = bench.add_mutually_exclusive_group()
-    amount.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds per level (default 10)")
-    amount.add_argument("--requests", type=positive_int, default=None, metavar="N", help="requests per level")
+    amount.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds per level")
+    amount.add_argument(
+        "--requests",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="requests per level (default: --duration decides)",
+    )
     bench.add_argument(
-        "--images", nargs="+", type=Path, metavar="FILE|DIR", help="default: bench-local's generated photos"
+        "--images",
+        nargs="+",
+        type=Path,
+        metavar="FILE|DIR",
+        help="the photos to send (default: bench-local's generated photos)",
     )
     bench.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="bench_server.json and .png")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -41,7 +41,7 @@ from kimi_vision_common.patches import expand_patches
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult, TokenCount, VideoChunkResult
 from kimi_vision_common.sizing import navit_target_size
-from kimi_vision_common.wire import admin_headers, error_from_served
+from kimi_vision_common.wire import NUM_TOKENS_DTYPE, admin_headers, error_from_served
 
 from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
 from .transport import ADAPTERS, ShmSlot, Waiter
@@ -175,7 +175,7 @@ def to_images_result(outputs: Mapping[str, np.ndarray], preset: Preset | None = 
     return ImagesResult(
         pixel_values=_pixel_values(outputs, preset),
         grid_thws=np.array(outputs[GRID_THW], dtype=np.int64).reshape(-1, 3),
-        num_tokens=np.array(outputs[NUM_TOKENS], dtype=np.int64).reshape(-1),
+        num_tokens=np.array(outputs[NUM_TOKENS], dtype=NUM_TOKENS_DTYPE).reshape(-1),
     )
 
 

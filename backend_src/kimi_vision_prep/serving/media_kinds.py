@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from kimi_vision_common.presets import Preset
+from kimi_vision_common.wire import NUM_TOKENS_TRITON_TYPE
 
 from ..limits import VideoLimits
 from . import pbtxt
@@ -32,7 +33,7 @@ def _chunk_outputs(preset: Preset) -> list[tuple[str, str]]:
         ("int64 (T, grid_h, grid_w)", pbtxt.tensor("GRID_THW", "TYPE_INT64", (3,))),
         (
             "int32: tokens of the chunk, whatever T (or fixed_output_tokens)",
-            pbtxt.tensor("NUM_TOKENS", "TYPE_INT32", (1,)),
+            pbtxt.tensor("NUM_TOKENS", NUM_TOKENS_TRITON_TYPE, (1,)),
         ),
     ]
 
@@ -90,7 +91,7 @@ def tokens_model(served: ServedPreset) -> ModelFiles:
     )
     outputs = [
         ("int64 (K, 3)", pbtxt.tensor("GRID_THW", "TYPE_INT64", (-1, 3))),
-        ("int32 (K,)", pbtxt.tensor("NUM_TOKENS", "TYPE_INT32", (-1,))),
+        ("int32 (K,)", pbtxt.tensor("NUM_TOKENS", NUM_TOKENS_TRITON_TYPE, (-1,))),
         ("the image placeholder of each image", pbtxt.tensor("PROMPT", "TYPE_STRING", (-1,))),
     ]
     settings = DecoderSettings()

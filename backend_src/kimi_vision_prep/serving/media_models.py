@@ -29,6 +29,7 @@ import numpy as np
 
 from kimi_vision_common.errors import VideoTooLargeError
 from kimi_vision_common.presets import preset_from_parameters
+from kimi_vision_common.wire import NUM_TOKENS_DTYPE
 
 from ..pipeline import map_indexed
 from ..tokens import count_tokens
@@ -50,7 +51,7 @@ def chunk_outputs(result: Any) -> dict[str, Any]:
     """The tensors of one chunk (a ``PreprocessResult`` or a ``VideoChunkResult``)."""
     outputs: dict[str, Any] = {
         "GRID_THW": np.asarray(result.grid_thw, dtype=np.int64)[None],
-        "NUM_TOKENS": np.array([[result.num_tokens]], dtype=np.int32),
+        "NUM_TOKENS": np.array([[result.num_tokens]], dtype=NUM_TOKENS_DTYPE),
     }
     if result.pixel_values is not None:
         outputs["PIXEL_VALUES"] = result.pixel_values[None]
@@ -75,7 +76,7 @@ class TokensModel(ServingModel):
         counts = map_indexed(lambda data: count_tokens(data, self.preset, limits=self.settings.limits), items, "image")
         return {
             "GRID_THW": np.array([[c.grid_thw for c in counts]], dtype=np.int64),
-            "NUM_TOKENS": np.array([[c.num_tokens for c in counts]], dtype=np.int32),
+            "NUM_TOKENS": np.array([[c.num_tokens for c in counts]], dtype=NUM_TOKENS_DTYPE),
             "PROMPT": np.array([[c.prompt.encode() for c in counts]], dtype=np.object_),
         }
 

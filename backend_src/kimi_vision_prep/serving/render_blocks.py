@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kimi_vision_common.presets import Preset, preset_parameters
+from kimi_vision_common.wire import NUM_TOKENS_TRITON_TYPE
 
 from . import pbtxt
 from .config import DecoderSettings
@@ -256,7 +257,7 @@ def pixel_outputs(p: int) -> dict[str, tuple[str, str]]:
             "int64 (K, 3): (1, grid_h, grid_w) of each image",
             pbtxt.tensor("GRID_THW", "TYPE_INT64", (-1, 3)),
         ),
-        "NUM_TOKENS": ("int32 (K,)", pbtxt.tensor("NUM_TOKENS", "TYPE_INT32", (-1,))),
+        "NUM_TOKENS": ("int32 (K,)", pbtxt.tensor("NUM_TOKENS", NUM_TOKENS_TRITON_TYPE, (-1,))),
     }
 
 

@@ -59,6 +59,7 @@ from PIL import Image
 from kimi_vision_common.errors import InvalidRequestError
 from kimi_vision_common.presets import Preset
 from kimi_vision_common.sizing import TargetSize, navit_target_size
+from kimi_vision_common.wire import NUM_TOKENS_DTYPE
 
 from ..buffers import scratch
 from ..decode import DecodedImage
@@ -313,7 +314,7 @@ def preprocess_outputs(
     if "GRID_THW" in wanted:
         outputs["GRID_THW"] = np.array([[t.grid_thw for t in targets]], dtype=np.int64)
     if "NUM_TOKENS" in wanted:
-        outputs["NUM_TOKENS"] = np.array([[t.num_tokens for t in targets]], dtype=np.int32)
+        outputs["NUM_TOKENS"] = np.array([[t.num_tokens for t in targets]], dtype=NUM_TOKENS_DTYPE)
     return outputs
 
 

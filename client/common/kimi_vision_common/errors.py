@@ -2,8 +2,10 @@
 
 Every error a caller can see derives from :class:`PreprocessError`. ``triton_code`` is the name
 of the Triton error code a served model returns for it; these class attributes are the only
-place where that mapping lives (:mod:`.wire` carries the class over the network, the C step reads
-its codes from the same names).
+place where that mapping lives in Python (:mod:`.wire` carries the class over the network). The C
+step (``_triton_patchify.c``, no Python at run time) restates the two it raises,
+``InvalidRequestError`` and ``ImageTooLargeError``, with their codes; tests/test_patchify_backend.py
+reads them back through the client and compares them with these classes.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ class ImagesResult:
 
     ``pixel_values``: float32 ``(ΣN, 3, p, p)`` (None with ``output="pixel_patches"``);
     ``pixel_patches``: uint8 ``(ΣN, 3, p, p)`` (only with ``output="pixel_patches"``);
-    ``grid_thws``: int64 ``(n, 3)``; ``num_tokens``: int64 ``(n,)``; ``decode_paths``: per image.
+    ``grid_thws``: int64 ``(n, 3)``; ``num_tokens``: int32 ``(n,)`` (:data:`~.wire.NUM_TOKENS_DTYPE`);
+    ``decode_paths``: per image.
     """
 
     pixel_values: Any

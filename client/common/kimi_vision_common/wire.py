@@ -13,11 +13,16 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
+
 from .errors import CancelledError, InvalidRequestError, PreprocessError, ServerUnavailableError
 
 IMAGE_BYTES = "IMAGE_BYTES"
 PIXEL_VALUES, PIXEL_PATCHES = "PIXEL_VALUES", "PIXEL_PATCHES"
 GRID_THW, NUM_TOKENS = "GRID_THW", "NUM_TOKENS"
+# NUM_TOKENS' one dtype: on the wire (TYPE_INT32), in the library's and the client's arrays, in the npz.
+NUM_TOKENS_DTYPE = np.dtype(np.int32)
+NUM_TOKENS_TRITON_TYPE = f"TYPE_{NUM_TOKENS_DTYPE.name.upper()}"
 # K of IMAGE_BYTES [1, K] the served models accept by default (their max_images_per_request).
 DEFAULT_MAX_IMAGES_PER_REQUEST = 16
 

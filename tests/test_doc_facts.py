@@ -1,0 +1,63 @@
+"""The counts, batch sizes and lists that docs/ states about the served models, recomputed from the
+code that renders and serves them: a change to the code that makes a sentence false fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kimi_vision_common.models import PATCH_EMBED_MODEL
+from kimi_vision_prep.serving.launcher import CPU_ONLY_NOISE
+from kimi_vision_prep.serving.repository import RenderOptions, repository_models
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def one_line(name: str) -> str:
+    """A document with its line breaks folded into spaces (sentences wrap)."""
+    return " ".join((DOCS / name).read_text().split())
+
+
+def max_batch_sizes(kind: str) -> dict[str, int]:
+    return {
+        model.name: int(re.search(r"max_batch_size: (\d+)", model.config)[1])  # type: ignore[index]
+        for model in repository_models(RenderOptions(kind=kind))
+    }
+
+
+def kind_of(name: str) -> str:
+    """``kimi_k25_video_chunk`` -> ``video_chunk``; the patch-embed model -> ``patch_embed``."""
+    return "patch_embed" if name == PATCH_EMBED_MODEL else name.split("_", 2)[2]
+
+
+def test_serve_all_counts_models_and_python_stubs() -> None:
+    models = repository_models(RenderOptions(kind="cpu"))
+    python = [m for m in models if 'backend: "python"' in m.config]
+    pattern = r"serves every model \((\d+) in a CPU rendering, (\d+) of them Python models"
+    stated = re.search(pattern, one_line("serving.md"))
+    assert stated is not None
+    assert (int(stated[1]), int(stated[2])) == (len(models), len(python))
+
+
+def test_the_relay_drops_the_patterns_the_docs_list() -> None:
+    text = one_line("serving.md")
+    stated = re.search(r"(\d+) patterns in `launcher.CPU_ONLY_NOISE`", text)
+    assert stated is not None and int(stated[1]) == len(CPU_ONLY_NOISE)
+    for quoted in ("CudaDriverHelper has not been initialized", "failed to allocate pinned system memory"):
+        assert quoted in text and any(quoted in pattern.pattern for pattern in CPU_ONLY_NOISE)
+
+
+def test_batch_sizes_are_the_rendered_ones() -> None:
+    """docs/models.md: 8 for tokens, video, video-chunk and patch-embed, and for decode on a GPU;
+    1 for everything else, decode on a CPU included."""
+    sentence = (
+        "`max_batch_size` is 8 for the tokens, video, video-chunk and patch-embed models, and for the decode "
+        "step of a GPU rendering (one nvImageCodec batch call); it is 1 for the models that return pixels and "
+        "the ensembles through them"
+    )
+    assert sentence in one_line("models.md")
+    batched = {"tokens", "video", "video_chunk", "patch_embed"}
+    for kind, extra in (("cpu", set()), ("gpu", {"decode"})):
+        sizes = max_batch_sizes(kind)
+        assert {kind_of(name) for name, size in sizes.items() if size == 8} == batched | extra
+        assert set(sizes.values()) == {1, 8}
