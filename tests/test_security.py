@@ -182,7 +182,11 @@ def test_shared_memory_is_open_on_loopback(triton_server: EmbeddedServer) -> Non
     client = httpclient.InferenceServerClient(triton_server.http_url)
     try:
         client.register_system_shared_memory("kimi_security_probe", "/kimi_security_probe", 64)
+        registered = {region["name"] for region in client.get_system_shared_memory_status()}
         client.unregister_system_shared_memory("kimi_security_probe")
+        assert "kimi_security_probe" in registered
+        left = {region["name"] for region in client.get_system_shared_memory_status()}
+        assert "kimi_security_probe" not in left
     finally:
         client.close()
         shm.destroy_shared_memory_region(region)

@@ -485,8 +485,19 @@ def test_wrong_dtype_and_shape_are_clear_errors(triton_server: Any, protocol: st
         client.close()
 
 
+def refuse_bad_bytes(server: Any, protocol: str, model: str) -> None:
+    """Send bytes that are no image to ``model`` (an image model: every one returns GRID_THW): the
+    decode step's INVALID_ARG for that request."""
+    with pytest.raises(InferenceServerException) as info:
+        infer(server, protocol, model, b"these bytes are not an image", ["GRID_THW"])
+    assert is_invalid_arg(info.value) and "InvalidImageError" in str(info.value), info.value
+
+
 def test_concurrent_clients_after_errors_still_match(triton_server: Any, corpus: Path) -> None:
-    """Errors left no state behind: a fresh burst on both protocols still matches the library."""
+    """Errors leave no state behind: after bad requests on both protocols, a concurrent burst on
+    both still matches the library."""
+    for protocol in PROTOCOLS:
+        refuse_bad_bytes(triton_server, protocol, "kimi_k3_vision")
     barrier = threading.Barrier(4)
 
     def run(index: int) -> None:
@@ -499,21 +510,44 @@ def test_concurrent_clients_after_errors_still_match(triton_server: Any, corpus:
         list(pool.map(run, range(4)))
 
 
-def test_metrics_endpoint_shows_counters(triton_server: Any) -> None:
-    with urllib.request.urlopen(triton_server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    lines = [line for line in text.splitlines() if line.startswith("kimi_prep_")]
-    assert any(line.startswith("kimi_prep_decodes_total{") and 'path="pillow"' in line for line in lines)
-    assert any(line.startswith("kimi_prep_decodes_total{") and 'path="libjpeg"' in line for line in lines)
-    assert any(line.startswith("kimi_prep_errors_total{") and 'reason="invalid_image"' in line for line in lines)
-    assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="preprocess"' in line for line in lines)
-    assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="patch_embed"' in line for line in lines)
+def kimi_counters(url: str) -> dict[str, float]:
+    """Every ``kimi_prep_*`` series of the metrics endpoint: ``name{labels}`` -> value."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("kimi_prep_")}
+
+
+def grown(before: dict[str, float], after: dict[str, float], family: str, *labels: str) -> bool:
+    """Whether the series of ``family`` carrying every one of ``labels`` grew between the two reads."""
+
+    def total(counters: dict[str, float]) -> float:
+        return sum(v for k, v in counters.items() if k.startswith(family + "{") and all(x in k for x in labels))
+
+    return total(after) > total(before)
+
+
+def test_metrics_count_decodes_errors_and_stage_seconds(triton_server: Any, corpus: Path) -> None:
+    """The requests made here (a PNG: Pillow; a clean JPEG: libjpeg; bytes that are no image) move
+    the decode, error and stage counters of the models they went through."""
+    png, jpeg = read(corpus, "pilx__hopper.png"), read(corpus, "pil__hopper.jpg")
+    models = ["kimi_k25_vision_embed", *FUSED_U8]
+    before = kimi_counters(triton_server.metrics_url)
+    for model in models:
+        outputs = ["PATCH_EMBEDS"] if model.endswith("_embed") else U8_OUTPUTS
+        for data in (png, jpeg):
+            infer(triton_server, "grpc", model, data, outputs)
+        refuse_bad_bytes(triton_server, "grpc", model)
+    after = kimi_counters(triton_server.metrics_url)
+    assert grown(before, after, "kimi_prep_decodes_total", 'path="pillow"', 'model="kimi_k25_decode"')
+    assert grown(before, after, "kimi_prep_decodes_total", 'path="libjpeg"', 'model="kimi_k25_decode"')
+    assert grown(before, after, "kimi_prep_errors_total", 'reason="invalid_image"', 'model="kimi_k25_decode"')
+    for stage in ("decode", "patchify", "patch_embed"):  # the CPU rendering's embed chain, C step included
+        assert grown(before, after, "kimi_prep_stage_seconds_total", f'stage="{stage}"'), stage
     for model in FUSED_U8:  # the fused models count their decodes and errors like the decode models
-        fused = [line for line in lines if f'model="{model}"' in line]
-        assert any(line.startswith("kimi_prep_decodes_total{") and 'path="libjpeg"' in line for line in fused)
-        assert any(line.startswith("kimi_prep_decodes_total{") and 'path="pillow"' in line for line in fused)
-        assert any(line.startswith("kimi_prep_errors_total{") and 'reason="invalid_image"' in line for line in fused)
-        assert any(line.startswith("kimi_prep_stage_seconds_total{") and 'stage="vision"' in line for line in fused)
+        assert grown(before, after, "kimi_prep_decodes_total", 'path="libjpeg"', f'model="{model}"')
+        assert grown(before, after, "kimi_prep_decodes_total", 'path="pillow"', f'model="{model}"')
+        assert grown(before, after, "kimi_prep_errors_total", 'reason="invalid_image"', f'model="{model}"')
+        assert grown(before, after, "kimi_prep_stage_seconds_total", 'stage="vision"', f'model="{model}"')
 
 
 def test_tritonserver_runs_with_jemalloc_and_the_stubs_with_glibc(triton_server: Any) -> None:
@@ -533,7 +567,9 @@ def test_tritonserver_runs_with_jemalloc_and_the_stubs_with_glibc(triton_server:
         assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/bin/triton_python_backend_stub")
 
 
-def test_server_still_ready_after_everything(triton_server: Any) -> None:
+def test_every_model_stays_ready_after_bad_requests(triton_server: Any) -> None:
+    for model in [*ENSEMBLES, *U8_ENSEMBLES, *FUSED, *FUSED_U8]:
+        refuse_bad_bytes(triton_server, "http", model)
     assert_all_ready(grpcclient.InferenceServerClient(triton_server.grpc_url))
 
 
