@@ -1,6 +1,6 @@
-"""The suite's own rules: every test asserts something (directly, through ``pytest.raises`` or a
-helper of its module that asserts), and no test reaches a file outside the repository (the corpus
-is ``tests/data/corpus``)."""
+"""The suite's own rule: every test asserts something, directly, through ``pytest.raises`` and
+the like, or through a helper of its module that asserts (tests/test_docs.py checks that no file
+reaches outside the repository)."""
 
 from __future__ import annotations
 
