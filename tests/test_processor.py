@@ -18,7 +18,7 @@ from PIL import Image
 from reference import reference_chunk, reference_frames_chunk, reference_images, reference_token_count
 
 from kimi_vision_common.errors import InvalidImageError, InvalidRequestError
-from kimi_vision_prep import KimiVisionProcessor
+from kimi_vision_prep import ImageDecoder, KimiVisionProcessor
 
 PRESETS = ("kimi-k2.5", "kimi-k3")
 ACCEPTED = corpus_names(accepted=True)
@@ -100,6 +100,8 @@ def test_return_tensors_pt_without_torch_names_the_extra_before_any_work(monkeyp
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
     with pytest.raises(ModuleNotFoundError, match=r"kimi-vision-prep\[torch\]"):
         KimiVisionProcessor().preprocess([{"type": "image", "image": b"not an image"}], return_tensors="pt")
+    with pytest.raises(ModuleNotFoundError, match=r"ImageDecoder\('cuda:0'\) .*kimi-vision-prep\[torch\]"):
+        KimiVisionProcessor(decoder=ImageDecoder("cuda:0"))
 
 
 def test_is_a_transformers_image_processor_where_transformers_is_installed() -> None:

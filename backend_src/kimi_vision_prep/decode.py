@@ -49,6 +49,7 @@ from kimi_vision_common.presets import Preset
 from . import jpeg_bands
 from .buffers import scratch
 from .decode_pool import DecodePool
+from .extras import require_torch
 from .jpeg_scan import JpegScan, scan_jpeg
 from .limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits
 from .pillow_io import open_with_pillow, pillow_pixels
@@ -197,6 +198,8 @@ class ImageDecoder:
         self.cpu_routes = _available(tuple(cpu_routes))
         self.device = device
         self.device_kind, self.device_index = _parse_device(device)
+        if self.device_kind == "cuda":
+            require_torch(f"ImageDecoder({device!r}) (its pixels are torch CUDA tensors)")
         self.limits = limits or DecodeLimits()
         self.strict = strict
         self.codec_threads = codec_threads

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.sizing import navit_target_size
 
 from .decode import DecodedImage, ImageDecoder
+from .extras import require_torch
 from .normalize import concatenate_patches
 from .pillow_io import open_with_pillow, pillow_call, pillow_pixels
 from .pipeline import PreprocessResult, preprocess_bytes, preprocess_decoded
@@ -161,12 +161,8 @@ def check_tensor_type(return_tensors: Any) -> None:
     kind = None if return_tensors is None else str(getattr(return_tensors, "value", return_tensors))
     if kind not in (None, "np", "pt"):
         raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {return_tensors!r}")
-    if kind == "pt" and importlib.util.find_spec("torch") is None:
-        raise ModuleNotFoundError(
-            "return_tensors='pt' needs torch, which this install lacks: pip install 'kimi-vision-prep[torch]' "
-            "(or return_tensors='np' for numpy arrays)",
-            name="torch",
-        )
+    if kind == "pt":
+        require_torch("return_tensors='pt' (return_tensors='np' gives numpy arrays)")
 
 
 def _batch(data: dict[str, Any], return_tensors: Any) -> Any:
