@@ -61,3 +61,32 @@ def test_batch_sizes_are_the_rendered_ones() -> None:
         sizes = max_batch_sizes(kind)
         assert {kind_of(name) for name, size in sizes.items() if size == 8} == batched | extra
         assert set(sizes.values()) == {1, 8}
+
+
+def test_the_request_limits_the_readme_and_docs_give() -> None:
+    from kimi_vision_common.presets import KIMI_K3, KIMI_K25
+    from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST
+    from kimi_vision_prep.serving.render_blocks import ServingDefaults
+
+    words = {2: "two", 3: "three", 4: "four"}
+    readme = " ".join((DOCS.parent / "README.md").read_text().split())
+    budget = ServingDefaults().budget_images
+    assert f"Up to {DEFAULT_MAX_IMAGES_PER_REQUEST} images a request, at most {words[budget]} full images'" in readme
+    assert f"`max_images_per_request` ({DEFAULT_MAX_IMAGES_PER_REQUEST})" in one_line("media.md")
+    security = one_line("security.md")
+    assert f"**{budget * KIMI_K25.in_patch_limit:,} patches** for" in security
+    assert f"{budget * KIMI_K3.in_patch_limit:,}" in security
+
+
+def test_the_ports_the_readme_gives_are_the_defaults() -> None:
+    from kimi_vision_client import cli
+
+    parser = cli.build_parser()
+    serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    defaults = {a.dest: a.default for a in serve._actions}
+    readme = (DOCS.parent / "README.md").read_text()
+    makefile = (DOCS.parent / "Makefile").read_text()
+    assert f"127.0.0.1:{defaults['http_port']} (HTTP) and :{defaults['grpc_port']} (gRPC)" in readme
+    probe = re.search(r"kimi-prep serve --probe-port (\d+)", makefile)[1]  # type: ignore[index]
+    assert f"http://127.0.0.1:{probe}/readyz" in readme
+    assert defaults["host"] == "127.0.0.1"
