@@ -1,11 +1,12 @@
-"""The GPU served check's dry run (issue 13): ``run_device_checks.sh --dry-run`` packs the served
-carry and checks its size against the device limit, then runs ``tests/gpu/served_check.py`` against
+"""The GPU served check's dry run: ``run_device_checks.sh --dry-run`` packs the served carry and
+checks the size of each of its two runs (the work tree and one tarball) against the device limit, then runs ``tests/gpu/served_check.py`` against
 the embedded tritonserver with KIND_CPU, so the script that one GPU run depends on cannot rot."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,8 @@ def test_device_checks_dry_run_packs_within_the_limit_and_the_served_checks_pass
     command = ["bash", "tests/gpu/run_device_checks.sh", "--dry-run"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "of 64 MiB: fits" in done.stdout
+    for part in ("site.tar.xz", "tritonserver.tar.xz"):  # one run each, both within the limit
+        assert re.search(rf"run carrying tests/gpu/served/{part} \(.*\): [\d.]+ of 64 MiB, fits", done.stdout), part
     assert {p.name for p in (tmp_path / "served").iterdir()} == {"site.tar.xz", "tritonserver.tar.xz"}
     report = json.loads((tmp_path / "served_check.json").read_text())
     steps = report["steps"]
