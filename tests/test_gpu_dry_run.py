@@ -1,6 +1,7 @@
 """The GPU served check's dry run: ``run_device_checks.sh --dry-run`` packs the served carry and
-checks the size of each of its two runs (the work tree and one tarball) against the device limit, then runs ``tests/gpu/served_check.py`` against
-the embedded tritonserver with KIND_CPU, so the script that one GPU run depends on cannot rot."""
+checks the size of each of its two runs (the work tree and one tarball) against the device limit,
+then runs ``tests/gpu/served_check.py`` against the embedded tritonserver with KIND_CPU, so the
+script that the GPU runs depend on cannot rot."""
 
 from __future__ import annotations
 
