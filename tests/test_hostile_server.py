@@ -331,18 +331,54 @@ def good_images(corpus: Path) -> list[bytes]:
 
 
 @dataclass
-class RunLog:
-    """What the module sent, for the metrics and RSS checks at the end."""
+class HostileRun:
+    """Every burst of the module, sent by one fixture (so each test below stands alone): the four
+    (model, protocol) bursts of hostile inputs next to good ones, what each answered, what the
+    library says each must answer, and the server's metrics and RSS around them."""
 
+    answers: dict[tuple[str, str], list[tuple[str, str | None, Expected, Any, Any]]]
     metrics_before: list[tuple[str, dict[str, str], float]]
-    rss_after_first_burst: dict[str, int] | None = None
-    expected_errors: Counter[str] | None = None
-    expected_decodes: Counter[str] | None = None
+    metrics_after: list[tuple[str, dict[str, str], float]]
+    rss_after_first_burst: dict[str, int]
+    rss_at_end: dict[str, int]
+    expected_errors: Counter[str]
+    expected_decodes: Counter[str]
 
 
 @pytest.fixture(scope="module")
-def run_log(triton_server: EmbeddedServer) -> RunLog:
-    return RunLog(read_metrics(triton_server), expected_errors=Counter(), expected_decodes=Counter())
+def hostile_run(triton_server: EmbeddedServer, cases: list[Case], good_images: list[bytes]) -> HostileRun:
+    assert triton_server.process is not None
+    metrics_before = read_metrics(triton_server)
+    answers: dict[tuple[str, str], list[tuple[str, str | None, Expected, Any, Any]]] = {}
+    errors: Counter[str] = Counter()
+    decodes: Counter[str] = Counter()
+    rss_after_first_burst: dict[str, int] = {}
+    for model in sorted(ENSEMBLES):
+        expected_cache: dict[bytes, Expected] = {}
+        for protocol in sorted(PROTOCOLS):
+            jobs: list[tuple[str, bytes, str | None]] = []
+            for index, case in enumerate(cases):
+                jobs.append((case.label, case.data, case.keyword))
+                jobs.append((f"good image next to {case.label}", good_images[index % len(good_images)], None))
+            replies = burst(triton_server, protocol, model, [data for _, data, _ in jobs])
+            rows = answers[model, protocol] = []
+            for (label, data, keyword), (result, error) in zip(jobs, replies, strict=True):
+                expected = expected_cache.get(data) or expected_cache.setdefault(data, expect(data, ENSEMBLES[model]))
+                rows.append((label, keyword, expected, result, error))
+                if expected.error is not None:
+                    errors[reason_for(expected.error)] += 1
+                else:
+                    decodes[str(expected.decode_path)] += 1
+            rss_after_first_burst = rss_after_first_burst or server_rss(triton_server.process.pid)
+    return HostileRun(
+        answers,
+        metrics_before,
+        read_metrics(triton_server),
+        rss_after_first_burst,
+        server_rss(triton_server.process.pid),
+        errors,
+        decodes,
+    )
 
 
 # -- tests -------------------------------------------------------------------------------------------
@@ -350,36 +386,14 @@ def run_log(triton_server: EmbeddedServer) -> RunLog:
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 @pytest.mark.parametrize("model", sorted(ENSEMBLES))
-def test_hostile_inputs_in_shared_batches(
-    triton_server: EmbeddedServer,
-    cases: list[Case],
-    good_images: list[bytes],
-    run_log: RunLog,
-    *,
-    protocol: str,
-    model: str,
-) -> None:
-    preset = ENSEMBLES[model]
-    jobs: list[tuple[str, bytes, str | None]] = []
-    for index, case in enumerate(cases):
-        jobs.append((case.label, case.data, case.keyword))
-        jobs.append((f"good image next to {case.label}", good_images[index % len(good_images)], None))
-    answers = burst(triton_server, protocol, model, [data for _, data, _ in jobs])
-    expected_cache: dict[bytes, Expected] = {}
-    for (label, data, keyword), (result, error) in zip(jobs, answers, strict=True):
-        expected = expected_cache.get(data) or expected_cache.setdefault(data, expect(data, preset))
+def test_hostile_inputs_in_shared_batches(hostile_run: HostileRun, protocol: str, model: str) -> None:
+    for label, keyword, expected, result, error in hostile_run.answers[model, protocol]:
         assert_outcome(f"{label} [{protocol} {model}]", expected, result, error)
         if keyword is not None:
             assert error is not None and keyword in server_message(error).lower(), (label, keyword)
-        if expected.error is not None:
-            run_log.expected_errors[reason_for(expected.error)] += 1
-        else:
-            run_log.expected_decodes[expected.decode_path] += 1
-    if run_log.rss_after_first_burst is None and triton_server.process is not None:
-        run_log.rss_after_first_burst = server_rss(triton_server.process.pid)
 
 
-def test_server_fetched_no_url(closed_port: socket.socket, run_log: RunLog) -> None:
+def test_server_fetched_no_url(closed_port: socket.socket, hostile_run: HostileRun) -> None:
     """Nothing connected to the port whose URL was sent as image bytes."""
     with pytest.raises(BlockingIOError):
         closed_port.accept()
@@ -388,7 +402,7 @@ def test_server_fetched_no_url(closed_port: socket.socket, run_log: RunLog) -> N
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 @pytest.mark.parametrize("model", sorted(ENSEMBLES))
 def test_malformed_requests_are_invalid_arg(
-    triton_server: EmbeddedServer, good_images: list[bytes], run_log: RunLog, protocol: str, model: str
+    triton_server: EmbeddedServer, good_images: list[bytes], protocol: str, model: str
 ) -> None:
     module = PROTOCOLS[protocol]
     client = module.InferenceServerClient(triton_server.http_url if protocol == "http" else triton_server.grpc_url)
@@ -413,7 +427,6 @@ def test_malformed_requests_are_invalid_arg(
         result = client.infer(model, [image_input(protocol, data)])  # still fine afterwards
         expected = expect(data, ENSEMBLES[model])
         assert_outcome("good after malformed", expected, result, None)
-        run_log.expected_decodes[expected.decode_path] += 1  # malformed ones never reach the model
     finally:
         client.close()
 
@@ -468,25 +481,24 @@ def test_full_queue_is_unavailable_and_others_succeed(tight_server: EmbeddedServ
     assert tight_server.is_ready()
 
 
-def test_metrics_count_errors_by_reason_and_decodes_by_path(triton_server: EmbeddedServer, run_log: RunLog) -> None:
-    after = read_metrics(triton_server)
+def test_metrics_count_errors_by_reason_and_decodes_by_path(hostile_run: HostileRun) -> None:
+    """Over the module's bursts, the server counted exactly the errors and decodes the library
+    expects of them."""
+    before, after = hostile_run.metrics_before, hostile_run.metrics_after
     errors = delta(
-        metric_by(after, "kimi_prep_errors_total", "reason"),
-        metric_by(run_log.metrics_before, "kimi_prep_errors_total", "reason"),
+        metric_by(after, "kimi_prep_errors_total", "reason"), metric_by(before, "kimi_prep_errors_total", "reason")
     )
     decodes = delta(
-        metric_by(after, "kimi_prep_decodes_total", "path"),
-        metric_by(run_log.metrics_before, "kimi_prep_decodes_total", "path"),
+        metric_by(after, "kimi_prep_decodes_total", "path"), metric_by(before, "kimi_prep_decodes_total", "path")
     )
-    assert errors == {k: float(v) for k, v in run_log.expected_errors.items()}
-    assert decodes == {k: float(v) for k, v in run_log.expected_decodes.items()}
+    assert errors == {k: float(v) for k, v in hostile_run.expected_errors.items()}
+    assert decodes == {k: float(v) for k, v in hostile_run.expected_decodes.items()}
 
 
-def test_server_ready_and_rss_bounded(triton_server: EmbeddedServer, run_log: RunLog) -> None:
+def test_server_ready_and_rss_bounded(triton_server: EmbeddedServer, hostile_run: HostileRun) -> None:
     assert triton_server.is_ready()
-    assert triton_server.process is not None and run_log.rss_after_first_burst is not None
-    end = server_rss(triton_server.process.pid)
-    print(f"RSS after first burst: {run_log.rss_after_first_burst}\nRSS at end: {end}")
+    first, end = hostile_run.rss_after_first_burst, hostile_run.rss_at_end
+    print(f"RSS after first burst: {first}\nRSS at end: {end}")
     # Three more bursts of the same inputs after the first: a per-request leak of the bombs'
     # buffers (hundreds of MB each) would show; allocator noise stays well under 100 MiB.
-    assert not rss_growth_failures(run_log.rss_after_first_burst, end, 0.25, 100)
+    assert not rss_growth_failures(first, end, 0.25, 100)
