@@ -6,8 +6,9 @@ when Pillow (``tests/reference.py``) accepts it, and is INVALID_ARG with the lib
 interleaved with good images, so bad and good requests share dynamic batches; the good ones must
 be unaffected. Malformed requests (wrong dtype, shape, batch) get INVALID_ARG from Triton itself.
 A second server renders a repository copy with a small ``max_encoded_bytes`` and a queue of one
-(``max_queue_size: 1``) to show the size limit and UNAVAILABLE backpressure end to end. The last
-tests read the metrics endpoint back and check that the server stayed ready with bounded RSS.
+(``max_queue_size: 1``) to show the size limit and UNAVAILABLE backpressure end to end. One fixture
+sends every burst and reads the metrics endpoint and the server's RSS around them, so the tests
+that check the counters and the bounded RSS stand alone, in any order.
 """
 
 from __future__ import annotations
