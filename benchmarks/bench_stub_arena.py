@@ -1,7 +1,7 @@
 """The stubs' scratch arena, A/B: perf_analyzer on the pair with ``scratch_cap_bytes`` 0 vs the default (issue 11).
 
 `kimi-prep serve --models kimi_k25_vision kimi_k25_vision_u8` at this host's layout, rendered
-alternately with the default ``ServingDefaults`` (the models that return pixels keep a 64 MiB
+alternately as rendered (the models that return pixels keep a 64 MiB
 arena: each request's output lands on the last one's pages) and with ``scratch_cap_bytes`` 0
 (every request's outputs on fresh pages), ``--rounds`` times. Each server gets perf_analyzer
 (gRPC, concurrency 4, the benchmark photos) on the float32 and uint8 wires with system shared
@@ -19,8 +19,8 @@ Writes ``bench_stub_arena.json`` and ``.png`` and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -41,13 +41,22 @@ from kimi_vision_prep.serving.host import host_layout
 from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
 from kimi_vision_prep.serving.repository import RenderOptions, render_repository
+from kimi_vision_prep.serving.settings import Rendering, setting
 
 SERVED = ("kimi_k25_vision", "kimi_k25_vision_u8")
 WIRES = (("kimi_k25_vision", True), ("kimi_k25_vision_u8", True))  # (model, system shared memory)
-ARENAS = {
-    f"{SERVING_DEFAULTS.scratch_cap_bytes >> 20} MiB (default)": SERVING_DEFAULTS,
-    "0": dataclasses.replace(SERVING_DEFAULTS, scratch_cap_bytes=0),
-}
+# The pixel models' scratch cap as rendered (None) and turned off in the rendered configs (0).
+SERVED_CAP = setting("scratch_cap_bytes").rendered(Rendering("preprocess", threads=0, patch_budget=0))
+ARENAS: dict[str, int | None] = {f"{SERVED_CAP >> 20} MiB (default)": None, "0": 0}  # type: ignore[operator]
+SCRATCH = re.compile(r'(key: "scratch_cap_bytes" value: \{ string_value: )"\d+"')
+
+
+def with_scratch_cap(repository: Path, cap: int | None) -> Path:
+    """``repository`` with every ``scratch_cap_bytes`` set to ``cap`` (None: as rendered)."""
+    if cap is not None:
+        for config in repository.glob("*/config.pbtxt"):
+            config.write_text(SCRATCH.sub(rf'\1"{cap}"', config.read_text()))
+    return repository
 
 
 def main() -> int:
@@ -72,9 +81,9 @@ def main() -> int:
         data = Path(tmp) / "data.json"
         data.write_text(json.dumps(perf_input_data([im.data for im in images])))
         for round_index in range(args.rounds):
-            for arena, defaults in ARENAS.items():
-                folder = Path(tmp) / f"round{round_index}-scratch{defaults.scratch_cap_bytes}"
-                repository = render_repository(folder, options, defaults, SERVED)
+            for arena, cap in ARENAS.items():
+                folder = Path(tmp) / f"round{round_index}-scratch{cap}"
+                repository = with_scratch_cap(render_repository(folder, options, SERVING_DEFAULTS, SERVED), cap)
                 with EmbeddedServer(repository) as server:
                     for model, shm in WIRES:
                         served = measured_run(server, args.perf_analyzer, model, data, 4, shm, args.seconds, [model])

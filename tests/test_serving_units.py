@@ -60,9 +60,10 @@ from kimi_vision_prep.serving.config import (
 from kimi_vision_prep.serving.contract import ServingModel, TritonIO
 from kimi_vision_prep.serving.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
 from kimi_vision_prep.serving.patch_embed import make_patch_embed
-from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS, rendered_decoder_settings
+from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
 from kimi_vision_prep.serving.repository import RenderOptions, render_repository
 from kimi_vision_prep.serving.requests import decoded_from_inputs, images_from_input
+from kimi_vision_prep.serving.settings import Rendering, rendered_parameters
 from kimi_vision_prep.serving.tensors import input_array, output_tensor
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
@@ -112,7 +113,7 @@ def test_decode_preprocess_and_fused_configs_carry_the_same_preset(family: str, 
 @pytest.mark.parametrize("family", [f for f, _ in FAMILIES])
 def test_fused_config_carries_the_decode_and_preprocess_settings(family: str, kind: str, pixels: str) -> None:
     """The fused models' parameters are the decode model's (preset block and decoder settings, as
-    rendered_decoder_settings renders them) plus the preprocess model's numba_threads and scratch cap (both
+    the settings schema renders them) plus the preprocess model's numba_threads and scratch cap (both
     return pixels), nothing else; their input
     and queue policy are the decode model's, their outputs the preprocess model's less the other
     pixel output (float32 for ``_vision_fused``, uint8 for ``_vision_fused_u8``)."""
@@ -121,9 +122,7 @@ def test_fused_config_carries_the_decode_and_preprocess_settings(family: str, ki
     assert fused_params == decode_params | {key: prep_params[key] for key in ("numba_threads", "scratch_cap_bytes")}
     assert DECODER_KEYS <= decode_params.keys(), f"missing decoder settings: {DECODER_KEYS - decode_params.keys()}"
     budget = SERVING_DEFAULTS.patch_budget(dict(FAMILIES)[family])
-    expected = dataclasses.replace(
-        rendered_decoder_settings(RenderOptions(), SERVING_DEFAULTS), max_patches_per_request=budget
-    )
+    expected = decoder_settings(rendered_parameters(Rendering("decode", 0, budget)))
     assert decoder_settings(fused_params) == decoder_settings(decode_params) == expected
     assert numba_threads(fused_params) == numba_threads(prep_params) == 0
     assert fused.backend == decode.backend == "python" and fused.max_batch_size == prep.max_batch_size == 1
@@ -317,25 +316,22 @@ def images(corpus: Path) -> dict[str, bytes]:
 
 
 def test_every_python_model_applies_its_buffer_caps(pb: SimpleNamespace) -> None:
-    """Every Python model's config carries ServingDefaults' buffer caps (the scratch cap only where
-    it returns pixels: preprocess and fused), and a model built from it applies them to its
-    process (its stub); a config without them keeps the library's caps."""
+    """Every Python model's config carries the served buffer caps (a 64 MiB scratch cap only where
+    it returns pixels: preprocess and fused; no recycling), and a model built from it applies them
+    to its process (its stub); a config without them keeps the library's caps."""
     for config in REPOSITORY.glob("*/config.pbtxt"):
         params = model_parameters(config_dict(config.parent.name))
         if 'backend: "python"' in config.read_text():
             returns_pixels = config.parent.name.endswith(("_preprocess", "_vision_fused", "_vision_fused_u8"))
             assert buffer_caps(params) == {
-                "scratch_cap_bytes": SERVING_DEFAULTS.scratch_cap_bytes if returns_pixels else 0,
-                "recycle_cap_bytes": SERVING_DEFAULTS.recycle_cap_bytes,
+                "scratch_cap_bytes": 64 << 20 if returns_pixels else 0,
+                "recycle_cap_bytes": 0,
             }, config.parent.name
     assert buffer_caps({}) == {}
     configure_buffers(scratch_cap_bytes=1 << 20, recycle_cap_bytes=1 << 20)
     PreprocessModel(pb, model_args("kimi_k25_preprocess"))
     stats = buffer_stats()
-    assert (stats["scratch_cap_bytes"], stats["recycle_cap_bytes"]) == (
-        SERVING_DEFAULTS.scratch_cap_bytes,
-        SERVING_DEFAULTS.recycle_cap_bytes,
-    )
+    assert (stats["scratch_cap_bytes"], stats["recycle_cap_bytes"]) == (64 << 20, 0)
 
 
 def count_batch_decodes(model: Any, monkeypatch: pytest.MonkeyPatch, at_once: int) -> list[int]:

@@ -1,42 +1,54 @@
-"""docs/serving.md's settings table is the one the definitions and the rendering make, and every
-setting a rendered model reads has its library default or is served-only by design."""
+"""The settings schema (serving/settings.py) is the one source: docs/serving.md's table is made from
+it, every rendered parameter that is not a preset's is one of its settings, and a model reads back
+what was rendered for it."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from kimi_vision_common.presets import KIMI_K3, KIMI_K25, Preset
 from kimi_vision_prep.serving.config import DecoderSettings, decoder_settings
-from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS, RenderOptions, rendered_decoder_settings
-from kimi_vision_prep.serving.settings_table import DOC, MEANINGS, library_defaults, rendered_values, settings_table
+from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS, RenderOptions
+from kimi_vision_prep.serving.settings import SETTINGS, Rendering, rendered_parameters
+from kimi_vision_prep.serving.settings_table import DOC, rendered_values, settings_table
 
 
 def test_docs_hold_the_generated_settings_table() -> None:
     assert settings_table() in DOC.read_text(), "run: python -m kimi_vision_prep.serving.settings_table --write"
 
 
-def test_every_rendered_setting_has_a_meaning_and_the_cpu_rendering_adds_none() -> None:
+def test_every_rendered_setting_is_declared_once() -> None:
+    names = [s.name for s in SETTINGS]
+    assert len(names) == len(set(names))
+    preset_fields = {field.name for field in dataclasses.fields(Preset)} | {"preset"}
     for options in (RenderOptions(), RenderOptions(instances=2, threads=1, kind="cpu")):
-        assert set(rendered_values(options)) <= set(MEANINGS)
+        assert set(rendered_values(options)) - preset_fields - {"patch_size"} <= set(names)
+
+
+def test_a_served_value_that_differs_says_why() -> None:
+    for setting in SETTINGS:
+        if setting.served is not None:
+            assert setting.why, setting.name
 
 
 def test_a_decode_model_reads_back_what_was_rendered_for_it() -> None:
-    options = RenderOptions(threads=3, kind="cpu")
-    rendered = rendered_decoder_settings(options, SERVING_DEFAULTS)
-    values = rendered_values(options)
-    parameters = {key: next(iter(values[key])) for key in ("decoder_pool_size", "codec_threads", "cpu_decode_threads")}
-    read = decoder_settings(parameters)
-    assert (read.decoder_pool_size, read.codec_threads, read.cpu_decode_threads) == (
-        rendered.decoder_pool_size,
-        rendered.codec_threads,
-        rendered.cpu_decode_threads,
-    )
-    assert (
-        read.max_images_per_request
-        == library_defaults()["max_images_per_request"]
-        == DecoderSettings().max_images_per_request
-    )
+    rendering = Rendering("decode", threads=3, patch_budget=SERVING_DEFAULTS.patch_budget(KIMI_K25))
+    read = decoder_settings(rendered_parameters(rendering))
+    assert (read.codec_threads, read.cpu_decode_threads, read.decoder_pool_size) == (3, 3, 1)
+    assert read.max_patches_per_request == 2 * KIMI_K25.in_patch_limit
+    assert read.max_images_per_request == DecoderSettings().max_images_per_request
+    assert decoder_settings({}) == DecoderSettings()
 
 
-def test_the_patchify_step_takes_the_decode_models_image_limit() -> None:
+def test_the_patchify_step_takes_the_decode_models_limits() -> None:
+    """The C step reads max_images_per_request and max_patches_per_request from its config: the
+    decode model's values, from the same declarations."""
+    for preset in (KIMI_K25, KIMI_K3):
+        budget = SERVING_DEFAULTS.patch_budget(preset)
+        decode = rendered_parameters(Rendering("decode", 0, budget))
+        patchify = rendered_parameters(Rendering("patchify", 0, budget))
+        assert set(patchify) == {"max_images_per_request", "max_patches_per_request"}
+        assert all(patchify[key] == decode[key] for key in patchify)
     values = rendered_values(RenderOptions(kind="cpu"))["max_images_per_request"]
-    assert len(values) == 1, values  # decode, patchify, preprocess, fused, tokens: one value
-    kinds = {kind for _, kind in next(iter(values.values()))}
-    assert {"decode", "patchify"} <= kinds
+    assert len(values) == 1, values
+    assert {"decode", "patchify"} <= {kind for _, kind in next(iter(values.values()))}

@@ -3,22 +3,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from kimi_vision_common.presets import Preset
 from kimi_vision_common.wire import NUM_TOKENS_TRITON_TYPE
 
-from ..limits import VideoLimits
 from . import pbtxt
-from .config import DecoderSettings
 from .render_blocks import (
     IMAGE_BYTES_INPUT,
     RAGGED,
     ModelFiles,
-    RenderOptions,
     ServedPreset,
-    decoder_block,
-    numba_block,
     pixel_outputs,
     preset_block,
     python_model,
@@ -38,14 +31,6 @@ def _chunk_outputs(preset: Preset) -> list[tuple[str, str]]:
     ]
 
 
-def _video_block(options: RenderOptions) -> str:
-    limits = VideoLimits()
-    return pbtxt.parameters(
-        {field.name: getattr(limits, field.name) for field in dataclasses.fields(VideoLimits)},
-        "Limits checked before the work they guard (encoded bytes, frame size, frames, sampled frames).",
-    ) + pbtxt.parameters({"ffmpeg_threads": options.threads}, "FFmpeg decoder threads (0: FFmpeg's choice).")
-
-
 def video_model(served: ServedPreset) -> ModelFiles:
     preset, prefix, title, options, defaults = served.parts
     name = f"{prefix}_video"
@@ -61,9 +46,8 @@ def video_model(served: ServedPreset) -> ModelFiles:
         ("the chunk's start as the prompt writes it", pbtxt.tensor("TIMESTAMP", "TYPE_STRING", (1,))),
         ("int64 (T,): decoded-frame indices of the chunk", pbtxt.tensor("FRAME_INDICES", "TYPE_INT64", (-1,))),
     ]
-    blocks = [_video_block(options), numba_block(options), preset_block(preset, prefix)]
-    cls = "media_models.VideoModel"
-    return python_model(name, summary, inputs, outputs, blocks, cls, options, defaults, decoupled=True)
+    blocks, cls = [preset_block(preset, prefix)], "media_models.VideoModel"
+    return python_model(name, summary, inputs, outputs, blocks, cls, options, defaults, "video", preset, decoupled=True)
 
 
 def video_chunk_model(served: ServedPreset) -> ModelFiles:
@@ -74,12 +58,9 @@ def video_chunk_model(served: ServedPreset) -> ModelFiles:
         "first frame's target under the per-frame budget, patchified T-major)."
     )
     inputs = [("T encoded frames (JPEG, PNG, ...)", pbtxt.tensor("FRAME_BYTES", "TYPE_STRING", (-1,), RAGGED))]
-    sampled = pbtxt.parameters(
-        {"max_sampled_frames": VideoLimits().max_sampled_frames}, "T of FRAME_BYTES [1, T] at most."
-    )
-    blocks = [decoder_block(options, defaults), sampled, numba_block(options), preset_block(preset, prefix)]
-    cls = "media_models.VideoChunkModel"
-    return python_model(name, summary, inputs, _chunk_outputs(preset), blocks, cls, options, defaults)
+    blocks, cls = [preset_block(preset, prefix)], "media_models.VideoChunkModel"
+    outputs = _chunk_outputs(preset)
+    return python_model(name, summary, inputs, outputs, blocks, cls, options, defaults, "video_chunk", preset)
 
 
 def tokens_model(served: ServedPreset) -> ModelFiles:
@@ -94,19 +75,8 @@ def tokens_model(served: ServedPreset) -> ModelFiles:
         ("int32 (K,)", pbtxt.tensor("NUM_TOKENS", NUM_TOKENS_TRITON_TYPE, (-1,))),
         ("the image placeholder of each image", pbtxt.tensor("PROMPT", "TYPE_STRING", (-1,))),
     ]
-    settings = DecoderSettings()
-    limits = pbtxt.parameters(
-        {
-            "max_images_per_request": settings.max_images_per_request,
-            "max_encoded_bytes": settings.max_encoded_bytes,
-            "max_pixels": settings.max_pixels,
-        },
-        "Header limits (images per request, encoded bytes, pixels).",
-    )
-    blocks = [limits, preset_block(preset, prefix)]
-    return python_model(
-        name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "media_models.TokensModel", options, defaults
-    )
+    blocks, cls = [preset_block(preset, prefix)], "media_models.TokensModel"
+    return python_model(name, summary, IMAGE_BYTES_INPUT, outputs, blocks, cls, options, defaults, "tokens", preset)
 
 
 def media_models(served: ServedPreset) -> list[ModelFiles]:

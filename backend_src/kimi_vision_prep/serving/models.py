@@ -14,10 +14,11 @@ from kimi_vision_common.presets import preset_from_parameters
 
 from ..pipeline import resized_decoded
 from .components import ImageDecoding, ImagePreprocessing, apply_numba_threads
-from .config import decoder_settings, parse_int
+from .config import decoder_settings
 from .contract import Result, ServingModel
 from .render_blocks import OPTIONAL_PREPROCESS_INPUT, PREPROCESS_INPUTS
 from .requests import check_request_size, decode_outputs, decoded_from_inputs, pixel_values_from_input
+from .settings import parse_int, setting
 from .tensors import cuda_device
 from .warmup import warmup_decoded
 
@@ -128,9 +129,9 @@ class PatchEmbedModel(ServingModel):
         super().__init__(pb_utils, args)
         from .patch_embed import make_patch_embed
 
-        self.patch_size = parse_int("patch_size", self.parameters.get("patch_size", "14"), 1)
-        self.hidden_size = parse_int("hidden_size", self.parameters.get("hidden_size", "1152"), 1)
-        self.seed = parse_int("seed", self.parameters.get("seed", "0"), 0)
+        self.patch_size = parse_int("patch_size", self.parameters["patch_size"], 1)  # rendered with the model
+        self.hidden_size = int(setting("hidden_size").parse(self.parameters))  # type: ignore[arg-type]
+        self.seed = int(setting("seed").parse(self.parameters))  # type: ignore[arg-type]
         self.conv = make_patch_embed(self.seed, self.hidden_size, self.patch_size, self.device)
         self.io.log(
             "info", f"{self.name}: Conv2d(3, {self.hidden_size}, {self.patch_size}) seed {self.seed} on {self.device}"

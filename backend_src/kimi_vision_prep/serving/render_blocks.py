@@ -7,7 +7,6 @@ defaults, :class:`ServingDefaults` or :class:`RenderOptions`.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from kimi_vision_common.presets import Preset, preset_parameters
 from kimi_vision_common.wire import NUM_TOKENS_TRITON_TYPE
 
 from . import pbtxt
-from .config import DecoderSettings
+from .settings import Rendering, rendered_parameters, setting
 
 InstanceKind = Literal["cpu", "gpu"]
 
@@ -67,19 +66,6 @@ class ServingDefaults:
     one request; the images a request carries (K) are unaffected. Measured: BENCHMARKS.md, "Served: memory"
     under load.
 
-    ``scratch_cap_bytes`` / ``recycle_cap_bytes``: each stub's :func:`~kimi_vision_prep.configure_buffers`
-    caps (in every Python model's parameters; 0: no reuse). ``scratch_cap_bytes`` is rendered
-    for the models that return pixels (preprocess, fused), 0 for the others. Each execute is one
-    scratch scope (``contract.ServingModel``), so a request's pixel output lands on the pages of
-    the last one's, which the stub copied into its shared memory in between: 64 MiB holds a K2.5
-    float32 output (37 MiB); larger needs get fresh pages. Measured on the pair of K2.5
-    ensembles (BENCHMARKS.md at 3853835, "arena"): the preprocess stubs' page faults fell ~90% and the
-    float32 ensemble's server CPU per request 2-18%, at the same peak memory under load; the
-    decode stubs stay at 0: a 12 MP photo's decode and resize passes (~64 MiB) did not fit that
-    cap, and a cap that holds them adds ~64 MiB a stub. Freed outputs are not recycled (0): a
-    stub's outputs leave it as copies, so a free list only adds memory there (the library's 128
-    MiB in process held ~400 MiB more over the pair, BENCHMARKS.md's history).
-
     ``budget_images``: a request's ``max_patches_per_request`` is this many times the preset's
     ``in_patch_limit`` (:meth:`patch_budget`): every single image the reference accepts fits (one
     image's NaViT grid is at most ~1.08x ``in_patch_limit`` after padding), and so do several
@@ -93,19 +79,11 @@ class ServingDefaults:
 
     max_batch_size: int = 8
     pixel_batch_size: int = 1
-    # The library keeps two decoders so that two callers decode at once; a decode instance runs
-    # one execute at a time (its images share the decoder's batch call), so a second would only
-    # hold its scratch memory (device memory on a GPU).
-    decoder_pool_size: int = 1
-    scratch_cap_bytes: int = 64 << 20
-    recycle_cap_bytes: int = 0
     max_queue_delay_us: int = 1000
     max_queue_size: int = 128
     queue_timeout_us: int = 30_000_000
     budget_images: int = 2
     embed_preset: str = "kimi-k2.5"
-    embed_hidden_size: int = 1152
-    embed_seed: int = 0
 
 
 HOST_INDEPENDENT = RenderOptions()  # the checked-in repository's options
@@ -180,65 +158,13 @@ def preset_block(preset: Preset, prefix: str) -> str:
     )
 
 
-def rendered_decoder_settings(options: RenderOptions, defaults: ServingDefaults) -> DecoderSettings:
-    """What a rendered decode model's parameters say: the library's defaults, the serving
-    overrides of :class:`ServingDefaults`, and the host's threads. A step that takes the decode
-    model's pixels (the C patchify step) renders its limits from this too."""
-    return dataclasses.replace(
-        DecoderSettings(),
-        decoder_pool_size=defaults.decoder_pool_size,
-        codec_threads=options.threads,
-        cpu_decode_threads=options.threads,
-    )
-
-
-def decoder_block(options: RenderOptions, defaults: ServingDefaults) -> str:
-    settings = rendered_decoder_settings(options, defaults)
-    return (
-        pbtxt.parameters(
-            {
-                "decoder_pool_size": settings.decoder_pool_size,
-                "codec_threads": settings.codec_threads,
-                "cpu_decode_threads": settings.cpu_decode_threads,
-            },
-            "nvImageCodec decoders alive per instance and its CPU threads per decoder; the CPU threads of\n"
-            "one decode call: the JPEGs of an execute() that many at once, a lone one in row bands (0: all cores).",
-        )
-        + pbtxt.parameters(
-            {"max_images_per_request": settings.max_images_per_request},
-            "K of IMAGE_BYTES [1, K]: more images in one request are refused (ImageTooLargeError).",
-        )
-        + pbtxt.parameters(
-            {"max_encoded_bytes": settings.max_encoded_bytes, "max_pixels": settings.max_pixels},
-            "Limits checked before any pixel is decoded (encoded bytes; Pillow's bomb threshold).",
-        )
-        + pbtxt.parameters(
-            {"strict_decode": "yes" if settings.strict_decode else "no"},
-            "yes: a failed fast decode is an error instead of a counted, logged Pillow fallback.",
-        )
-    )
-
-
-def budget_block(preset: Preset, defaults: ServingDefaults) -> str:
-    return pbtxt.parameters(
-        {"max_patches_per_request": defaults.patch_budget(preset)},
-        "NaViT patches of one request's images in all, from their headers before any pixel is decoded\n"
-        "(more: ImageTooLargeError); bounds what one request makes the server hold (docs/security.md).",
-    )
-
-
-def buffers_block(defaults: ServingDefaults, returns_pixels: bool = False) -> str:
-    scratch = defaults.scratch_cap_bytes if returns_pixels else 0
-    return pbtxt.parameters(
-        {"scratch_cap_bytes": scratch, "recycle_cap_bytes": defaults.recycle_cap_bytes},
-        "Large buffers this stub keeps for reuse (kimi_vision_prep.configure_buffers; 0: none).",
-    )
-
-
-def numba_block(options: RenderOptions) -> str:
-    return pbtxt.parameters(
-        {"numba_threads": options.threads}, "Threads of the CPU kernels per instance (0: numba's default, all cores)."
-    )
+def settings_block(kind: str, options: RenderOptions, defaults: ServingDefaults, preset: Preset | None) -> str:
+    """The :data:`~.settings.SETTINGS` a model of ``kind`` reads, with their rendered values
+    (``preset``: whose request budget; None for a model of no preset)."""
+    budget = 0 if preset is None else defaults.patch_budget(preset)
+    values = rendered_parameters(Rendering(kind, options.threads, budget))
+    meanings = "\n".join(f"{name}: {setting(name).meaning}" for name in values)
+    return pbtxt.parameters(values, "Settings (kimi_vision_prep.serving.settings; docs/serving.md):\n" + meanings)
 
 
 def pixel_outputs(p: int) -> dict[str, tuple[str, str]]:
@@ -285,14 +211,15 @@ def python_model(  # noqa: PLR0917
     python_class: str,
     options: RenderOptions,
     defaults: ServingDefaults,
+    kind: str,
+    preset: Preset,
     decoupled: bool = False,
     batch: int | None = None,
-    returns_pixels: bool = False,
 ) -> ModelFiles:
     """A Python-backend model: batching and backpressure, tensors, instances, parameters;
     ``python_class`` is ``module.Class`` under ``kimi_vision_prep.serving``; ``decoupled``: any
     number of responses a request (a stream); ``batch``: its ``max_batch_size`` (default
-    ``defaults.max_batch_size``); ``returns_pixels``: it gets the scratch cap (:class:`ServingDefaults`)."""
+    ``defaults.max_batch_size``); ``kind`` and ``preset``: which settings it gets (:func:`settings_block`)."""
     batch = defaults.max_batch_size if batch is None else batch
     policy = (
         pbtxt.comment("Decoupled: one response per chunk as it is ready, then an empty one flagged final.")
@@ -307,8 +234,8 @@ def python_model(  # noqa: PLR0917
         + pbtxt.tensor_list("input", inputs)
         + pbtxt.tensor_list("output", outputs)
         + instance_group(options)
+        + settings_block(kind, options, defaults, preset)
         + "".join(blocks)
-        + buffers_block(defaults, returns_pixels)
     )
     return ModelFiles(name, config, python_class)
 

@@ -28,7 +28,6 @@ from kimi_vision_common.models import PATCH_EMBED_MODEL, SERVED_PRESETS, default
 from kimi_vision_common.presets import PRESETS, Preset
 
 from . import pbtxt
-from .config import DecoderSettings
 from .media_kinds import media_models
 from .render_blocks import (
     DECODED_TENSORS,
@@ -40,19 +39,16 @@ from .render_blocks import (
     RenderOptions,
     ServedPreset,
     ServingDefaults,
-    budget_block,
-    buffers_block,
-    decoder_block,
     dynamic_batching,
     ensemble,
     ensemble_step,
     instance_group,
-    numba_block,
     pixel_outputs,
     preset_block,
     python_model,
-    rendered_decoder_settings,
+    settings_block,
 )
+from .settings import setting
 from .triton_install import PATCHIFY_BACKEND
 
 
@@ -112,19 +108,15 @@ def decode_model(served: ServedPreset) -> ModelFiles:
         "goes through Pillow. On a GPU instance IMAGE is a CUDA tensor (resized with torch there)\n"
         "handed over through DLPack."
     )
-    blocks = [
-        decoder_block(options, defaults),
-        budget_block(preset, defaults),
-        numba_block(options),
-        preset_block(preset, prefix),
-    ]
+    blocks = [preset_block(preset, prefix)]
     # On CPU instances the images of a batch are decoded one after the other anyway (no batch
     # call to feed), and every request of an execute holds its resized images until the execute
     # returns: one request an execute bounds a decode stub's working set (docs/security.md).
     batch = defaults.pixel_batch_size if options.kind == "cpu" else defaults.max_batch_size
     return python_model(
-        name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.DecodeModel", options, defaults, batch=batch
-    )
+        name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.DecodeModel", options, defaults, "decode", preset,
+        batch=batch,
+    )  # fmt: skip
 
 
 def preprocess_model(served: ServedPreset) -> ModelFiles:
@@ -146,19 +138,10 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
         "through DLPack without a host copy and processed with torch on that device."
     )
     outputs = pixel_outputs(preset.patch_size).values()
-    blocks = [
-        pbtxt.parameters({"FORCE_CPU_ONLY_INPUT_TENSORS": "no"}),
-        pbtxt.parameters(
-            {"max_images_per_request": DecoderSettings().max_images_per_request},
-            "K of IMAGE_SHAPES [1, K, 4] (the decode step's limit).",
-        ),
-        budget_block(preset, defaults),
-        numba_block(options),
-        preset_block(preset, prefix),
-    ]
+    blocks = [preset_block(preset, prefix)]
     python_class, batch = "models.PreprocessModel", defaults.pixel_batch_size
     return python_model(
-        name, summary, inputs, outputs, blocks, python_class, options, defaults, batch=batch, returns_pixels=True
+        name, summary, inputs, outputs, blocks, python_class, options, defaults, "preprocess", preset, batch=batch
     )
 
 
@@ -173,12 +156,7 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
     PIXEL_PATCHES): decode and preprocess in one Python model each."""
     preset, prefix, title, options, defaults = served.parts
     tensors = pixel_outputs(preset.patch_size)
-    blocks = [
-        decoder_block(options, defaults),
-        budget_block(preset, defaults),
-        numba_block(options),
-        preset_block(preset, prefix),
-    ]
+    blocks = [preset_block(preset, prefix)]
     models = []
     for wire, pixels in PIXEL_WIRES.items():
         name = f"{prefix}_vision_fused{wire}"
@@ -191,7 +169,7 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
         outputs = [tensors[pixels], tensors["GRID_THW"], tensors["NUM_TOKENS"]]
         model = python_model(
             name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.FusedVisionModel", options, defaults,
-            batch=defaults.pixel_batch_size, returns_pixels=True,
+            f"vision_fused{wire}", preset, batch=defaults.pixel_batch_size,
         )  # fmt: skip
         models.append(model)
     return models
@@ -214,15 +192,13 @@ def patchify_model(served: ServedPreset) -> ModelFiles:
         ("uint8 (ΣHWC,): the K images, flat, RGB", pbtxt.tensor("IMAGE", "TYPE_UINT8", (-1,), RAGGED)),
         ("int64 (K, 4): height, width, 3, offset", pbtxt.tensor("IMAGE_SHAPES", "TYPE_INT64", (-1, 4), RAGGED)),
     ]
-    limit = rendered_decoder_settings(options, defaults).max_images_per_request
     config = (
         pbtxt.head(name, summary, batch, backend=PATCHIFY_BACKEND)
         + dynamic_batching(defaults, batch)
         + pbtxt.tensor_list("input", inputs)
         + pbtxt.tensor_list("output", pixel_outputs(preset.patch_size).values())
         + instance_group(options)
-        + pbtxt.parameters({"max_images_per_request": limit}, "K of IMAGE_SHAPES [1, K, 4] (the decode step's limit).")
-        + budget_block(preset, defaults)
+        + settings_block("patchify", options, defaults, preset)
         + preset_block(preset, prefix)
     )
     return ModelFiles(name, config, None)
@@ -264,14 +240,14 @@ def vision_ensembles(served: ServedPreset) -> list[ModelFiles]:
 
 
 def patch_embed_model(preset: Preset, options: RenderOptions, defaults: ServingDefaults) -> ModelFiles:
-    p, hidden = preset.patch_size, defaults.embed_hidden_size
+    p, hidden, seed = preset.patch_size, setting("hidden_size").default, setting("seed").default
     config = (
         pbtxt.head(
             PATCH_EMBED_MODEL,
             "kimi_patch_embed: chaining example standing in for MoonViT's patch embedding (random weights).\n"
             f"torch Conv2d(3, {hidden}, kernel={p}, stride={p}) with PyTorch's default init drawn right after\n"
-            f"torch.manual_seed({defaults.embed_seed}): reproduce in any process with\n"
-            f"  torch.manual_seed({defaults.embed_seed}); torch.nn.Conv2d(3, {hidden}, kernel_size={p}, stride={p})",
+            f"torch.manual_seed({seed}): reproduce in any process with\n"
+            f"  torch.manual_seed({seed}); torch.nn.Conv2d(3, {hidden}, kernel_size={p}, stride={p})",
             defaults.max_batch_size,
         )
         + f"dynamic_batching {{ max_queue_delay_microseconds: {defaults.max_queue_delay_us} }}\n"
@@ -280,15 +256,8 @@ def patch_embed_model(preset: Preset, options: RenderOptions, defaults: ServingD
         )
         + pbtxt.tensor_list("output", [("", pbtxt.tensor("PATCH_EMBEDS", "TYPE_FP32", (-1, hidden)))])
         + instance_group(options)
-        + pbtxt.parameters(
-            {
-                "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
-                "seed": defaults.embed_seed,
-                "hidden_size": hidden,
-                "patch_size": p,
-            }
-        )
-        + buffers_block(defaults)
+        + settings_block("patch_embed", options, defaults, None)
+        + pbtxt.parameters({"patch_size": p}, "The patches' side (the preset's patch_size).")
     )
     return ModelFiles(PATCH_EMBED_MODEL, config, "models.PatchEmbedModel")
 
@@ -298,7 +267,7 @@ def embed_ensemble(served: ServedPreset) -> ModelFiles:
     name = f"{prefix}_vision_embed"
     tensors = pixel_outputs(preset.patch_size)
     outputs = [
-        ("", pbtxt.tensor("PATCH_EMBEDS", "TYPE_FP32", (-1, defaults.embed_hidden_size))),
+        ("", pbtxt.tensor("PATCH_EMBEDS", "TYPE_FP32", (-1, setting("hidden_size").default))),
         ("", tensors["GRID_THW"][1]),
         ("", tensors["NUM_TOKENS"][1]),
     ]

@@ -1,9 +1,9 @@
-"""The table of every setting a served model reads (docs/serving.md), made from the definitions.
+"""The table of every setting a served model reads (docs/serving.md), made from :data:`~.settings.SETTINGS`.
 
-Each row: the ``parameters`` key, what it means, the library's default (the dataclass or constant
-that defines it) and the values a rendering writes into the models' configs (read back from
-:func:`~.repository.repository_models`), so the table cannot drift from either. The preset's own
-fields are the preset table's (docs/presets.md). ``tests/test_settings_table.py`` checks that
+Each row: the ``parameters`` key, what it means, the library's default, the values a rendering
+writes into the models' configs (read back from :func:`~.repository.repository_models`, so the
+table cannot drift from the renderer) and why a served value differs from the library's. The
+preset's own fields are the preset table's (docs/presets.md). ``tests/test_settings_table.py`` checks that
 docs/serving.md holds this table; ``python -m kimi_vision_prep.serving.settings_table --write``
 rewrites it there.
 """
@@ -20,51 +20,13 @@ from pathlib import Path
 from kimi_vision_common.models import SERVED_PRESETS, model_prefix
 from kimi_vision_common.presets import Preset
 
-from ..buffers import DEFAULT_RECYCLE_CAP_BYTES, DEFAULT_SCRATCH_CAP_BYTES
-from ..limits import VideoLimits
-from .config import DecoderSettings
 from .render_blocks import RenderOptions
 from .repository import repository_models
+from .settings import SETTINGS
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "serving.md"
 BEGIN, END = "<!-- settings-table: begin -->", "<!-- settings-table: end -->"
 PARAMETER = re.compile(r'parameters \{ key: "(?P<key>[^"]+)" value: \{ string_value: "(?P<value>[^"]*)" \} \}')
-
-MEANINGS: dict[str, str] = {
-    "max_images_per_request": "images (K) of one request",
-    "max_patches_per_request": "NaViT patches of one request's images, from their headers",
-    "max_encoded_bytes": "bytes of one encoded image",
-    "max_pixels": "stored width x height of one image",
-    "strict_decode": "a failed fast decode is an error, not a Pillow fallback",
-    "decoder_pool_size": "nvImageCodec decoders kept per instance",
-    "codec_threads": "nvImageCodec CPU threads per decoder (0: all cores)",
-    "cpu_decode_threads": "threads of one CPU decode call: images at once, a lone JPEG's row bands (0: all cores)",
-    "numba_threads": "threads of the CPU kernels (0: all cores)",
-    "scratch_cap_bytes": "scratch arena kept per thread for reuse",
-    "recycle_cap_bytes": "freed output buffers kept for reuse",
-    "max_video_bytes": "bytes of one encoded video",
-    "max_frame_pixels": "width x height of one video frame",
-    "max_video_frames": "frames of a video stream, counted before decoding",
-    "max_sampled_frames": "frames sampled from one video (T of a chunk request)",
-    "ffmpeg_threads": "FFmpeg decoder threads (0: FFmpeg's choice)",
-    "FORCE_CPU_ONLY_INPUT_TENSORS": "the Python backend's: no: inputs stay on the GPU (DLPack hand-off)",
-    "hidden_size": "the chaining example's Conv2d width",
-    "seed": "the chaining example's weight seed",
-}
-
-
-def library_defaults() -> dict[str, object]:
-    """Each setting's default where the library defines it (None: no limit; absent: served only)."""
-    values: dict[str, object] = dataclasses.asdict(DecoderSettings())
-    values.update(dataclasses.asdict(VideoLimits()))
-    values.update(
-        scratch_cap_bytes=DEFAULT_SCRATCH_CAP_BYTES,
-        recycle_cap_bytes=DEFAULT_RECYCLE_CAP_BYTES,
-        numba_threads=0,
-        ffmpeg_threads=0,
-    )
-    return values
-
 
 def rendered_values(options: RenderOptions) -> dict[str, dict[str, list[tuple[str, str]]]]:
     """``{key: {value: [(preset, model kind)]}}`` over every rendered model but the preset's fields."""
@@ -93,22 +55,17 @@ def model_kind(name: str) -> tuple[str, str]:
     return "", name
 
 
-def _text(value: object) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
-
-
 def settings_table(options: RenderOptions | None = None) -> str:
     """The markdown table (the checked-in rendering's values unless ``options``)."""
-    defaults, rendered = library_defaults(), rendered_values(options or RenderOptions())
-    lines = ["| parameter | meaning | library default | rendered (models) |", "|---|---|---|---|"]
-    for key in sorted(rendered, key=lambda k: (k not in defaults, k)):
-        served = "; ".join(f"{value} ({_models(found)})" for value, found in sorted(rendered[key].items()))
-        library = _text(defaults[key]) if key in defaults else "-"
-        lines.append(f"| `{key}` | {MEANINGS[key]} | {library} | {served} |")
+    rendered = rendered_values(options or RenderOptions())
+    lines = [
+        "| parameter | meaning | library default | rendered (models) | why the served value differs |",
+        "|---|---|---|---|---|",
+    ]
+    for item in sorted(SETTINGS, key=lambda s: (not s.library, s.name)):
+        served = "; ".join(f"{value} ({_models(found)})" for value, found in sorted(rendered[item.name].items()))
+        library = item.text(item.default) if item.library else "-"
+        lines.append(f"| `{item.name}` | {item.meaning} | {library} | {served} | {item.why or '-'} |")
     return "\n".join(lines) + "\n"
 
 
