@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from kimi_vision_client.cli import build_parser
+from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, DEFAULT_PROBE_PORT
 from kimi_vision_prep.cli import cmd_serve
 from kimi_vision_prep.serving import launcher
 
@@ -29,8 +30,8 @@ DOCKER = REPO / "docker"
 DOCKERFILES = {"cu12": DOCKER / "Dockerfile.cu12", "cu13": DOCKER / "Dockerfile.cu13"}
 COMPOSE = DOCKER / "docker-compose.yml"
 K8S = DOCKER / "k8s" / "deployment.yaml"
-PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
-PROBE_PORT = 8003  # kimi-prep serve --probe-port: /livez, /readyz
+PORTS = {"http": DEFAULT_HTTP_PORT, "grpc": DEFAULT_GRPC_PORT, "metrics": DEFAULT_METRICS_PORT}
+PROBE_PORT = DEFAULT_PROBE_PORT  # kimi-prep serve --probe-port: /livez, /readyz
 PINNED_TRITON = re.compile(r"^nvcr\.io/nvidia/tritonserver:\d{2}\.\d{2}-py3$")
 MODEL_NAME = re.compile(r"\bkimi_(?:k\d+_[a-z0-9_]+|patch_embed)\b")
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from kimi_vision_common.models import PATCH_EMBED_MODEL
+from kimi_vision_common.wire import DEFAULT_PROBE_PORT
 from kimi_vision_prep.serving.launcher import CPU_ONLY_NOISE
 from kimi_vision_prep.serving.repository import RenderOptions, repository_models
 
@@ -88,5 +89,6 @@ def test_the_ports_the_readme_gives_are_the_defaults() -> None:
     makefile = (DOCS.parent / "Makefile").read_text()
     assert f"127.0.0.1:{defaults['http_port']} (HTTP) and :{defaults['grpc_port']} (gRPC)" in readme
     probe = re.search(r"kimi-prep serve --probe-port (\d+)", makefile)[1]  # type: ignore[index]
+    assert int(probe) == DEFAULT_PROBE_PORT
     assert f"http://127.0.0.1:{probe}/readyz" in readme
     assert defaults["host"] == "127.0.0.1"

@@ -34,6 +34,7 @@ from kimi_vision_client.client import KimiVisionClient
 from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.presets import PRESETS
+from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 
 from .serving.repository import RenderOptions, model_presets
 
@@ -249,9 +250,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="only this preset's models (kimi-k2.5 / kimi-k2.6, kimi-k3; default: every preset)",
     )
-    srv.add_argument("--http-port", type=int, default=8000, help="HTTP (KServe v2 REST)")
-    srv.add_argument("--grpc-port", type=int, default=8001, help="gRPC (KServe v2)")
-    srv.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics")
+    srv.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT, help="HTTP (KServe v2 REST)")
+    srv.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC (KServe v2)")
+    srv.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, help="Prometheus /metrics")
     host = "this host's layout, printed at start"
     add_render_arguments(srv, (host, host, "GPU if any"), " (serves a fresh rendering from the presets)")
     srv.add_argument(

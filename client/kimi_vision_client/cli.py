@@ -27,7 +27,13 @@ from PIL import Image
 from kimi_vision_common.errors import ModelNotServedError, PreprocessError, ServerUnavailableError
 from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.results import VideoChunkResult, concat_results
-from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST, NUM_TOKENS_DTYPE, operator_key
+from kimi_vision_common.wire import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_MAX_IMAGES_PER_REQUEST,
+    NUM_TOKENS_DTYPE,
+    operator_key,
+)
 
 from .client import KimiVisionClient, VisionResult
 from .media import require_grpc, sibling_model
@@ -365,7 +371,11 @@ def positive_int_list(text: str) -> list[int]:
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """``--url``, ``--protocol``, ``--model``, ``--shm``: how ``infer`` and ``bench`` reach a server."""
-    parser.add_argument("--url", default=None, help="host:port (default localhost:8001 for grpc, :8000 for http)")
+    parser.add_argument(
+        "--url",
+        default=None,
+        help=f"host:port (default: localhost:{DEFAULT_GRPC_PORT} for grpc, :{DEFAULT_HTTP_PORT} for http)",
+    )
     parser.add_argument("--protocol", choices=("http", "grpc"), default="grpc", help="how to reach the server")
     parser.add_argument("--model", default="kimi_k25_vision", help="the image model to send to")
     parser.add_argument("--shm", action="store_true", help="exchange tensors through system shared memory")
@@ -454,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     args.tritonserver_args = passthrough
     if args.command in ("infer", "bench") and args.url is None:
-        args.url = "localhost:8001" if args.protocol == "grpc" else "localhost:8000"
+        args.url = f"localhost:{DEFAULT_GRPC_PORT if args.protocol == 'grpc' else DEFAULT_HTTP_PORT}"
     if getattr(args, "concurrency", 1) < 1:
         print("kimi-prep: --concurrency must be >= 1", file=sys.stderr)
         return EXIT_USAGE

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
+
 from .access import LOOPBACK_HOST, AccessPolicy, access_args, generated_key, redacted, write_key_file
 from .allocator import describe_server_allocator
 from .host import cuda_device_count
@@ -70,9 +72,9 @@ CPU_ONLY_NOTICE = (
 
 @dataclass(frozen=True)
 class Ports:
-    http: int = 8000
-    grpc: int = 8001
-    metrics: int = 8002
+    http: int = DEFAULT_HTTP_PORT
+    grpc: int = DEFAULT_GRPC_PORT
+    metrics: int = DEFAULT_METRICS_PORT
     probe: int | None = None
 
 

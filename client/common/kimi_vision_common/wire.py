@@ -23,6 +23,9 @@ GRID_THW, NUM_TOKENS = "GRID_THW", "NUM_TOKENS"
 # NUM_TOKENS' one dtype: on the wire (TYPE_INT32), in the library's and the client's arrays, in the npz.
 NUM_TOKENS_DTYPE = np.dtype(np.int32)
 NUM_TOKENS_TRITON_TYPE = f"TYPE_{NUM_TOKENS_DTYPE.name.upper()}"
+# Where a server listens unless told otherwise (tritonserver's own defaults), and the probes
+# (`kimi-prep serve --probe-port`, `make serve`): the launcher, both CLIs and the deploy files use these.
+DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT, DEFAULT_PROBE_PORT = 8000, 8001, 8002, 8003
 # K of IMAGE_BYTES [1, K] the served models accept by default (their max_images_per_request).
 DEFAULT_MAX_IMAGES_PER_REQUEST = 16
 
