@@ -31,6 +31,7 @@ from kimi_vision_common.wire import (
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_IMAGES_PER_REQUEST,
+    IMAGE_BYTES,
     NUM_TOKENS_DTYPE,
     operator_key,
 )
@@ -299,7 +300,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_SOME_FAILED if any(level["errors"] for level in result["levels"]) else EXIT_OK
 
 
-def perf_input_data(images: Sequence[bytes], name: str = "IMAGE_BYTES") -> dict[str, object]:
+def perf_input_data(images: Sequence[bytes], name: str = IMAGE_BYTES) -> dict[str, object]:
     """perf_analyzer ``--input-data`` JSON: one single-image request per image. A BYTES tensor's
     ``b64`` content is the 4-byte little-endian length of each element, then its bytes."""
     import base64

@@ -41,7 +41,7 @@ from kimi_vision_common.patches import expand_patches
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult, TokenCount, VideoChunkResult
 from kimi_vision_common.sizing import navit_target_size
-from kimi_vision_common.wire import NUM_TOKENS_DTYPE, admin_headers, error_from_served
+from kimi_vision_common.wire import IMAGE_BYTES, NUM_TOKENS_DTYPE, PROMPT, admin_headers, error_from_served
 
 from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
 from .transport import ADAPTERS, ShmSlot, Waiter
@@ -68,7 +68,7 @@ __all__ = [
 Protocol = Literal["http", "grpc"]
 ResultT = TypeVar("ResultT")
 
-INPUT_NAME = "IMAGE_BYTES"
+INPUT_NAME = IMAGE_BYTES
 OUTPUT_DTYPES: dict[str, np.dtype] = {
     PIXEL_VALUES: np.dtype(np.float32),
     PIXEL_PATCHES: np.dtype(np.uint8),
@@ -342,7 +342,7 @@ class KimiVisionClient:
             result = self._adapter.submit(self._client, name, inputs, outputs)()
         except Exception as exc:
             raise error_from_server(exc, len(items) == 1) from None
-        return token_counts({n: result.as_numpy(n) for n in (GRID_THW, NUM_TOKENS, "PROMPT")})
+        return token_counts({n: result.as_numpy(n) for n in (GRID_THW, NUM_TOKENS, PROMPT)})
 
     def infer(self, data: bytes) -> VisionResult:
         """Preprocess one encoded image; raises a :class:`PreprocessError` subclass on failure."""

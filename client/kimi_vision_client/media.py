@@ -18,10 +18,11 @@ import tritonclient.grpc
 from kimi_vision_common.errors import InvalidRequestError
 from kimi_vision_common.patches import expand_patches
 from kimi_vision_common.results import TokenCount, VideoChunkResult
+from kimi_vision_common.wire import FRAME_INDICES, IMAGE_BYTES, PROMPT, TIMESTAMP, VIDEO_BYTES
 
 from .wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, Wire
 
-VIDEO_OUTPUTS = ("PROMPT", "TIMESTAMP", "FRAME_INDICES")
+VIDEO_OUTPUTS = (PROMPT, TIMESTAMP, FRAME_INDICES)
 STREAM_TIMEOUT_S = 300.0  # the longest wait for one chunk
 
 
@@ -49,9 +50,9 @@ def chunk_from_outputs(outputs: Mapping[str, np.ndarray], wire: Wire) -> VideoCh
         pixel_values=pixel_values,
         grid_thw=np.array(outputs[GRID_THW], dtype=np.int64).reshape(3),
         num_tokens=int(np.asarray(outputs[NUM_TOKENS]).reshape(())),
-        prompt=_text(outputs["PROMPT"]),
-        timestamp=_text(outputs["TIMESTAMP"]),
-        frame_indices=tuple(int(i) for i in np.asarray(outputs["FRAME_INDICES"]).reshape(-1)),
+        prompt=_text(outputs[PROMPT]),
+        timestamp=_text(outputs[TIMESTAMP]),
+        frame_indices=tuple(int(i) for i in np.asarray(outputs[FRAME_INDICES]).reshape(-1)),
     )
 
 
@@ -63,7 +64,7 @@ def stream_video(
     client = tritonclient.grpc.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
-        video = tritonclient.grpc.InferInput("VIDEO_BYTES", [1, 1], "BYTES")
+        video = tritonclient.grpc.InferInput(VIDEO_BYTES, [1, 1], "BYTES")
         video.set_data_from_numpy(np.array([[data]], dtype=np.object_))
         names = (wire.pixel_output, GRID_THW, NUM_TOKENS, *VIDEO_OUTPUTS)
         outputs = [tritonclient.grpc.InferRequestedOutput(name) for name in names]
@@ -98,7 +99,7 @@ def token_counts(outputs: Mapping[str, np.ndarray]) -> list[TokenCount]:
     """A ``kimi_*_tokens`` response -> one :class:`~kimi_vision_common.results.TokenCount` per image."""
     grids = np.array(outputs[GRID_THW], dtype=np.int64).reshape(-1, 3)
     tokens = np.asarray(outputs[NUM_TOKENS]).reshape(-1)
-    prompts = np.asarray(outputs["PROMPT"]).reshape(-1)
+    prompts = np.asarray(outputs[PROMPT]).reshape(-1)
     return [
         TokenCount(grid, int(count), prompt.decode() if isinstance(prompt, bytes) else str(prompt))
         for grid, count, prompt in zip(grids, tokens, prompts, strict=True)
@@ -107,6 +108,6 @@ def token_counts(outputs: Mapping[str, np.ndarray]) -> list[TokenCount]:
 
 def tokens_request(module: Any, items: Sequence[bytes]) -> tuple[list[Any], list[Any]]:
     """The inputs and requested outputs of a ``kimi_*_tokens`` request for ``items``."""
-    images = module.InferInput("IMAGE_BYTES", [1, len(items)], "BYTES")
+    images = module.InferInput(IMAGE_BYTES, [1, len(items)], "BYTES")
     images.set_data_from_numpy(np.array([list(items)], dtype=np.object_))
-    return [images], [module.InferRequestedOutput(name) for name in (GRID_THW, NUM_TOKENS, "PROMPT")]
+    return [images], [module.InferRequestedOutput(name) for name in (GRID_THW, NUM_TOKENS, PROMPT)]

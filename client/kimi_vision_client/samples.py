@@ -63,4 +63,3 @@ def bench_photos() -> dict[str, bytes]:
         image = Image.fromarray(photo_like(width, height, seed))
         photos[f"generated_{width}x{height}.jpg"] = encode(image, "JPEG", quality=90, subsampling="4:2:0")
     return photos
-

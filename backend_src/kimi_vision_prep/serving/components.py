@@ -8,6 +8,7 @@ from typing import Any
 
 from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.presets import Preset
+from kimi_vision_common.wire import IMAGE_BYTES
 
 from ..decode import DecodedImage, DecodeStats, ImageDecoder
 from ..numba_runtime import set_num_threads
@@ -55,7 +56,7 @@ class ImageDecoding:
         them, at most ``max_patches_per_request`` NaViT patches in all (from their headers: nothing
         is decoded for a request over budget)."""
         settings = self.settings
-        images = images_from_input(self.model.io.get_input(request, "IMAGE_BYTES"), settings.max_images_per_request)
+        images = images_from_input(self.model.io.get_input(request, IMAGE_BYTES), settings.max_images_per_request)
         check_patch_budget(images, self.preset, settings.max_patches_per_request, limits=settings.limits)
         return images
 

@@ -29,7 +29,19 @@ import numpy as np
 
 from kimi_vision_common.errors import VideoTooLargeError
 from kimi_vision_common.presets import preset_from_parameters
-from kimi_vision_common.wire import NUM_TOKENS_DTYPE
+from kimi_vision_common.wire import (
+    FRAME_BYTES,
+    FRAME_INDICES,
+    GRID_THW,
+    IMAGE_BYTES,
+    NUM_TOKENS,
+    NUM_TOKENS_DTYPE,
+    PIXEL_PATCHES,
+    PIXEL_VALUES,
+    PROMPT,
+    TIMESTAMP,
+    VIDEO_BYTES,
+)
 
 from ..pipeline import map_indexed
 from ..tokens import count_tokens
@@ -42,7 +54,7 @@ from .requests import images_from_input, strings_from_input
 
 def pixel_output(requested: frozenset[str] | None) -> str:
     """``pixel_patches`` when a request names PIXEL_PATCHES and not PIXEL_VALUES, else ``pixel_values``."""
-    if requested is not None and "PIXEL_PATCHES" in requested and "PIXEL_VALUES" not in requested:
+    if requested is not None and PIXEL_PATCHES in requested and PIXEL_VALUES not in requested:
         return "pixel_patches"
     return "pixel_values"
 
@@ -50,13 +62,13 @@ def pixel_output(requested: frozenset[str] | None) -> str:
 def chunk_outputs(result: Any) -> dict[str, Any]:
     """The tensors of one chunk (a ``PreprocessResult`` or a ``VideoChunkResult``)."""
     outputs: dict[str, Any] = {
-        "GRID_THW": np.asarray(result.grid_thw, dtype=np.int64)[None],
-        "NUM_TOKENS": np.array([[result.num_tokens]], dtype=NUM_TOKENS_DTYPE),
+        GRID_THW: np.asarray(result.grid_thw, dtype=np.int64)[None],
+        NUM_TOKENS: np.array([[result.num_tokens]], dtype=NUM_TOKENS_DTYPE),
     }
     if result.pixel_values is not None:
-        outputs["PIXEL_VALUES"] = result.pixel_values[None]
+        outputs[PIXEL_VALUES] = result.pixel_values[None]
     if result.pixel_patches is not None:
-        outputs["PIXEL_PATCHES"] = result.pixel_patches[None]
+        outputs[PIXEL_PATCHES] = result.pixel_patches[None]
     return outputs
 
 
@@ -72,12 +84,12 @@ class TokensModel(ServingModel):
         self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.settings}")
 
     def count(self, request: Any) -> Result:
-        items = images_from_input(self.io.get_input(request, "IMAGE_BYTES"), self.settings.max_images_per_request)
+        items = images_from_input(self.io.get_input(request, IMAGE_BYTES), self.settings.max_images_per_request)
         counts = map_indexed(lambda data: count_tokens(data, self.preset, limits=self.settings.limits), items, "image")
         return {
-            "GRID_THW": np.array([[c.grid_thw for c in counts]], dtype=np.int64),
-            "NUM_TOKENS": np.array([[c.num_tokens for c in counts]], dtype=NUM_TOKENS_DTYPE),
-            "PROMPT": np.array([[c.prompt.encode() for c in counts]], dtype=np.object_),
+            GRID_THW: np.array([[c.grid_thw for c in counts]], dtype=np.int64),
+            NUM_TOKENS: np.array([[c.num_tokens for c in counts]], dtype=NUM_TOKENS_DTYPE),
+            PROMPT: np.array([[c.prompt.encode() for c in counts]], dtype=np.object_),
         }
 
     def handle(self, requests: Sequence[Any]) -> list[Result]:
@@ -100,7 +112,7 @@ class VideoChunkModel(ServingModel):
         self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.settings}, {self.video}")
 
     def chunk(self, request: Any) -> Result:
-        frames = strings_from_input(self.io.get_input(request, "FRAME_BYTES"), "FRAME_BYTES")
+        frames = strings_from_input(self.io.get_input(request, FRAME_BYTES), FRAME_BYTES)
         if len(frames) > self.video.limits.max_sampled_frames:
             raise VideoTooLargeError(
                 f"{len(frames)} frames exceed max_sampled_frames={self.video.limits.max_sampled_frames}"
@@ -126,7 +138,7 @@ class VideoModel(StreamingModel):
         self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.video}")
 
     def stream(self, request: Any) -> Iterator[Result]:
-        (data,) = strings_from_input(self.io.get_input(request, "VIDEO_BYTES"), "VIDEO_BYTES")
+        (data,) = strings_from_input(self.io.get_input(request, VIDEO_BYTES), VIDEO_BYTES)
         output = pixel_output(self.requested_outputs(request))
         chunks = preprocess_video(
             data,
@@ -138,9 +150,7 @@ class VideoModel(StreamingModel):
         )
         for chunk in chunks:
             outputs = chunk_outputs(chunk)
-            outputs["PROMPT"] = np.array([[chunk.prompt.encode()]], dtype=np.object_)
-            outputs["TIMESTAMP"] = np.array([[chunk.timestamp.encode()]], dtype=np.object_)
-            outputs["FRAME_INDICES"] = np.array([chunk.frame_indices], dtype=np.int64)
+            outputs[PROMPT] = np.array([[chunk.prompt.encode()]], dtype=np.object_)
+            outputs[TIMESTAMP] = np.array([[chunk.timestamp.encode()]], dtype=np.object_)
+            outputs[FRAME_INDICES] = np.array([chunk.frame_indices], dtype=np.int64)
             yield outputs
-
-

@@ -11,13 +11,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kimi_vision_common.presets import preset_from_parameters
+from kimi_vision_common.wire import IMAGE, PATCH_EMBEDS, PIXEL_VALUES
 
 from ..pipeline import resized_decoded
 from .components import ImageDecoding, ImagePreprocessing, apply_numba_threads
 from .config import decoder_settings
 from .contract import Result, ServingModel
-from .render_blocks import OPTIONAL_PREPROCESS_INPUT, PREPROCESS_INPUTS
-from .requests import check_request_size, decode_outputs, decoded_from_inputs, pixel_values_from_input
+from .requests import (
+    OPTIONAL_PREPROCESS_INPUT,
+    PREPROCESS_INPUTS,
+    check_request_size,
+    decode_outputs,
+    decoded_from_inputs,
+    pixel_values_from_input,
+)
 from .settings import parse_int, setting
 from .tensors import cuda_device
 from .warmup import warmup_decoded
@@ -75,7 +82,7 @@ class PreprocessModel(ServingModel):
     def process(self, request: Any) -> Result:
         inputs = {name: self.io.get_input(request, name) for name in PREPROCESS_INPUTS}
         inputs[OPTIONAL_PREPROCESS_INPUT] = self.io.get_optional_input(request, OPTIONAL_PREPROCESS_INPUT)
-        self.note_image_memory(inputs["IMAGE"])
+        self.note_image_memory(inputs[IMAGE])
         return self.preprocessing.outputs(self.decoded_input(inputs), request)
 
     def note_image_memory(self, image: Any) -> None:
@@ -144,8 +151,8 @@ class PatchEmbedModel(ServingModel):
 
         inputs = self.per_request(
             requests,
-            lambda r: pixel_values_from_input(self.io.get_input(r, "PIXEL_VALUES"), self.patch_size).to(self.device),
+            lambda r: pixel_values_from_input(self.io.get_input(r, PIXEL_VALUES), self.patch_size).to(self.device),
         )
         good = [x for x in inputs if not isinstance(x, BaseException)]
         embeds = iter(embed_patches(self.conv, torch.cat(good)).split([len(x) for x in good]) if good else ())
-        return [x if isinstance(x, BaseException) else {"PATCH_EMBEDS": next(embeds)[None]} for x in inputs]
+        return [x if isinstance(x, BaseException) else {PATCH_EMBEDS: next(embeds)[None]} for x in inputs]

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kimi_vision_common.presets import Preset, preset_parameters
-from kimi_vision_common.wire import NUM_TOKENS_TRITON_TYPE
+from kimi_vision_common.wire import (
+    GRID_THW,
+    IMAGE_BYTES,
+    NUM_TOKENS,
+    NUM_TOKENS_TRITON_TYPE,
+    PIXEL_PATCHES,
+    PIXEL_VALUES,
+)
 
 from . import pbtxt
 from .settings import Rendering, rendered_parameters, setting
@@ -103,6 +110,8 @@ class ServedPreset:
     @property
     def parts(self) -> tuple[Preset, str, str, RenderOptions, ServingDefaults]:
         return self.preset, self.prefix, self.title, self.options, self.defaults
+
+
 SERVING_DEFAULTS = ServingDefaults()
 
 
@@ -170,33 +179,28 @@ def settings_block(kind: str, options: RenderOptions, defaults: ServingDefaults,
 def pixel_outputs(p: int) -> dict[str, tuple[str, str]]:
     """The preprocess outputs by name: ``(comment, tensor)``."""
     return {
-        "PIXEL_VALUES": (
+        PIXEL_VALUES: (
             "float32 (grid_h * grid_w, 3, patch_size, patch_size)",
-            pbtxt.tensor("PIXEL_VALUES", "TYPE_FP32", (-1, 3, p, p)),
+            pbtxt.tensor(PIXEL_VALUES, "TYPE_FP32", (-1, 3, p, p)),
         ),
-        "PIXEL_PATCHES": (
+        PIXEL_PATCHES: (
             "uint8, same layout: the patches before the normalise lookup\n"
             "(PIXEL_VALUES = normalize_table(mean, std)[PIXEL_PATCHES, c]); only requested outputs are computed.",
-            pbtxt.tensor("PIXEL_PATCHES", "TYPE_UINT8", (-1, 3, p, p)),
+            pbtxt.tensor(PIXEL_PATCHES, "TYPE_UINT8", (-1, 3, p, p)),
         ),
-        "GRID_THW": (
+        GRID_THW: (
             "int64 (K, 3): (1, grid_h, grid_w) of each image",
-            pbtxt.tensor("GRID_THW", "TYPE_INT64", (-1, 3)),
+            pbtxt.tensor(GRID_THW, "TYPE_INT64", (-1, 3)),
         ),
-        "NUM_TOKENS": ("int32 (K,)", pbtxt.tensor("NUM_TOKENS", NUM_TOKENS_TRITON_TYPE, (-1,))),
+        NUM_TOKENS: ("int32 (K,)", pbtxt.tensor(NUM_TOKENS, NUM_TOKENS_TRITON_TYPE, (-1,))),
     }
 
 
 # K encoded images a request ([1, K]); requests of different K are batched together (ragged).
 IMAGE_BYTES_INPUT = [
-    ("K encoded images, 1 <= K <= max_images_per_request", pbtxt.tensor("IMAGE_BYTES", "TYPE_STRING", (-1,), RAGGED))
+    ("K encoded images, 1 <= K <= max_images_per_request", pbtxt.tensor(IMAGE_BYTES, "TYPE_STRING", (-1,), RAGGED))
 ]
-ENSEMBLE_IMAGE_BYTES_INPUT = [("K encoded images", pbtxt.tensor("IMAGE_BYTES", "TYPE_STRING", (-1,)))]
-# What the decode step hands the preprocess step (serving/requests.py); a client of the preprocess
-# model may leave out STORED_SIZES (its images are then at their stored size).
-PREPROCESS_INPUTS = ("IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE")
-OPTIONAL_PREPROCESS_INPUT = "STORED_SIZES"
-DECODED_TENSORS = (*PREPROCESS_INPUTS, OPTIONAL_PREPROCESS_INPUT)
+ENSEMBLE_IMAGE_BYTES_INPUT = [("K encoded images", pbtxt.tensor(IMAGE_BYTES, "TYPE_STRING", (-1,)))]
 
 
 # -- the model kinds ------------------------------------------------------------------------------

@@ -26,11 +26,24 @@ from pathlib import Path
 
 from kimi_vision_common.models import PATCH_EMBED_MODEL, SERVED_PRESETS, default_model_names, model_prefix
 from kimi_vision_common.presets import PRESETS, Preset
+from kimi_vision_common.wire import (
+    DECODE_PATH,
+    GRID_THW,
+    IMAGE,
+    IMAGE_BYTES,
+    IMAGE_SHAPES,
+    MODE,
+    NUM_TOKENS,
+    PATCH_EMBEDS,
+    PIXEL_PATCHES,
+    PIXEL_VALUES,
+    RESAMPLE,
+    STORED_SIZES,
+)
 
 from . import pbtxt
 from .media_kinds import media_models
 from .render_blocks import (
-    DECODED_TENSORS,
     HOST_INDEPENDENT,
     IMAGE_BYTES_INPUT,
     RAGGED,
@@ -48,6 +61,7 @@ from .render_blocks import (
     python_model,
     settings_block,
 )
+from .requests import DECODED_TENSORS
 from .settings import setting
 from .triton_install import PATCHIFY_BACKEND
 
@@ -79,24 +93,24 @@ def decode_model(served: ServedPreset) -> ModelFiles:
         (
             "uint8 (ΣHWC,): the K images, flat; each decoded and resized to its NaViT size, RGB (C = 3),\n"
             "composited under K3: the preprocess step only pads and patchifies it",
-            pbtxt.tensor("IMAGE", "TYPE_UINT8", (-1,)),
+            pbtxt.tensor(IMAGE, "TYPE_UINT8", (-1,)),
         ),
         (
             "int64 (K, 4): height, width, channels, offset into IMAGE",
-            pbtxt.tensor("IMAGE_SHAPES", "TYPE_INT64", (-1, 4)),
+            pbtxt.tensor(IMAGE_SHAPES, "TYPE_INT64", (-1, 4)),
         ),
         (
             "RGB, per image (the preprocess step also takes other source modes)",
-            pbtxt.tensor("MODE", "TYPE_STRING", (-1,)),
+            pbtxt.tensor(MODE, "TYPE_STRING", (-1,)),
         ),
         (
             "the source's filter: 0 bicubic, 1 nearest (palette and 1-bit sources under K3)",
-            pbtxt.tensor("RESAMPLE", "TYPE_UINT8", (-1,)),
+            pbtxt.tensor(RESAMPLE, "TYPE_UINT8", (-1,)),
         ),
-        ("int64 (K, 2): stored height, width (no EXIF rotation)", pbtxt.tensor("STORED_SIZES", "TYPE_INT64", (-1, 2))),
+        ("int64 (K, 2): stored height, width (no EXIF rotation)", pbtxt.tensor(STORED_SIZES, "TYPE_INT64", (-1, 2))),
         (
             "libjpeg, simplejpeg, nvimgcodec-cpu, nvimgcodec-cuda or pillow",
-            pbtxt.tensor("DECODE_PATH", "TYPE_STRING", (-1,)),
+            pbtxt.tensor(DECODE_PATH, "TYPE_STRING", (-1,)),
         ),
     ]
     summary = (
@@ -123,13 +137,13 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
     preset, prefix, title, options, defaults = served.parts
     name = f"{prefix}_preprocess"
     inputs = [
-        ("", pbtxt.tensor("IMAGE", "TYPE_UINT8", (-1,), RAGGED)),
-        ("", pbtxt.tensor("IMAGE_SHAPES", "TYPE_INT64", (-1, 4), RAGGED)),
-        ("", pbtxt.tensor("MODE", "TYPE_STRING", (-1,), RAGGED)),
-        ("", pbtxt.tensor("RESAMPLE", "TYPE_UINT8", (-1,), RAGGED)),
+        ("", pbtxt.tensor(IMAGE, "TYPE_UINT8", (-1,), RAGGED)),
+        ("", pbtxt.tensor(IMAGE_SHAPES, "TYPE_INT64", (-1, 4), RAGGED)),
+        ("", pbtxt.tensor(MODE, "TYPE_STRING", (-1,), RAGGED)),
+        ("", pbtxt.tensor(RESAMPLE, "TYPE_UINT8", (-1,), RAGGED)),
         (
             "absent: each image at its stored size; present: the stored sizes, and an image may be at its NaViT size",
-            pbtxt.tensor("STORED_SIZES", "TYPE_INT64", (-1, 2), f"{RAGGED} optional: true"),
+            pbtxt.tensor(STORED_SIZES, "TYPE_INT64", (-1, 2), f"{RAGGED} optional: true"),
         ),
     ]
     summary = (
@@ -148,7 +162,7 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
 # The two pixel wires by model-name suffix: float32 PIXEL_VALUES, or uint8 PIXEL_PATCHES (a quarter
 # of the bytes; clients expand them with the preset's table). The vision ensembles and the fused
 # models offer one each, so a client naming no outputs gets, and pays for, one pixel tensor.
-PIXEL_WIRES = {"": "PIXEL_VALUES", "_u8": "PIXEL_PATCHES"}
+PIXEL_WIRES = {"": PIXEL_VALUES, "_u8": PIXEL_PATCHES}
 
 
 def fused_models(served: ServedPreset) -> list[ModelFiles]:
@@ -166,7 +180,7 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
             "them (the decoded image copied through the stub's shared memory twice). For CPU hosts; the\n"
             "ensembles remain the way to chain further models and to scale decode and preprocess apart."
         )
-        outputs = [tensors[pixels], tensors["GRID_THW"], tensors["NUM_TOKENS"]]
+        outputs = [tensors[pixels], tensors[GRID_THW], tensors[NUM_TOKENS]]
         model = python_model(
             name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.FusedVisionModel", options, defaults,
             f"vision_fused{wire}", preset, batch=defaults.pixel_batch_size,
@@ -189,8 +203,8 @@ def patchify_model(served: ServedPreset) -> ModelFiles:
         f"patches, is refused (ImageTooLargeError); other modes and sizes go to {prefix}_preprocess."
     )
     inputs = [
-        ("uint8 (ΣHWC,): the K images, flat, RGB", pbtxt.tensor("IMAGE", "TYPE_UINT8", (-1,), RAGGED)),
-        ("int64 (K, 4): height, width, 3, offset", pbtxt.tensor("IMAGE_SHAPES", "TYPE_INT64", (-1, 4), RAGGED)),
+        ("uint8 (ΣHWC,): the K images, flat, RGB", pbtxt.tensor(IMAGE, "TYPE_UINT8", (-1,), RAGGED)),
+        ("int64 (K, 4): height, width, 3, offset", pbtxt.tensor(IMAGE_SHAPES, "TYPE_INT64", (-1, 4), RAGGED)),
     ]
     config = (
         pbtxt.head(name, summary, batch, backend=PATCHIFY_BACKEND)
@@ -205,14 +219,14 @@ def patchify_model(served: ServedPreset) -> ModelFiles:
 
 
 def _decode_step(prefix: str, tensors: Sequence[str]) -> str:
-    return ensemble_step(f"{prefix}_decode", {"IMAGE_BYTES": "IMAGE_BYTES"}, {t: t.lower() for t in tensors})
+    return ensemble_step(f"{prefix}_decode", {IMAGE_BYTES: IMAGE_BYTES}, {t: t.lower() for t in tensors})
 
 
 def _pixel_steps(prefix: str, options: RenderOptions, outputs: Mapping[str, str]) -> list[str]:
     """The decode step and the step that turns its pixels into ``outputs``: ``<prefix>_patchify``
     in a CPU rendering with the C step, else ``<prefix>_preprocess`` (which also runs on a GPU, through DLPack)."""
     if options.uses_c_patchify:
-        model, tensors = f"{prefix}_patchify", ("IMAGE", "IMAGE_SHAPES")
+        model, tensors = f"{prefix}_patchify", (IMAGE, IMAGE_SHAPES)
     else:
         model, tensors = f"{prefix}_preprocess", DECODED_TENSORS
     return [_decode_step(prefix, tensors), ensemble_step(model, {t: t.lower() for t in tensors}, outputs)]
@@ -230,7 +244,7 @@ def vision_ensembles(served: ServedPreset) -> list[ModelFiles]:
     ensembles = []
     for wire, pixels in PIXEL_WIRES.items():
         name = f"{prefix}_vision{wire}"
-        outputs = (pixels, "GRID_THW", "NUM_TOKENS")
+        outputs = (pixels, GRID_THW, NUM_TOKENS)
         summary = f"{name} ({title}): encoded image -> {pixels.lower()}, grid_thw, num_tokens; decode -> preprocess."
         summary += uint8_note if wire else ""
         steps = _pixel_steps(prefix, options, {o: o for o in outputs})
@@ -252,9 +266,9 @@ def patch_embed_model(preset: Preset, options: RenderOptions, defaults: ServingD
         )
         + f"dynamic_batching {{ max_queue_delay_microseconds: {defaults.max_queue_delay_us} }}\n"
         + pbtxt.tensor_list(
-            "input", [("", pbtxt.tensor("PIXEL_VALUES", "TYPE_FP32", (-1, 3, p, p), "allow_ragged_batch: true"))]
+            "input", [("", pbtxt.tensor(PIXEL_VALUES, "TYPE_FP32", (-1, 3, p, p), "allow_ragged_batch: true"))]
         )
-        + pbtxt.tensor_list("output", [("", pbtxt.tensor("PATCH_EMBEDS", "TYPE_FP32", (-1, hidden)))])
+        + pbtxt.tensor_list("output", [("", pbtxt.tensor(PATCH_EMBEDS, "TYPE_FP32", (-1, hidden)))])
         + instance_group(options)
         + settings_block("patch_embed", options, defaults, None)
         + pbtxt.parameters({"patch_size": p}, "The patches' side (the preset's patch_size).")
@@ -267,14 +281,14 @@ def embed_ensemble(served: ServedPreset) -> ModelFiles:
     name = f"{prefix}_vision_embed"
     tensors = pixel_outputs(preset.patch_size)
     outputs = [
-        ("", pbtxt.tensor("PATCH_EMBEDS", "TYPE_FP32", (-1, setting("hidden_size").default))),
-        ("", tensors["GRID_THW"][1]),
-        ("", tensors["NUM_TOKENS"][1]),
+        ("", pbtxt.tensor(PATCH_EMBEDS, "TYPE_FP32", (-1, setting("hidden_size").default))),
+        ("", tensors[GRID_THW][1]),
+        ("", tensors[NUM_TOKENS][1]),
     ]
-    pixels = {"PIXEL_VALUES": "pixel_values", "GRID_THW": "GRID_THW", "NUM_TOKENS": "NUM_TOKENS"}
+    pixels = {PIXEL_VALUES: "pixel_values", GRID_THW: GRID_THW, NUM_TOKENS: NUM_TOKENS}
     steps = [
         *_pixel_steps(prefix, options, pixels),
-        ensemble_step(PATCH_EMBED_MODEL, {"PIXEL_VALUES": "pixel_values"}, {"PATCH_EMBEDS": "PATCH_EMBEDS"}),
+        ensemble_step(PATCH_EMBED_MODEL, {PIXEL_VALUES: "pixel_values"}, {PATCH_EMBEDS: PATCH_EMBEDS}),
     ]
     summary = f"{name}: chaining example: decode -> preprocess -> patch_embed (pixel_values never leave the server)."
     return ensemble(name, summary, outputs, steps, defaults.pixel_batch_size)

@@ -59,7 +59,20 @@ from PIL import Image
 from kimi_vision_common.errors import InvalidRequestError
 from kimi_vision_common.presets import Preset
 from kimi_vision_common.sizing import TargetSize, navit_target_size
-from kimi_vision_common.wire import NUM_TOKENS_DTYPE
+from kimi_vision_common.wire import (
+    DECODE_PATH,
+    GRID_THW,
+    IMAGE,
+    IMAGE_BYTES,
+    IMAGE_SHAPES,
+    MODE,
+    NUM_TOKENS,
+    NUM_TOKENS_DTYPE,
+    PIXEL_PATCHES,
+    PIXEL_VALUES,
+    RESAMPLE,
+    STORED_SIZES,
+)
 
 from ..buffers import scratch
 from ..decode import DecodedImage
@@ -74,10 +87,15 @@ RESAMPLE_NAMES: dict[int, str] = {code: name for name, code in RESAMPLE_CODES.it
 ARRAY_MODES: dict[str, int] = {"RGB": 3, "RGBA": 4}  # MODE -> channels of a pixel array
 
 Outputs = dict[str, Any]  # output name -> numpy array or torch tensor (with the batch dim of 1)
-PREPROCESS_OUTPUTS = ("PIXEL_VALUES", "PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS")
+# What the decode step hands the preprocess step (the layout above); a client of the preprocess
+# model may leave out STORED_SIZES (its images are then at their stored size).
+PREPROCESS_INPUTS = (IMAGE, IMAGE_SHAPES, MODE, RESAMPLE)
+OPTIONAL_PREPROCESS_INPUT = STORED_SIZES
+DECODED_TENSORS = (*PREPROCESS_INPUTS, OPTIONAL_PREPROCESS_INPUT)
+PREPROCESS_OUTPUTS = (PIXEL_VALUES, PIXEL_PATCHES, GRID_THW, NUM_TOKENS)
 # The pixel-output selections a request can make; each runs its own kernel combination (fused
 # float32, uint8 patchify, patchify + expand), so each is warmed up.
-PIXEL_SELECTIONS = (("PIXEL_VALUES",), ("PIXEL_PATCHES",), ("PIXEL_VALUES", "PIXEL_PATCHES"))
+PIXEL_SELECTIONS = ((PIXEL_VALUES,), (PIXEL_PATCHES,), (PIXEL_VALUES, PIXEL_PATCHES))
 
 
 def one_request_row(array: Any, name: str) -> Any:
@@ -105,7 +123,7 @@ def strings_from_input(array: Any, name: str) -> list[bytes]:
 
 def images_from_input(array: Any, max_images: int) -> list[bytes]:
     """The encoded images of an ``IMAGE_BYTES`` input ``[1, K]``, 1 <= K <= ``max_images``."""
-    images = strings_from_input(array, "IMAGE_BYTES")
+    images = strings_from_input(array, IMAGE_BYTES)
     check_image_count(len(images), max_images)
     return images
 
@@ -170,12 +188,12 @@ def decode_outputs(decoded: Sequence[DecodedImage]) -> Outputs:
     offsets = np.cumsum([0, *sizes[:-1]])
     shapes = [[int(i.shape[0]), int(i.shape[1]), int(i.shape[2]), int(o)] for i, o in zip(images, offsets, strict=True)]
     return {
-        "IMAGE": concatenate_patches([image.reshape(-1) for image in images])[None],
-        "IMAGE_SHAPES": np.array([shapes], dtype=np.int64),
-        "MODE": _string_row(modes),
-        "RESAMPLE": np.array([[RESAMPLE_CODES[d.resample] for d in decoded]], dtype=np.uint8),
-        "STORED_SIZES": np.array([[[d.height, d.width] for d in decoded]], dtype=np.int64),
-        "DECODE_PATH": _string_row([d.decode_path for d in decoded]),
+        IMAGE: concatenate_patches([image.reshape(-1) for image in images])[None],
+        IMAGE_SHAPES: np.array([shapes], dtype=np.int64),
+        MODE: _string_row(modes),
+        RESAMPLE: np.array([[RESAMPLE_CODES[d.resample] for d in decoded]], dtype=np.uint8),
+        STORED_SIZES: np.array([[[d.height, d.width] for d in decoded]], dtype=np.int64),
+        DECODE_PATH: _string_row([d.decode_path for d in decoded]),
     }
 
 
@@ -188,19 +206,19 @@ def decoded_from_inputs(  # noqa: PLR0917
     ``mode``: bytes ``[1, K]``; ``resample``: uint8 ``[1, K]``; ``stored_sizes``: int64
     ``[1, K, 2]``, or None (each image at its stored size).
     """
-    check_dtype("IMAGE", image, "uint8")
-    flat = one_request_row(image, "IMAGE")
+    check_dtype(IMAGE, image, "uint8")
+    flat = one_request_row(image, IMAGE)
     if flat.ndim != 1:
         raise InvalidRequestError(f"IMAGE must have shape [1, L] (the images' bytes, flat), got {list(image.shape)}")
     table = host_array(shapes)
-    check_dtype("IMAGE_SHAPES", table, "int64")
-    rows = one_request_row(table, "IMAGE_SHAPES")
+    check_dtype(IMAGE_SHAPES, table, "int64")
+    rows = one_request_row(table, IMAGE_SHAPES)
     if rows.ndim != 2 or rows.shape[1] != 4 or rows.shape[0] < 1:
         raise InvalidRequestError(f"IMAGE_SHAPES must have shape [1, K, 4], got {list(table.shape)}")
     tags = _modes_from_input(mode)
     flags = host_array(resample)
-    check_dtype("RESAMPLE", flags, "uint8")
-    codes = one_request_row(flags, "RESAMPLE")
+    check_dtype(RESAMPLE, flags, "uint8")
+    codes = one_request_row(flags, RESAMPLE)
     if len(tags) != rows.shape[0] or codes.shape != (rows.shape[0],):
         raise InvalidRequestError(f"MODE and RESAMPLE must have shape [1, {rows.shape[0]}] like IMAGE_SHAPES")
     stored = rows[:, :2] if stored_sizes is None else _stored_sizes(stored_sizes, rows.shape[0])
@@ -234,8 +252,8 @@ def check_image_layout(rows: np.ndarray, length: int) -> None:
 
 def _stored_sizes(stored_sizes: Any, count: int) -> np.ndarray:
     table = host_array(stored_sizes)
-    check_dtype("STORED_SIZES", table, "int64")
-    rows = one_request_row(table, "STORED_SIZES")
+    check_dtype(STORED_SIZES, table, "int64")
+    rows = one_request_row(table, STORED_SIZES)
     if rows.shape != (count, 2):
         raise InvalidRequestError(
             f"STORED_SIZES must have shape [1, {count}, 2] like IMAGE_SHAPES, got {list(table.shape)}"
@@ -246,7 +264,7 @@ def _stored_sizes(stored_sizes: Any, count: int) -> np.ndarray:
 
 
 def _modes_from_input(mode: Any) -> list[str]:
-    row = one_request_row(np.asarray(mode), "MODE")
+    row = one_request_row(np.asarray(mode), MODE)
     if row.ndim != 1:
         raise InvalidRequestError(f"MODE must have shape [1, K], got {[1, *row.shape]}")
     return [value.decode(errors="replace") if isinstance(value, bytes) else str(value) for value in row]
@@ -301,20 +319,20 @@ def preprocess_outputs(
     """
     wanted = set(PREPROCESS_OUTPUTS if requested is None else requested)
     outputs: Outputs = {}
-    if {"PIXEL_VALUES", "PIXEL_PATCHES"} & wanted:
-        output = "pixel_patches" if "PIXEL_PATCHES" in wanted else "pixel_values"
+    if {PIXEL_VALUES, PIXEL_PATCHES} & wanted:
+        output = "pixel_patches" if PIXEL_PATCHES in wanted else "pixel_values"
         targets, pixels = request_patches(decoded, preset, output)
-        if "PIXEL_PATCHES" in wanted:
-            outputs["PIXEL_PATCHES"] = pixels[None]
-        if "PIXEL_VALUES" in wanted:
+        if PIXEL_PATCHES in wanted:
+            outputs[PIXEL_PATCHES] = pixels[None]
+        if PIXEL_VALUES in wanted:
             values = pixels if output == "pixel_values" else pixel_values_from_patches(pixels, preset)
-            outputs["PIXEL_VALUES"] = values[None]
+            outputs[PIXEL_VALUES] = values[None]
     else:
         targets = [navit_target_size(image.width, image.height, preset) for image in decoded]
-    if "GRID_THW" in wanted:
-        outputs["GRID_THW"] = np.array([[t.grid_thw for t in targets]], dtype=np.int64)
-    if "NUM_TOKENS" in wanted:
-        outputs["NUM_TOKENS"] = np.array([[t.num_tokens for t in targets]], dtype=NUM_TOKENS_DTYPE)
+    if GRID_THW in wanted:
+        outputs[GRID_THW] = np.array([[t.grid_thw for t in targets]], dtype=np.int64)
+    if NUM_TOKENS in wanted:
+        outputs[NUM_TOKENS] = np.array([[t.num_tokens for t in targets]], dtype=NUM_TOKENS_DTYPE)
     return outputs
 
 
@@ -341,7 +359,7 @@ def request_patches(
 
 def pixel_values_from_input(array: Any, patch_size: int) -> Any:
     """``PIXEL_VALUES`` float32 ``[1, N, 3, p, p]`` -> torch float32 ``(N, 3, p, p)``."""
-    check_dtype("PIXEL_VALUES", array, "float32")
+    check_dtype(PIXEL_VALUES, array, "float32")
     if array.ndim != 5 or array.shape[0] != 1 or tuple(array.shape[2:]) != (3, patch_size, patch_size):
         raise InvalidRequestError(
             f"PIXEL_VALUES must have shape [1, N, 3, {patch_size}, {patch_size}], got {list(array.shape)}"

@@ -28,6 +28,7 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "serving.md"
 BEGIN, END = "<!-- settings-table: begin -->", "<!-- settings-table: end -->"
 PARAMETER = re.compile(r'parameters \{ key: "(?P<key>[^"]+)" value: \{ string_value: "(?P<value>[^"]*)" \} \}')
 
+
 def rendered_values(options: RenderOptions) -> dict[str, dict[str, list[tuple[str, str]]]]:
     """``{key: {value: [(preset, model kind)]}}`` over every rendered model but the preset's fields."""
     preset_fields = {field.name for field in dataclasses.fields(Preset)} | {"preset"}

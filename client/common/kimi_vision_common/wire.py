@@ -17,9 +17,18 @@ import numpy as np
 
 from .errors import CancelledError, InvalidRequestError, PreprocessError, ServerUnavailableError
 
-IMAGE_BYTES = "IMAGE_BYTES"
+# Tensor names, each spelled here once. What clients send and get back:
+IMAGE_BYTES, VIDEO_BYTES, FRAME_BYTES = "IMAGE_BYTES", "VIDEO_BYTES", "FRAME_BYTES"
 PIXEL_VALUES, PIXEL_PATCHES = "PIXEL_VALUES", "PIXEL_PATCHES"
 GRID_THW, NUM_TOKENS = "GRID_THW", "NUM_TOKENS"
+PROMPT, TIMESTAMP, FRAME_INDICES, PATCH_EMBEDS = "PROMPT", "TIMESTAMP", "FRAME_INDICES", "PATCH_EMBEDS"
+# What the decode step hands the step after it (serving/requests.py has the layout):
+IMAGE, IMAGE_SHAPES, MODE, RESAMPLE = "IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE"
+STORED_SIZES, DECODE_PATH = "STORED_SIZES", "DECODE_PATH"
+TENSOR_NAMES = frozenset(
+    {IMAGE_BYTES, VIDEO_BYTES, FRAME_BYTES, PIXEL_VALUES, PIXEL_PATCHES, GRID_THW, NUM_TOKENS, PROMPT, TIMESTAMP}
+    | {FRAME_INDICES, PATCH_EMBEDS, IMAGE, IMAGE_SHAPES, MODE, RESAMPLE, STORED_SIZES, DECODE_PATH}
+)
 # NUM_TOKENS' one dtype: on the wire (TYPE_INT32), in the library's and the client's arrays, in the npz.
 NUM_TOKENS_DTYPE = np.dtype(np.int32)
 NUM_TOKENS_TRITON_TYPE = f"TYPE_{NUM_TOKENS_DTYPE.name.upper()}"
