@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import random
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +269,73 @@ def test_the_c_step_counts_its_seconds_with_the_python_steps(triton_server: Any,
     client.infer("kimi_k25_vision", [tensor])
     assert patchify_seconds() > before
     client.close()
+
+
+# -- a server that lacks a function ----------------------------------------------------------------
+
+C_SOURCE = Path(__file__).resolve().parents[1] / "backend_src" / "kimi_vision_prep" / "_triton_patchify.c"
+
+
+def declared_api() -> list[str]:
+    """The Triton functions the C step declares (weak) and calls."""
+    return re.findall(r"^WEAK [^;]*?\b(TRITON\w+)\(", C_SOURCE.read_text(), re.M | re.S)
+
+
+def fake_server(tmp_path: Path, missing: str | None) -> Path:
+    """A shared object standing in for libtritonserver: every declared function but ``missing``
+    (no-ops returning 0; ErrorNew keeps the message, ApiVersion says 1.19)."""
+    special = {
+        "TRITONSERVER_ErrorNew": (
+            "void *TRITONSERVER_ErrorNew(int code, const char *msg) { (void)code; return strdup(msg); }"
+        ),
+        "TRITONSERVER_ErrorMessage": "const char *TRITONSERVER_ErrorMessage(void *error) { return error; }",
+        "TRITONBACKEND_ApiVersion": (
+            "void *TRITONBACKEND_ApiVersion(unsigned *major, unsigned *minor) { *major = 1; *minor = 19; return 0; }"
+        ),
+    }
+    lines = ["#include <string.h>"]
+    lines += [special.get(name, f"void *{name}(void) {{ return 0; }}") for name in declared_api() if name != missing]
+    source = tmp_path / "fake_server.c"
+    source.write_text("\n".join(lines) + "\n")
+    library = tmp_path / "libfake_tritonserver.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, capture_output=True)
+    return library
+
+
+INITIALIZE = """
+import ctypes, shutil, sys
+fake = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+backend = ctypes.CDLL(sys.argv[2])
+backend.TRITONBACKEND_Initialize.restype = ctypes.c_void_p
+error = backend.TRITONBACKEND_Initialize(None)
+print(ctypes.string_at(error).decode() if error else "loaded")
+"""
+
+
+def initialize_against(tmp_path: Path, missing: str | None) -> str:
+    """TRITONBACKEND_Initialize of a fresh copy of the C step, run in its own process against a fake
+    server that lacks ``missing``: the error message, or ``loaded``."""
+    copy = tmp_path / "libtriton_kimi_patchify.so"
+    shutil.copy(patchify_library(), copy)
+    command = [sys.executable, "-c", INITIALIZE, str(fake_server(tmp_path, missing)), str(copy)]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_check_table_names_every_declared_function() -> None:
+    declared = declared_api()
+    checked = re.findall(r"^\s+API\((\w+)\),$", C_SOURCE.read_text(), re.M)
+    assert len(declared) >= 36 and sorted(checked) == sorted(declared)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+@pytest.mark.parametrize(
+    "missing", ["TRITONBACKEND_ModelInstanceName", "TRITONSERVER_MetricFamilyNew", "TRITONSERVER_ParameterDelete"]
+)
+def test_a_server_without_a_function_is_refused_by_name(tmp_path: Path, missing: str) -> None:
+    message = initialize_against(tmp_path, missing)
+    assert message.startswith("PreprocessError: internal error: kimi_patchify: this tritonserver lacks " + missing)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_a_server_with_every_function_loads_it(tmp_path: Path) -> None:
+    assert initialize_against(tmp_path, None) == "loaded"

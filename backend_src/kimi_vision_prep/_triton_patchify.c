@@ -31,7 +31,7 @@
  * The Triton API is declared here (the functions this file calls, as tritonserver.h and
  * tritonbackend.h of API 1.x declare them) and weak: the shared object then also loads outside
  * tritonserver (ctypes, for the kernel tests), and TRITONBACKEND_Initialize refuses a server
- * that lacks one of them. Inside tritonserver they bind to its libtritonserver.
+ * that lacks any of them, by name (TRITON_API). Inside tritonserver they bind to its libtritonserver.
  */
 
 #define _GNU_SOURCE /* memmem */
@@ -130,6 +130,53 @@ WEAK TRITONSERVER_Error *TRITONBACKEND_ModelInstanceReportBatchStatistics(TRITON
                                                                           uint64_t compute_start_ns,
                                                                           uint64_t compute_end_ns,
                                                                           uint64_t exec_end_ns);
+
+/* Every function declared above, by name: TRITONBACKEND_Initialize refuses a server that lacks
+ * one (weak, it would be NULL), naming it, before any is called (tests/test_patchify_backend.py
+ * checks that this table and the declarations name the same functions). */
+#define API(function) {#function, (const void *)function}
+static const struct {
+  const char *name;
+  const void *address;
+} TRITON_API[] = {
+    API(TRITONSERVER_ErrorNew),
+    API(TRITONSERVER_ErrorDelete),
+    API(TRITONSERVER_ErrorMessage),
+    API(TRITONSERVER_MessageSerializeToJson),
+    API(TRITONSERVER_MessageDelete),
+    API(TRITONSERVER_LogMessage),
+    API(TRITONBACKEND_ApiVersion),
+    API(TRITONBACKEND_ModelName),
+    API(TRITONBACKEND_ModelConfig),
+    API(TRITONBACKEND_ModelState),
+    API(TRITONBACKEND_ModelSetState),
+    API(TRITONBACKEND_ModelInstanceModel),
+    API(TRITONBACKEND_RequestInput),
+    API(TRITONBACKEND_InputProperties),
+    API(TRITONBACKEND_InputBuffer),
+    API(TRITONBACKEND_RequestOutputCount),
+    API(TRITONBACKEND_RequestOutputName),
+    API(TRITONBACKEND_RequestRelease),
+    API(TRITONBACKEND_ResponseNew),
+    API(TRITONBACKEND_ResponseFactoryNew),
+    API(TRITONBACKEND_ResponseFactoryDelete),
+    API(TRITONBACKEND_ResponseNewFromFactory),
+    API(TRITONBACKEND_ResponseOutput),
+    API(TRITONBACKEND_OutputBuffer),
+    API(TRITONBACKEND_ResponseSend),
+    API(TRITONBACKEND_ModelInstanceName),
+    API(TRITONBACKEND_ModelInstanceState),
+    API(TRITONBACKEND_ModelInstanceSetState),
+    API(TRITONSERVER_MetricFamilyNew),
+    API(TRITONSERVER_MetricNew),
+    API(TRITONSERVER_MetricDelete),
+    API(TRITONSERVER_MetricIncrement),
+    API(TRITONSERVER_ParameterNew),
+    API(TRITONSERVER_ParameterDelete),
+    API(TRITONBACKEND_ModelInstanceReportStatistics),
+    API(TRITONBACKEND_ModelInstanceReportBatchStatistics),
+};
+#undef API
 
 /* ----------------------------------------------------------------------------------- the kernels */
 
@@ -354,16 +401,10 @@ static TRITONSERVER_Error *read_state(const char *json, size_t size, ModelState 
 TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
   (void)backend;
   if (TRITONSERVER_ErrorNew == NULL) return NULL; /* not inside tritonserver: nothing can be reported */
-  if (!(TRITONSERVER_ErrorDelete && TRITONSERVER_ErrorMessage && TRITONSERVER_MessageSerializeToJson &&
-        TRITONSERVER_MessageDelete && TRITONSERVER_LogMessage && TRITONBACKEND_ApiVersion && TRITONBACKEND_ModelName &&
-        TRITONBACKEND_ModelConfig && TRITONBACKEND_ModelState && TRITONBACKEND_ModelSetState &&
-        TRITONBACKEND_ModelInstanceModel && TRITONBACKEND_RequestInput && TRITONBACKEND_InputProperties &&
-        TRITONBACKEND_InputBuffer && TRITONBACKEND_RequestOutputCount && TRITONBACKEND_RequestOutputName &&
-        TRITONBACKEND_RequestRelease && TRITONBACKEND_ResponseNew && TRITONBACKEND_ResponseFactoryNew &&
-        TRITONBACKEND_ResponseFactoryDelete && TRITONBACKEND_ResponseNewFromFactory && TRITONBACKEND_ResponseOutput &&
-        TRITONBACKEND_OutputBuffer && TRITONBACKEND_ResponseSend && TRITONBACKEND_ModelInstanceReportStatistics &&
-        TRITONBACKEND_ModelInstanceReportBatchStatistics))
-    return INTERNAL("kimi_patchify: this tritonserver lacks a function of the Triton C API 1.x it calls");
+  for (size_t i = 0; i < sizeof TRITON_API / sizeof TRITON_API[0]; i++)
+    if (TRITON_API[i].address == NULL)
+      return INTERNAL("kimi_patchify: this tritonserver lacks %s of the Triton C API 1.x, which this backend calls",
+                      TRITON_API[i].name);
   uint32_t major, minor;
   RETURN_IF_ERROR(TRITONBACKEND_ApiVersion(&major, &minor));
   if (major != BACKEND_API_MAJOR)
