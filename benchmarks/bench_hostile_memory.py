@@ -41,8 +41,8 @@ from tritonclient.utils import InferenceServerException
 from kimi_vision_common.sizing import navit_target_size
 from kimi_vision_prep import KIMI_K3, preprocess_bytes
 from kimi_vision_prep.limits import PILLOW_MAX_PIXELS
+from kimi_vision_prep.serving.embedded import EmbeddedServer
 from kimi_vision_prep.serving.host import host_layout
-from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
 from kimi_vision_prep.serving.repository import RenderOptions, default_model_names
 

@@ -33,7 +33,7 @@ from photos import CORPUS
 from plots import saved_axes
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_prep.serving.launcher import EmbeddedServer, free_port
+from kimi_vision_prep.serving.embedded import EmbeddedServer, free_port
 from kimi_vision_prep.serving.watchdog import stub_processes
 
 MODEL = "kimi_k25_vision"

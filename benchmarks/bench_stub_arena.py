@@ -37,8 +37,8 @@ from plots import saved_axes
 
 from kimi_vision_client.cli import perf_input_data
 from kimi_vision_prep import bench_local
+from kimi_vision_prep.serving.embedded import EmbeddedServer
 from kimi_vision_prep.serving.host import host_layout
-from kimi_vision_prep.serving.launcher import EmbeddedServer
 from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
 from kimi_vision_prep.serving.repository import RenderOptions, render_repository
 from kimi_vision_prep.serving.settings import Rendering, setting

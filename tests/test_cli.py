@@ -187,7 +187,7 @@ def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.C
 def test_infer_without_a_server_fails_once_and_clearly(
     corpus: Path, capsys: pytest.CaptureFixture[str], protocol: str
 ) -> None:
-    from kimi_vision_prep.serving.launcher import free_port
+    from kimi_vision_prep.serving.embedded import free_port
 
     url = f"127.0.0.1:{free_port()}"  # nothing listens there
     code = cli.main(["infer", "--url", url, "--protocol", protocol, str(corpus / GOOD[0])])
@@ -333,8 +333,8 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
     import time
     import urllib.request
 
+    from kimi_vision_prep.serving.embedded import free_port
     from kimi_vision_prep.serving.host import cuda_device_count
-    from kimi_vision_prep.serving.launcher import free_port
 
     if cuda_device_count():
         pytest.skip("GPU host")

@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import preprocess_bytes
 from kimi_vision_prep.serving import shm_regions
-from kimi_vision_prep.serving.launcher import EmbeddedServer, free_port
+from kimi_vision_prep.serving.embedded import EmbeddedServer, free_port
 from kimi_vision_prep.serving.watchdog import stub_processes
 
 pytestmark = pytest.mark.server

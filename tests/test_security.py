@@ -42,7 +42,7 @@ from kimi_vision_prep.serving.access import (
     generated_key,
     write_key_file,
 )
-from kimi_vision_prep.serving.launcher import EmbeddedServer
+from kimi_vision_prep.serving.embedded import EmbeddedServer
 from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}

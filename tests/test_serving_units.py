@@ -47,7 +47,7 @@ from kimi_vision_prep import (
     preset_from_parameters,
 )
 from kimi_vision_prep.kernels import register_kernel, type_key
-from kimi_vision_prep.serving import components, launcher, tensors, triton_install
+from kimi_vision_prep.serving import components, embedded, launcher, tensors, triton_install
 from kimi_vision_prep.serving import requests as request_tensors
 from kimi_vision_prep.serving.access import AccessPolicy, access_args
 from kimi_vision_prep.serving.config import (
@@ -997,7 +997,7 @@ def test_a_repository_path_no_stub_can_start_from_is_refused_at_once(tmp_path: P
     """Triton 2.51 starts stubs through `bash -c` with the path unquoted: such a repository would only
     time out, so the launcher refuses it before starting tritonserver."""
     repository = render_repository(tmp_path / folder, names=["kimi_k25_tokens"])
-    server = launcher.EmbeddedServer(repository, startup_timeout_s=5)
+    server = embedded.EmbeddedServer(repository, startup_timeout_s=5)
     with pytest.raises(ValueError, match="cannot start a stub"), server:
         pass
     assert server.process is None  # no tritonserver was started

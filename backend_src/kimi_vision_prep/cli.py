@@ -165,7 +165,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from kimi_vision_client.samples import sample_images
 
     from .pipeline import preprocess_bytes
-    from .serving.launcher import EmbeddedServer
+    from .serving.embedded import EmbeddedServer
 
     samples = sample_images()
     failed = 0
