@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from kimi_vision_common.errors import ImageTooLargeError, InvalidPresetError, InvalidRequestError, PreprocessError
+from kimi_vision_common.sizing import navit_patch_bound
 from kimi_vision_prep import PRESETS
 from kimi_vision_prep.serving.config import decoder_settings
 from kimi_vision_prep.serving.requests import check_request_size, decoded_from_inputs
@@ -47,7 +48,7 @@ class Limits(ctypes.Structure):
     """``Limits`` of ``_triton_patchify.c``, in its order."""
 
     _fields_ = [(name, ctypes.c_int64) for name in (
-        "patch_size", "factor", "side_limit", "patch_budget", "max_images", "max_patches"
+        "patch_size", "factor", "side_limit", "image_patches", "max_images", "max_patches"
     )]  # fmt: skip
 
 
@@ -125,14 +126,14 @@ def build_case(rng: random.Random) -> Case:
     stored = None
     if rng.random() < 0.3:
         stored = np.array([[max(r[0], 1), max(r[1], 1)] for r in rows], np.int64).reshape(-1, 2)
-    budget = 2 * PRESETS[preset].in_patch_limit if rng.random() < 0.7 else rng.randint(1, 600)
+    budget = navit_patch_bound(PRESETS[preset]) if rng.random() < 0.7 else rng.randint(1, 600)
     return Case(preset, table, max(length, 0), modes, resample, stored, budget)
 
 
 def c_limits(case: Case) -> Limits:
     preset = PRESETS[case.preset]
     p = preset.patch_size
-    return Limits(p, p * preset.merge_kernel_size, preset.patch_limit_on_one_side, 2 * preset.in_patch_limit,
+    return Limits(p, p * preset.merge_kernel_size, preset.patch_limit_on_one_side, navit_patch_bound(preset),
                   MAX_IMAGES, case.max_patches)  # fmt: skip
 
 

@@ -10,6 +10,7 @@ is hard-coded.
 from __future__ import annotations
 
 import ctypes
+import json
 import random
 import re
 import shutil
@@ -22,6 +23,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from make_inputs import corpus_names
 from PIL import Image
 from tritonclient.utils import InferenceServerException
@@ -30,7 +33,7 @@ from kimi_vision_client.client import error_from_server
 from kimi_vision_common.errors import ImageTooLargeError, InvalidRequestError
 from kimi_vision_common.models import SERVED_PRESETS, model_prefix
 from kimi_vision_common.patches import normalize_table
-from kimi_vision_common.sizing import navit_target_size
+from kimi_vision_common.sizing import navit_patch_bound, navit_target_size
 from kimi_vision_prep import PRESETS, preprocess_bytes
 from kimi_vision_prep.normalize import patchify, write_patches
 from kimi_vision_prep.serving.config import DecoderSettings
@@ -50,6 +53,7 @@ def backend() -> ctypes.CDLL:
     library.kimi_normalize_tables.argtypes = [ctypes.POINTER(ctypes.c_double)] * 2 + [F32_P]
     library.kimi_write_patches_f32.argtypes = [U8_P, SIZE_T, SIZE_T, F32_P, F32_P, SIZE_T, SIZE_T, SIZE_T]
     library.kimi_write_patches_u8.argtypes = [U8_P, SIZE_T, SIZE_T, U8_P, SIZE_T, SIZE_T, SIZE_T]
+    library.kimi_config_parameter.argtypes = [ctypes.c_char_p, SIZE_T, ctypes.c_char_p, ctypes.c_char_p, SIZE_T]
     return library
 
 
@@ -135,16 +139,16 @@ def patch_bound_ratio(preset_name: str, sizes: list[tuple[int, int]]) -> float:
 
 @pytest.mark.parametrize("preset", SERVED_PRESETS)
 def test_navit_sizes_stay_inside_the_backends_bound(preset: str) -> None:
-    """The backend refuses more than 2 * in_patch_limit patches an image: every NaViT size of a
-    sweep (just below patch multiples, where floor(w / p) loses most; extreme aspect ratios) fits,
-    so an image of the decode step is never refused by it."""
+    """The backend refuses more than navit_patch_bound (2 * in_patch_limit) patches an image: every
+    NaViT size of a sweep (just below patch multiples, where floor(w / p) loses most; extreme
+    aspect ratios) fits, so an image of the decode step is never refused by it."""
     p = PRESETS[preset].patch_size
     rng = random.Random(5)
     sizes = [(k * p + p - 1, j * p + p - 1) for k in (1, 2, 3, 7, 31, 64, 127, 128, 511) for j in range(1, 4000, 37)]
     sizes += [(j, k) for k, j in sizes]
     sizes += [(rng.randint(1, 20000), rng.randint(1, 20000)) for _ in range(5000)]
     ratio = patch_bound_ratio(preset, sizes)
-    assert 0.9 < ratio <= 2.0, ratio
+    assert 0.9 < ratio <= navit_patch_bound(PRESETS[preset]) / PRESETS[preset].in_patch_limit, ratio
 
 
 # -- the served model -------------------------------------------------------------------------------
@@ -339,3 +343,76 @@ def test_a_server_without_a_function_is_refused_by_name(tmp_path: Path, missing:
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_a_server_with_every_function_loads_it(tmp_path: Path) -> None:
     assert initialize_against(tmp_path, None) == "loaded"
+
+
+# -- the model config, read with the C step's JSON reader ------------------------------------------------
+
+
+def c_parameter(backend: ctypes.CDLL, document: bytes, key: str, capacity: int = 256) -> tuple[int, str | None]:
+    """``kimi_config_parameter``: (1, value) found, (0, None) absent, (-1, None) refused."""
+    value = ctypes.create_string_buffer(capacity)
+    code = backend.kimi_config_parameter(document, len(document), key.encode(), value, capacity)
+    return code, value.value.decode() if code == 1 else None
+
+
+def python_parameter(document: bytes, key: str) -> tuple[int, str | None]:
+    try:
+        config = json.loads(document)
+    except ValueError:
+        return -1, None
+    entry = config.get("parameters", {}).get(key) if isinstance(config, dict) else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("string_value"), str):
+        return 0, None
+    return 1, entry["string_value"]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40),
+    noise=st.dictionaries(st.text(max_size=8).filter(lambda k: k != "parameters"), JSON_VALUES, max_size=4),
+    others=st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3),
+    ascii_only=st.booleans(),
+)
+def test_the_c_json_reader_finds_what_python_finds(backend: ctypes.CDLL, value: str, noise: dict, others: dict,
+                                                   ascii_only: bool) -> None:  # fmt: skip
+    parameters = {**{k: {"other": v} for k, v in others.items()}, "wanted": {"string_value": value, "x": [1, {}]}}
+    document = json.dumps({**noise, "parameters": parameters}, ensure_ascii=ascii_only).encode()
+    assert python_parameter(document, "wanted") == (1, value)
+    # A NUL (\u0000) fits no C string: the C step refuses the config rather than cut the value.
+    assert c_parameter(backend, document, "wanted", 1024) == ((-1, None) if "\x00" in value else (1, value))
+    for key in others:
+        if key != "wanted":
+            assert c_parameter(backend, document, key)[0] == 0
+
+
+@pytest.mark.parametrize(
+    "document",
+    [b'{"parameters": {"k": {"string_value": "v"}}', b'{"parameters": {"k": {"string_value": "v"}}} x',
+     b'{"parameters": {"k": {"string_value": "\\q"}}}', b'{"parameters": {"k": {"string_value": "a\nb"}}}',
+     b'{"a": 01, "parameters": {}}', b'{"a": [1,], "parameters": {}}', b'[' * 100 + b']' * 100,
+     b'{"a": ' + b'[' * 70 + b']' * 70 + b'}', b'{"parameters": {"k": {"string_value": "\\ud800"}}}', b'',
+     b'{"parameters": {"k": {"string_value": "\\u12g4"}}}', b'{"parameters": {"k": {"string_value": "\\udc00"}}}',
+     b'{"parameters": {"k": {"string_value": "\\u0000"}}}', b'{"parameters": {"k": {"string_value": 1}}} '],
+)  # fmt: skip
+def test_the_c_json_reader_refuses_what_is_not_json(backend: ctypes.CDLL, document: bytes) -> None:
+    assert c_parameter(backend, document, "k") == (-1, None)
+
+
+def test_the_c_json_reader_reads_a_rendered_patchify_config(backend: ctypes.CDLL) -> None:
+    """The parameters of a rendered C step, as Triton serializes its config (a JSON object)."""
+    model = next(m for m in repository_models(RenderOptions(kind="cpu")) if m.name == "kimi_k3_patchify")
+    parameters = dict(re.findall(r'parameters \{ key: "([^"]+)" value: \{ string_value: "([^"]*)" \} \}', model.config))
+    config = {"name": model.name, "max_batch_size": 1, "input": [{"name": "IMAGE", "dims": [-1]}],
+              "parameters": {k: {"string_value": v} for k, v in parameters.items()}}  # fmt: skip
+    document = json.dumps(config, indent=1).encode()
+    for key in ("max_patches_per_image", "max_patches_per_request", "image_mean", "patch_size"):
+        assert c_parameter(backend, document, key) == (1, parameters[key])
+    assert c_parameter(backend, document, "in_patch_limit")[0] == 1
+    assert c_parameter(backend, document, "max_patches_per_request", capacity=3) == (-1, None)  # too long

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from kimi_vision_common.presets import KIMI_K3, KIMI_K25, Preset
+from kimi_vision_common.sizing import navit_patch_bound
 from kimi_vision_prep.serving.config import DecoderSettings, decoder_settings
 from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS, RenderOptions
 from kimi_vision_prep.serving.settings import SETTINGS, Rendering, rendered_parameters
@@ -41,14 +42,16 @@ def test_a_decode_model_reads_back_what_was_rendered_for_it() -> None:
 
 
 def test_the_patchify_step_takes_the_decode_models_limits() -> None:
-    """The C step reads max_images_per_request and max_patches_per_request from its config: the
-    decode model's values, from the same declarations."""
+    """The C step reads max_images_per_request and max_patches_per_request from its config (the
+    decode model's values, from the same declarations) and its per-image bound."""
     for preset in (KIMI_K25, KIMI_K3):
         budget = SERVING_DEFAULTS.patch_budget(preset)
         decode = rendered_parameters(Rendering("decode", 0, budget))
-        patchify = rendered_parameters(Rendering("patchify", 0, budget))
-        assert set(patchify) == {"max_images_per_request", "max_patches_per_request"}
-        assert all(patchify[key] == decode[key] for key in patchify)
+        patchify = rendered_parameters(Rendering("patchify", 0, budget, navit_patch_bound(preset)))
+        assert patchify["max_patches_per_image"] == str(2 * preset.in_patch_limit)
+        assert set(patchify) == {"max_images_per_request", "max_patches_per_request", "max_patches_per_image"}
+        shared = ("max_images_per_request", "max_patches_per_request")
+        assert all(patchify[key] == decode[key] for key in shared)
     values = rendered_values(RenderOptions(kind="cpu"))["max_images_per_request"]
     assert len(values) == 1, values
     assert {"decode", "patchify"} <= {kind for _, kind in next(iter(values.values()))}

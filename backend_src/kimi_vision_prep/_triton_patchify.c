@@ -17,15 +17,16 @@
  *                 padding to a multiple of merge_kernel_size * patch_size (normalize.write_patches)
  *   PIXEL_PATCHES uint8 [1, N, 3, p, p]: the same patches before the lookup
  *   GRID_THW      int64 [1, K, 3]: (1, grid_h, grid_w);  NUM_TOKENS int32 [1, K]
- * Parameters: the preset block every kimi model gets (patch_size, merge_kernel_size, image_mean,
- * image_std, patch_limit_on_one_side, in_patch_limit), max_images_per_request and
- * max_patches_per_request (the request's patch budget, docs/security.md).
+ * Parameters (read from the model config's JSON, all rendered from the Python definitions): the
+ * preset block every kimi model gets (patch_size, merge_kernel_size, image_mean, image_std,
+ * patch_limit_on_one_side) and the settings serving/settings.py gives this step:
+ * max_images_per_request, max_patches_per_request (the request's patch budget, docs/security.md)
+ * and max_patches_per_image (kimi_vision_common.sizing.navit_patch_bound).
  *
  * The images are taken at the size they come in (the decode step sends their NaViT size; this
  * step does not resize). Bounds, so that no request can make it write more than a preset's
  * budget allows: each side at most patch_limit_on_one_side patches after padding, and at most
- * 2 * in_patch_limit patches an image (a NaViT size has up to ~1.08x the budget after padding,
- * tests/test_patchify_backend.py). A bad request gets its own error, tagged with the class of
+ * max_patches_per_image patches an image. A bad request gets its own error, tagged with the class of
  * kimi_vision_prep.errors that error_from_served turns it back into, with that class's Triton code.
  *
  * The Triton API is declared here (the functions this file calls, as tritonserver.h and
@@ -34,7 +35,7 @@
  * that lacks any of them, by name (TRITON_API). Inside tritonserver they bind to its libtritonserver.
  */
 
-#define _GNU_SOURCE /* memmem */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -248,7 +249,7 @@ void kimi_write_patches_u8(const uint8_t *image, size_t height, size_t width, ui
 
 /* A request's limits (the model's parameters), in this order for kimi_check_images' callers. */
 typedef struct {
-  int64_t patch_size, factor, side_limit, patch_budget, max_images, max_patches;
+  int64_t patch_size, factor, side_limit, image_patches, max_images, max_patches;
 } Limits;
 
 typedef struct {
@@ -285,84 +286,248 @@ static TRITONSERVER_Error *error_new(int code, const char *tag, const char *form
     if (error_ != NULL) return error_;       \
   } while (0)
 
-static const char *skip_space(const char *at, const char *end) {
-  while (at < end && (*at == ' ' || *at == '\n' || *at == '\r' || *at == '\t')) at++;
-  return at;
+/* ------------------------------------------------------------------ the model config (JSON) */
+
+/* A strict JSON reader over the model config Triton serializes (RFC 8259: objects, arrays, strings
+ * with every escape, numbers, literals, nesting at most JSON_MAX_DEPTH), enough to find
+ * config["parameters"][key]["string_value"]. A document it cannot read is refused, never guessed. */
+enum { JSON_MAX_DEPTH = 64 };
+
+typedef struct {
+  const char *at, *end;
+} Json;
+
+static void json_space(Json *json) {
+  while (json->at < json->end && (*json->at == ' ' || *json->at == '\n' || *json->at == '\r' || *json->at == '\t'))
+    json->at++;
 }
 
-/* Past the JSON string starting at ``at`` (its opening quote); NULL if it does not end. */
-static const char *skip_string(const char *at, const char *end) {
-  for (at++; at < end; at++) {
-    if (*at == '\\') at++;
-    else if (*at == '"') return at + 1;
-  }
-  return NULL;
-}
-
-/* The string_value of parameter ``key`` in the model config's JSON, copied into ``value``; false
- * where the config has no such parameter. Looks only at the top-level "parameters" object (its
- * entries are {"key": {"string_value": "..."}}); the values read here hold no escapes. */
-static bool config_parameter(const char *json, size_t size, const char *key, char *value, size_t capacity) {
-  const char *at = json, *end = json + size;
-  int depth = 0;
-  const size_t key_length = strlen(key);
-  while (at < end) {
-    if (*at == '"') {
-      const char *after = skip_string(at, end);
-      if (after == NULL) return false;
-      bool is_parameters = depth == 1 && after - at == 12 && memcmp(at, "\"parameters\"", 12) == 0;
-      at = skip_space(after, end);
-      if (!is_parameters || at >= end || *at != ':') continue;
-      at = skip_space(at + 1, end);
-      if (at >= end || *at != '{') return false;
-      for (at = skip_space(at + 1, end); at < end && *at == '"'; at = skip_space(at, end)) {
-        const char *name = at + 1;
-        const char *name_end = skip_string(at, end);
-        if (name_end == NULL) return false;
-        bool wanted = (size_t)(name_end - 1 - name) == key_length && memcmp(name, key, key_length) == 0;
-        const char *found = memmem(name_end, (size_t)(end - name_end), "\"string_value\"", 14);
-        if (found == NULL) return false;
-        at = skip_space(found + 14, end);
-        if (at >= end || *at != ':') return false;
-        at = skip_space(at + 1, end);
-        if (at >= end || *at != '"') return false;
-        const char *text_end = skip_string(at, end);
-        if (text_end == NULL) return false;
-        if (wanted) {
-          size_t length = (size_t)(text_end - 1 - (at + 1));
-          if (length >= capacity) return false;
-          memcpy(value, at + 1, length);
-          value[length] = '\0';
-          return true;
-        }
-        at = skip_space(text_end, end); /* past the value's closing brace and the comma */
-        if (at < end && *at == '}') at = skip_space(at + 1, end);
-        if (at < end && *at == ',') at++;
-      }
-      return false;
-    }
-    if (*at == '{' || *at == '[') depth++;
-    else if (*at == '}' || *at == ']') depth--;
-    at++;
+static bool json_take(Json *json, char c) {
+  json_space(json);
+  if (json->at < json->end && *json->at == c) {
+    json->at++;
+    return true;
   }
   return false;
 }
 
+static int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* Four hex digits at the reader as a code unit; 0xFFFFFFFF where they are not. */
+static uint32_t json_hex4(Json *json) {
+  uint32_t code = 0;
+  for (int i = 0; i < 4; i++) {
+    int digit = json->at < json->end ? hex_digit(*json->at++) : -1;
+    if (digit < 0) return 0xFFFFFFFFu;
+    code = code * 16 + (uint32_t)digit;
+  }
+  return code;
+}
+
+enum { STRING_BAD = 0, STRING_OK = 1, STRING_WITH_NUL = 2 };
+
+/* A string at the reader (after spaces), decoded as UTF-8 into out[capacity] (NULL: only checked):
+ * STRING_OK; STRING_WITH_NUL where it holds a \u0000 (no C string can: out is then unusable);
+ * STRING_BAD if it is not a string, malformed (a lone surrogate included), or does not fit. */
+static int json_string(Json *json, char *out, size_t capacity) {
+  size_t used = 0;
+  bool nul = false;
+  if (!json_take(json, '"')) return STRING_BAD;
+  while (json->at < json->end) {
+    unsigned char c = (unsigned char)*json->at++;
+    uint32_t code = c;
+    if (c == '"') {
+      if (out != NULL) out[used] = '\0';
+      return nul ? STRING_WITH_NUL : STRING_OK;
+    }
+    if (c < 0x20) return STRING_BAD;
+    if (c == '\\') {
+      if (json->at >= json->end) return STRING_BAD;
+      char escape = *json->at++;
+      const char *simple = strchr("\"\\/bfnrt", escape);
+      if (escape != '\0' && simple != NULL) {
+        code = (uint32_t)"\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
+      } else if (escape == 'u') {
+        code = json_hex4(json);
+        if (code == 0xFFFFFFFFu) return STRING_BAD;
+        if (code >= 0xD800 && code <= 0xDBFF) { /* a surrogate pair: \uD8xx\uDCxx */
+          if (json->end - json->at < 2 || json->at[0] != '\\' || json->at[1] != 'u') return STRING_BAD;
+          json->at += 2;
+          uint32_t low = json_hex4(json);
+          if (low < 0xDC00 || low > 0xDFFF) return STRING_BAD;
+          code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+        } else if (code >= 0xDC00 && code <= 0xDFFF) {
+          return STRING_BAD; /* a lone low surrogate */
+        }
+        nul |= code == 0;
+      } else {
+        return STRING_BAD;
+      }
+    }
+    char bytes[4];
+    size_t n = 0;
+    if (code < 0x80 || c >= 0x80) {
+      bytes[n++] = (char)code; /* ASCII, or a byte of a UTF-8 sequence copied as it is */
+    } else if (code < 0x800) {
+      bytes[n++] = (char)(0xC0 | (code >> 6));
+      bytes[n++] = (char)(0x80 | (code & 0x3F));
+    } else if (code < 0x10000) {
+      bytes[n++] = (char)(0xE0 | (code >> 12));
+      bytes[n++] = (char)(0x80 | ((code >> 6) & 0x3F));
+      bytes[n++] = (char)(0x80 | (code & 0x3F));
+    } else {
+      bytes[n++] = (char)(0xF0 | (code >> 18));
+      bytes[n++] = (char)(0x80 | ((code >> 12) & 0x3F));
+      bytes[n++] = (char)(0x80 | ((code >> 6) & 0x3F));
+      bytes[n++] = (char)(0x80 | (code & 0x3F));
+    }
+    if (out != NULL) {
+      if (used + n >= capacity) return STRING_BAD;
+      memcpy(out + used, bytes, n);
+    }
+    used += n;
+  }
+  return STRING_BAD;
+}
+
+static bool json_skip(Json *json, int depth);
+
+/* An object at the reader: for each member, ``member(key, json, context)`` reads or skips its
+ * value (false: refuse the document); a key that holds a NUL is passed as NULL (no lookup matches
+ * it). Keys longer than 255 bytes are refused. */
+static bool json_object(Json *json, int depth, bool (*member)(const char *, Json *, int, void *), void *context) {
+  if (depth > JSON_MAX_DEPTH || !json_take(json, '{')) return false;
+  if (json_take(json, '}')) return true;
+  do {
+    char key[256];
+    int read = json_string(json, key, sizeof key);
+    if (read == STRING_BAD || !json_take(json, ':')) return false;
+    if (!member(read == STRING_OK ? key : NULL, json, depth + 1, context)) return false;
+  } while (json_take(json, ','));
+  return json_take(json, '}');
+}
+
+static bool skip_member(const char *key, Json *json, int depth, void *context) {
+  (void)key, (void)context;
+  return json_skip(json, depth);
+}
+
+/* Past any value at the reader, checking its syntax. */
+static bool json_skip(Json *json, int depth) {
+  json_space(json);
+  if (depth > JSON_MAX_DEPTH || json->at >= json->end) return false;
+  char c = *json->at;
+  if (c == '{') return json_object(json, depth, skip_member, NULL);
+  if (c == '"') return json_string(json, NULL, 0) != STRING_BAD;
+  if (c == '[') {
+    json->at++;
+    if (json_take(json, ']')) return true;
+    do {
+      if (!json_skip(json, depth + 1)) return false;
+    } while (json_take(json, ','));
+    return json_take(json, ']');
+  }
+  for (int i = 0; i < 3; i++) {
+    const char *literal = (const char *[]){"true", "false", "null"}[i];
+    size_t length = strlen(literal);
+    if ((size_t)(json->end - json->at) >= length && memcmp(json->at, literal, length) == 0) {
+      json->at += length;
+      return true;
+    }
+  }
+  /* A number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+  const char *start = json->at;
+  if (json->at < json->end && *json->at == '-') json->at++;
+  if (json->at < json->end && *json->at == '0') {
+    json->at++;
+  } else {
+    if (json->at >= json->end || *json->at < '1' || *json->at > '9') return false;
+    while (json->at < json->end && *json->at >= '0' && *json->at <= '9') json->at++;
+  }
+  if (json->at < json->end && *json->at == '.') {
+    const char *digits = ++json->at;
+    while (json->at < json->end && *json->at >= '0' && *json->at <= '9') json->at++;
+    if (json->at == digits) return false;
+  }
+  if (json->at < json->end && (*json->at == 'e' || *json->at == 'E')) {
+    json->at++;
+    if (json->at < json->end && (*json->at == '+' || *json->at == '-')) json->at++;
+    const char *digits = json->at;
+    while (json->at < json->end && *json->at >= '0' && *json->at <= '9') json->at++;
+    if (json->at == digits) return false;
+  }
+  return json->at > start;
+}
+
+typedef struct {
+  const char *key;
+  char *value;
+  size_t capacity;
+  bool found;
+} ParameterQuery;
+
+static bool string_value_member(const char *key, Json *json, int depth, void *context) {
+  ParameterQuery *query = context;
+  if (key == NULL || strcmp(key, "string_value") != 0) return json_skip(json, depth);
+  query->found = true;
+  return json_string(json, query->value, query->capacity) == STRING_OK; /* a NUL: refused, not cut */
+}
+
+static bool parameter_member(const char *key, Json *json, int depth, void *context) {
+  ParameterQuery *query = context;
+  if (key == NULL || strcmp(key, query->key) != 0) return json_skip(json, depth);
+  return json_object(json, depth, string_value_member, query);
+}
+
+static bool config_member(const char *key, Json *json, int depth, void *context) {
+  if (depth != 1 || key == NULL || strcmp(key, "parameters") != 0) return json_skip(json, depth);
+  return json_object(json, depth, parameter_member, context);
+}
+
+/* config["parameters"][key]["string_value"] of the model config's JSON into value[capacity]:
+ * 1 found, 0 the config has no such parameter, -1 the JSON is malformed or the value too long.
+ * Exported for the tests (ctypes), which compare it with Python's json module. */
+int kimi_config_parameter(const char *text, size_t size, const char *key, char *value, size_t capacity) {
+  ParameterQuery query = {key, value, capacity, false};
+  Json json = {text, text + size};
+  if (capacity == 0 || !json_object(&json, 0, config_member, &query)) return -1;
+  json_space(&json);
+  if (json.at != json.end) return -1;
+  return query.found ? 1 : 0;
+}
+
+/* The string value of parameter ``key`` into text[capacity], or the error that says why not. */
+static TRITONSERVER_Error *text_parameter(const char *json, size_t size, const char *key, char *text, size_t capacity) {
+  switch (kimi_config_parameter(json, size, key, text, capacity)) {
+    case 1:
+      return NULL;
+    case 0:
+      return INTERNAL("the model config has no parameter %s (render it with kimi-prep render-repository)", key);
+    default:
+      return INTERNAL("the model config's JSON is malformed, or parameter %s is longer than %zu bytes", key,
+                      capacity - 1);
+  }
+}
+
 static TRITONSERVER_Error *int_parameter(const char *json, size_t size, const char *key, int64_t *value) {
   char text[64], *parsed_end;
-  if (!config_parameter(json, size, key, text, sizeof text))
-    return INTERNAL("the model config has no parameter %s (render it with kimi-prep render-repository)", key);
+  RETURN_IF_ERROR(text_parameter(json, size, key, text, sizeof text));
+  errno = 0;
   long long parsed = strtoll(text, &parsed_end, 10);
-  if (parsed_end == text || *parsed_end != '\0' || parsed < 1 || parsed > (1 << 20))
-    return INTERNAL("parameter %s=%s is not a positive integer", key, text);
+  if (parsed_end == text || *parsed_end != '\0' || errno == ERANGE || parsed < 1)
+    return INTERNAL("parameter %s=%s is not a positive 64-bit integer", key, text);
   *value = parsed;
   return NULL;
 }
 
 static TRITONSERVER_Error *triple_parameter(const char *json, size_t size, const char *key, double values[3]) {
   char text[256];
-  if (!config_parameter(json, size, key, text, sizeof text))
-    return INTERNAL("the model config has no parameter %s (render it with kimi-prep render-repository)", key);
+  RETURN_IF_ERROR(text_parameter(json, size, key, text, sizeof text));
   const char *at = text;
   for (int c = 0; c < 3; c++) {
     char *parsed_end;
@@ -376,21 +541,26 @@ static TRITONSERVER_Error *triple_parameter(const char *json, size_t size, const
 }
 
 static TRITONSERVER_Error *read_state(const char *json, size_t size, ModelState *state) {
-  int64_t merge, side_patches, in_patch_limit;
+  int64_t merge, side_patches;
   double mean[3], std[3];
   RETURN_IF_ERROR(int_parameter(json, size, "patch_size", &state->limits.patch_size));
   RETURN_IF_ERROR(int_parameter(json, size, "merge_kernel_size", &merge));
   RETURN_IF_ERROR(int_parameter(json, size, "patch_limit_on_one_side", &side_patches));
-  RETURN_IF_ERROR(int_parameter(json, size, "in_patch_limit", &in_patch_limit));
+  RETURN_IF_ERROR(int_parameter(json, size, "max_patches_per_image", &state->limits.image_patches));
   RETURN_IF_ERROR(int_parameter(json, size, "max_images_per_request", &state->limits.max_images));
   RETURN_IF_ERROR(int_parameter(json, size, "max_patches_per_request", &state->limits.max_patches));
   RETURN_IF_ERROR(triple_parameter(json, size, "image_mean", mean));
   RETURN_IF_ERROR(triple_parameter(json, size, "image_std", std));
   for (int c = 0; c < 3; c++)
     if (std[c] == 0.0) return INTERNAL("parameter image_std has a zero");
-  state->limits.factor = merge * state->limits.patch_size;
+  /* Every product kimi_check_images forms from these must fit in int64: limits that do not are refused. */
+  int64_t side_px, side_squared, padded;
+  if (__builtin_mul_overflow(merge, state->limits.patch_size, &state->limits.factor) ||
+      __builtin_mul_overflow(side_patches, state->limits.patch_size, &side_px) ||
+      __builtin_add_overflow(side_px, state->limits.factor, &padded) ||
+      __builtin_mul_overflow(side_patches, side_patches, &side_squared))
+    return INTERNAL("parameters patch_size, merge_kernel_size and patch_limit_on_one_side overflow 64-bit sizes");
   state->limits.side_limit = side_patches;
-  state->limits.patch_budget = 2 * in_patch_limit;
   kimi_normalize_tables(mean, std, state->value_tables);
   identity_tables(state->patch_tables);
   return NULL;
@@ -598,12 +768,12 @@ int kimi_check_images(const Limits *limits, const int64_t *rows, int64_t k, int6
     const int64_t grid_h = h > side_px ? 0 : (h + f - 1) / f * f / p;
     const int64_t grid_w = w > side_px ? 0 : (w + f - 1) / f * f / p;
     if (h > side_px || w > side_px || grid_h > limits->side_limit || grid_w > limits->side_limit ||
-        grid_h * grid_w > limits->patch_budget)
+        grid_h * grid_w > limits->image_patches)
       return verdict(message, capacity, CHECK_TOO_LARGE,
                      "image %lld: %lldx%lld needs a %lldx%lld patch grid, beyond %lld a side or %lld in all "
                      "(send images at their NaViT size)", (long long)index, (long long)w, (long long)h,
                      (long long)grid_w, (long long)grid_h, (long long)limits->side_limit,
-                     (long long)limits->patch_budget);
+                     (long long)limits->image_patches);
     int64_t bytes;
     if (__builtin_mul_overflow(h, w, &bytes) || __builtin_mul_overflow(bytes, (int64_t)3, &bytes) ||
         bytes > length - offset)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kimi_vision_common.presets import Preset, preset_parameters
+from kimi_vision_common.sizing import navit_patch_bound
 from kimi_vision_common.wire import (
     GRID_THW,
     IMAGE_BYTES,
@@ -171,7 +172,8 @@ def settings_block(kind: str, options: RenderOptions, defaults: ServingDefaults,
     """The :data:`~.settings.SETTINGS` a model of ``kind`` reads, with their rendered values
     (``preset``: whose request budget; None for a model of no preset)."""
     budget = 0 if preset is None else defaults.patch_budget(preset)
-    values = rendered_parameters(Rendering(kind, options.threads, budget))
+    bound = 0 if preset is None else navit_patch_bound(preset)
+    values = rendered_parameters(Rendering(kind, options.threads, budget, bound))
     meanings = "\n".join(f"{name}: {setting(name).meaning}" for name in values)
     return pbtxt.parameters(values, "Settings (kimi_vision_prep.serving.settings; docs/serving.md):\n" + meanings)
 

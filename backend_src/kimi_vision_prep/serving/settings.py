@@ -48,12 +48,14 @@ def parse_int(key: str, raw: str, minimum: int) -> int:
 @dataclass(frozen=True)
 class Rendering:
     """What a served value may depend on: the model kind (``decode``, ``vision_fused_u8``, ...,
-    ``patch_embed``), the instance's threads (0: all cores) and the preset's request budget in
-    patches (``ServingDefaults.patch_budget``)."""
+    ``patch_embed``), the instance's threads (0: all cores), the preset's request budget in
+    patches (``ServingDefaults.patch_budget``) and the most patches one of its images may have
+    (``kimi_vision_common.sizing.navit_patch_bound``)."""
 
     kind: str
     threads: int
     patch_budget: int
+    image_patch_bound: int = 0
 
 
 # Model kinds, by what they do with their input.
@@ -110,6 +112,12 @@ SETTINGS: tuple[Setting, ...] = (
         None, minimum=1, served=lambda r: r.patch_budget,
         why="bounds what one request makes the server hold (docs/security.md): ServingDefaults.budget_images "
         "x in_patch_limit, so every single image the reference accepts fits",
+    ),
+    Setting(
+        "max_patches_per_image", "patches one image may have after padding (the C step does not resize)",
+        frozenset({"patchify"}), None, minimum=1, served=lambda r: r.image_patch_bound,
+        why="a step that does not resize refuses an image beyond the NaViT rule's bound (navit_patch_bound), so "
+        "no request can make it write more than a preset's images can need",
     ),
     Setting("max_encoded_bytes", "bytes of one encoded image", HEADER_READERS, DecodeLimits().max_encoded_bytes, 1),
     Setting("max_pixels", "stored width x height of one image", HEADER_READERS, DecodeLimits().max_pixels, 1),

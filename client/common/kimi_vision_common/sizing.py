@@ -47,6 +47,18 @@ class TargetSize:
         return (self.new_width, self.new_height) != (self.width, self.height)
 
 
+def navit_patch_bound(preset: Preset) -> int:
+    """The most patches one image gets under the NaViT rule, padding included: ``2 * in_patch_limit``.
+
+    The rule budgets ``in_patch_limit`` for ``(W // p) * (H // p)``, and the floors let the resized
+    area per budgeted patch grow (``W / (W // p) < 2p`` at worst, for sides under ``2p``, which
+    then stay small), padding adds under a merge block a side; a sweep of sizes measures ~1.08x
+    at most (tests/test_patchify_backend.py). A step that takes images at their NaViT size and
+    does not resize (the C patchify step) refuses an image beyond this.
+    """
+    return 2 * preset.in_patch_limit
+
+
 def navit_target_size(width: int, height: int, preset: Preset, in_patch_limit: int | None = None) -> TargetSize:
     """Apply the reference size rule; float64 arithmetic and truncation exactly as the spec.
     ``in_patch_limit`` replaces the preset's (a video frame's budget, spec section 8)."""
