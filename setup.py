@@ -5,13 +5,34 @@ checkout, named by absolute path so that pip finds them without an index, and be
 ``ext-modules`` table is still experimental in setuptools (it warns on every build).
 """
 
+import importlib.util
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 COMMON = f"kimi-vision-common @ {(ROOT / 'client' / 'common').as_uri()}"
 CLIENT = f"kimi-vision-client @ {(ROOT / 'client').as_uri()}"
+
+
+
+class BuildWithGeneratedHeaders(build_ext):
+    """Write the C step's ``kimi_errors.h`` (its error tags and Triton codes, from
+    ``kimi_vision_common/errors.py``) into the build folder before compiling."""
+
+    def run(self) -> None:
+        source = ROOT / "client" / "common" / "kimi_vision_common" / "errors.py"
+        spec = importlib.util.spec_from_file_location("kimi_errors", source)
+        errors = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(errors)
+        include = Path(self.build_temp) / "generated"
+        include.mkdir(parents=True, exist_ok=True)
+        (include / "kimi_errors.h").write_text(errors.c_error_header())
+        for extension in self.extensions:
+            extension.include_dirs.append(str(include))
+        super().run()
+
 
 EXTENSIONS = [
     # Rows of a JPEG by Pillow's own libjpeg-turbo, in bands on several threads (jpeg_bands.py).
@@ -39,6 +60,7 @@ EXTENSIONS = [
 
 setup(
     ext_modules=EXTENSIONS,
+    cmdclass={"build_ext": BuildWithGeneratedHeaders},
     # The library door: numpy 1 or 2.
     install_requires=[
         COMMON,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from kimi_vision_common.errors import c_error_header
+
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = REPO / "fuzz" / "fuzz_steps.py"
 SOURCE = REPO / "backend_src" / "kimi_vision_prep" / "_triton_patchify.c"
@@ -34,9 +36,15 @@ def test_a_short_fuzz_run_of_the_step_parsers_finds_nothing() -> None:
     assert " 0 findings" in result.stdout
 
 
+def generated_include(folder: Path) -> str:
+    """``-I`` of a folder holding the C step's generated ``kimi_errors.h`` (as setup.py writes it)."""
+    (folder / "kimi_errors.h").write_text(c_error_header())
+    return f"-I{folder}"
+
+
 @pytest.mark.skipif(CC is None, reason="no C compiler")
 def test_the_c_step_compiles_without_warnings(tmp_path: Path) -> None:
-    flags = ["-Wall", "-Wextra", "-Werror", "-O3", "-shared", "-fPIC"]
+    flags = ["-Wall", "-Wextra", "-Werror", "-O3", "-shared", "-fPIC", generated_include(tmp_path)]
     result = run([CC, *flags, str(SOURCE), "-o", str(tmp_path / "step.so")])
     assert result.returncode == 0, result.stderr
 
@@ -55,7 +63,7 @@ def sanitizer_runtime(name: str) -> str | None:
 def test_the_fuzzer_runs_clean_under_address_and_undefined_behaviour_sanitizers(tmp_path: Path) -> None:
     library = tmp_path / "step_asan.so"
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1"]
-    built = run([CC, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(library)])
+    built = run([CC, *flags, "-shared", "-fPIC", generated_include(tmp_path), str(SOURCE), "-o", str(library)])
     assert built.returncode == 0, built.stderr
     env = {
         "LD_PRELOAD": f"{sanitizer_runtime('asan')}:{sanitizer_runtime('ubsan')}",

@@ -46,6 +46,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "kimi_errors.h" /* generated at build time from kimi_vision_common/errors.py */
+
 /* ----------------------------------------------------------------------- the Triton C API (1.x) */
 
 typedef struct TRITONSERVER_Error TRITONSERVER_Error;
@@ -64,7 +66,6 @@ typedef struct TRITONSERVER_Parameter TRITONSERVER_Parameter;
 
 typedef enum { TYPE_UINT8 = 2, TYPE_INT32 = 8, TYPE_INT64 = 9, TYPE_FP32 = 11 } DataType;
 typedef enum { MEMORY_CPU = 0, MEMORY_CPU_PINNED = 1, MEMORY_GPU = 2 } MemoryType;
-typedef enum { ERROR_INTERNAL = 1, ERROR_INVALID_ARG = 3 } ErrorCode;
 typedef enum { LOG_INFO = 0, LOG_ERROR = 2 } LogLevel;
 enum { REQUEST_RELEASE_ALL = 1, RESPONSE_COMPLETE_FINAL = 1, BACKEND_API_MAJOR = 1 };
 enum { METRIC_KIND_COUNTER = 0, PARAMETER_STRING = 0 };
@@ -277,9 +278,10 @@ static TRITONSERVER_Error *error_new(int code, const char *tag, const char *form
   return TRITONSERVER_ErrorNew(code, message);
 }
 
-#define INVALID_REQUEST(...) error_new(ERROR_INVALID_ARG, "InvalidRequestError", __VA_ARGS__)
-#define TOO_LARGE(...) error_new(ERROR_INVALID_ARG, "ImageTooLargeError", __VA_ARGS__)
-#define INTERNAL(...) error_new(ERROR_INTERNAL, "PreprocessError", "internal error: " __VA_ARGS__)
+/* The classes of kimi_vision_common/errors.py and their Triton codes (kimi_errors.h, generated). */
+#define INVALID_REQUEST(...) error_new(KIMI_INVALID_REQUEST_CODE, KIMI_INVALID_REQUEST_TAG, __VA_ARGS__)
+#define TOO_LARGE(...) error_new(KIMI_TOO_LARGE_CODE, KIMI_TOO_LARGE_TAG, __VA_ARGS__)
+#define INTERNAL(...) error_new(KIMI_INTERNAL_CODE, KIMI_INTERNAL_TAG, "internal error: " __VA_ARGS__)
 #define RETURN_IF_ERROR(expr)                \
   do {                                       \
     TRITONSERVER_Error *error_ = (expr);     \

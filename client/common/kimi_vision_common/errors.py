@@ -2,10 +2,9 @@
 
 Every error a caller can see derives from :class:`PreprocessError`. ``triton_code`` is the name
 of the Triton error code a served model returns for it; these class attributes are the only
-place where that mapping lives in Python (:mod:`.wire` carries the class over the network). The C
-step (``_triton_patchify.c``, no Python at run time) restates the two it raises,
-``InvalidRequestError`` and ``ImageTooLargeError``, with their codes; tests/test_patchify_backend.py
-reads them back through the client and compares them with these classes.
+place where that mapping lives (:mod:`.wire` carries the class over the network). The C step
+(``_triton_patchify.c``, no Python at run time) gets the tags and codes of the classes it raises
+from ``kimi_errors.h``, which the build writes from these classes (:func:`c_error_header`).
 """
 
 from __future__ import annotations
@@ -130,3 +129,29 @@ def detached(exc: ErrorT) -> ErrorT:
     """
     exc.__context__ = exc.__cause__ = None  # the library's errors carry their cause in the message
     return exc.with_traceback(None)
+
+
+# TRITONSERVER_Error_Code of Triton's C API (tritonserver.h), by the names ``triton_code`` uses.
+TRITON_ERROR_CODES = {
+    "UNKNOWN": 0,
+    "INTERNAL": 1,
+    "NOT_FOUND": 2,
+    "INVALID_ARG": 3,
+    "UNAVAILABLE": 4,
+    "UNSUPPORTED": 5,
+    "ALREADY_EXISTS": 6,
+    "CANCELLED": 7,
+}
+# The classes the C patchify step raises, under the names its source uses.
+C_STEP_ERRORS = {"INVALID_REQUEST": InvalidRequestError, "TOO_LARGE": ImageTooLargeError, "INTERNAL": PreprocessError}
+
+
+def c_error_header() -> str:
+    """The C step's ``kimi_errors.h``, written at build time (setup.py, the fuzz harness): for each
+    class it raises, the tag a served message starts with and its Triton code, from the classes
+    above, so the C step restates neither."""
+    lines = ["/* Generated from kimi_vision_common/errors.py (c_error_header): do not edit. */", "#pragma once"]
+    for name, cls in C_STEP_ERRORS.items():
+        lines.append(f'#define KIMI_{name}_TAG "{cls.__name__}"')
+        lines.append(f"#define KIMI_{name}_CODE {TRITON_ERROR_CODES[cls.triton_code]}")
+    return "\n".join(lines) + "\n"
