@@ -256,3 +256,17 @@ def test_a_model_that_fails_to_load_is_named_and_the_others_serve(tmp_path: Path
         assert process.poll() is None  # still serving the other
     finally:
         stop(process)
+
+
+def test_building_the_parser_changes_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's commands join the parser through an entry point; joining sets nothing (the
+    codec environment is set when a command runs)."""
+    from kimi_vision_prep.serving.host import codec_env
+    from kimi_vision_prep.serving.triton_install import cache_root
+
+    for key in codec_env(cache_root()):
+        monkeypatch.delenv(key, raising=False)
+    before = dict(os.environ)
+    parser = cli.build_parser()
+    assert "serve" in parser.format_help()
+    assert dict(os.environ) == before

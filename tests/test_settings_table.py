@@ -5,17 +5,21 @@ what was rendered for it."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from kimi_vision_common.presets import KIMI_K3, KIMI_K25, Preset
 from kimi_vision_common.sizing import navit_patch_bound
 from kimi_vision_prep.serving.config import DecoderSettings, decoder_settings
 from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS, RenderOptions
 from kimi_vision_prep.serving.settings import SETTINGS, Rendering, rendered_parameters
-from kimi_vision_prep.serving.settings_table import DOC, rendered_values, settings_table
+from kimi_vision_prep.serving.settings_table import rendered_values, settings_table
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "serving.md"
 
 
 def test_docs_hold_the_generated_settings_table() -> None:
-    assert settings_table() in DOC.read_text(), "run: python -m kimi_vision_prep.serving.settings_table --write"
+    command = "python -m kimi_vision_prep.serving.settings_table --write docs/serving.md"
+    assert settings_table() in DOC.read_text(), f"run: {command}"
 
 
 def test_every_rendered_setting_is_declared_once() -> None:

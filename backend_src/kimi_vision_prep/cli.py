@@ -9,9 +9,11 @@ without this package and this package's commands join it when both are installed
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +42,8 @@ from .serving.repository import RenderOptions, model_presets
 
 
 def set_codec_env() -> None:
-    """Before nvImageCodec is first imported: a GPU-less host loads only its CPU extensions."""
+    """Before nvImageCodec is first imported: a GPU-less host loads only its CPU extensions (set
+    when a command runs, not while the parser is built)."""
     from .serving.host import codec_env
     from .serving.triton_install import cache_root
 
@@ -208,9 +211,20 @@ def add_render_arguments(parser: argparse.ArgumentParser, defaults: tuple[str, s
     parser.add_argument("--kind", choices=("cpu", "gpu"), default=None, help=f"instance kind{note} (default: {kind})")
 
 
+def with_codec_env(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command``, run after :func:`set_codec_env`."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        set_codec_env()
+        return command(args)
+
+    return run
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Add this package's subcommands to the ``kimi-prep`` parser (the entry point)."""
-    set_codec_env()
+    """Add this package's subcommands to the ``kimi-prep`` parser (the entry point); building the
+    parser changes nothing in the process."""
     pre = command(sub, "preprocess", help="preprocess images in-process (no server)")
     pre.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS), help="the checkpoint's preset")
     pre.add_argument(
@@ -218,12 +232,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     pre.add_argument("--quiet", action="store_true", help="no progress bar (videos)")
     pre.add_argument("images", nargs="+", type=Path, metavar="IMAGE|VIDEO|DIR")
-    pre.set_defaults(run=cmd_preprocess)
+    pre.set_defaults(run=with_codec_env(cmd_preprocess))
 
     render = command(sub, "render-repository", help="write the model repository rendered from the presets")
     render.add_argument("--out", type=Path, required=True, help="the repository folder to write")
     add_render_arguments(render, ("1", "0, all cores", "unset: GPU where there is one"))
-    render.set_defaults(run=cmd_render_repository)
+    render.set_defaults(run=with_codec_env(cmd_render_repository))
 
     srv = command(
         sub,
@@ -281,7 +295,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="open a restricted API to clients without the key (shared-memory: for a trusted network; default: none)",
     )
     srv.add_argument("--verbose", action="store_true", help="relay tritonserver's info lines and start-up tables too")
-    srv.set_defaults(run=cmd_serve)
+    srv.set_defaults(run=with_codec_env(cmd_serve))
 
     local = command(sub, "bench-local", help="in-process timings: ours vs the plain reference and the decode floor")
     local.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS), help="the checkpoint's preset")
@@ -293,8 +307,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="apply the served models' malloc retention (serving/allocator.py; default: glibc's, as in an engine)",
     )
-    local.set_defaults(run=cmd_bench_local)
+    local.set_defaults(run=with_codec_env(cmd_bench_local))
 
     demo = command(sub, "demo", help="start a server, send sample images over HTTP and gRPC, stop")
     demo.add_argument("--model", default="kimi_k25_vision", choices=sorted(model_presets()), help="the model to try")
-    demo.set_defaults(run=cmd_demo)
+    demo.set_defaults(run=with_codec_env(cmd_demo))

@@ -4,8 +4,8 @@ Each row: the ``parameters`` key, what it means, the library's default, the valu
 writes into the models' configs (read back from :func:`~.repository.repository_models`, so the
 table cannot drift from the renderer) and why a served value differs from the library's. The
 preset's own fields are the preset table's (docs/presets.md). ``tests/test_settings_table.py`` checks that
-docs/serving.md holds this table; ``python -m kimi_vision_prep.serving.settings_table --write``
-rewrites it there.
+docs/serving.md holds this table;
+``python -m kimi_vision_prep.serving.settings_table --write docs/serving.md`` rewrites it there.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from .render_blocks import RenderOptions
 from .repository import repository_models
 from .settings import SETTINGS
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "serving.md"
 BEGIN, END = "<!-- settings-table: begin -->", "<!-- settings-table: end -->"
 PARAMETER = re.compile(r'parameters \{ key: "(?P<key>[^"]+)" value: \{ string_value: "(?P<value>[^"]*)" \} \}')
 
@@ -78,10 +77,10 @@ def with_table(document: str, table: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"rewrite the table in {DOC}")
-    table = settings_table()
-    if parser.parse_args().write:
-        DOC.write_text(with_table(DOC.read_text(), table))
+    parser.add_argument("--write", type=Path, metavar="DOC", help="rewrite the table in DOC (docs/serving.md)")
+    table, document = settings_table(), parser.parse_args().write
+    if document is not None:
+        document.write_text(with_table(document.read_text(), table))
     else:
         sys.stdout.write(table)
     return 0
