@@ -18,21 +18,19 @@ from pathlib import Path
 
 import numpy as np
 
-from kimi_vision_client.cli import (
+from kimi_vision_client.cli import command, non_negative_int, positive_int
+from kimi_vision_client.client import KimiVisionClient
+from kimi_vision_client.outcomes import (
     EXIT_OK,
     EXIT_SOME_FAILED,
     EXIT_USAGE,
     chunk_outcomes,
-    command,
     expand_paths,
-    non_negative_int,
     outcome_of,
-    positive_int,
     print_outcome,
     read_inputs,
     report,
 )
-from kimi_vision_client.client import KimiVisionClient
 from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.presets import PRESETS
