@@ -41,9 +41,10 @@ from kimi_vision_common.patches import expand_patches
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult, TokenCount, VideoChunkResult
 from kimi_vision_common.sizing import navit_target_size
-from kimi_vision_common.wire import IMAGE_BYTES, NUM_TOKENS_DTYPE, PROMPT, admin_headers, error_from_served
+from kimi_vision_common.wire import IMAGE_BYTES, NUM_TOKENS_DTYPE, PROMPT, admin_headers
 
 from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
+from .server_errors import connection_failure, error_from_server
 from .transport import ADAPTERS, ShmSlot, Waiter
 from .wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, PIXEL_VALUES, Wire, largest_preset, learn_wire
 
@@ -75,15 +76,6 @@ OUTPUT_DTYPES: dict[str, np.dtype] = {
     GRID_THW: np.dtype(np.int64),
     NUM_TOKENS: np.dtype(np.int32),
 }
-SINGLE_IMAGE_PREFIX = "image 0: "  # how a model names the only image of a request that fails
-# Transport status (HTTP code or gRPC StatusCode) -> the Triton code name it carries.
-TRITON_CODES: dict[str, str] = {
-    "400": "INVALID_ARG",
-    "StatusCode.INVALID_ARGUMENT": "INVALID_ARG",
-    "503": "UNAVAILABLE",
-    "StatusCode.UNAVAILABLE": "UNAVAILABLE",
-    "StatusCode.CANCELLED": "CANCELLED",
-}
 
 
 @dataclass(frozen=True)
@@ -101,31 +93,6 @@ class VisionResult:
 def strip_scheme(url: str) -> str:
     """``http://host:8000/`` -> ``host:8000`` (tritonclient wants no scheme)."""
     return url.split("://", 1)[-1].rstrip("/")
-
-
-def error_from_server(exc: Exception, single_image: bool = False) -> PreprocessError:
-    """A tritonclient error as the :class:`PreprocessError` the server raised (its message's tag),
-    or, for Triton's own untagged rejections, the class of its code. ``single_image``: the request
-    held one image, so the server's ``"image 0: "`` is dropped (the message ``preprocess_bytes``
-    raises; a K-image request keeps the index, as ``preprocess_images`` does)."""
-    if isinstance(exc, tritonclient.utils.InferenceServerException):
-        error = error_from_served(TRITON_CODES.get(str(exc.status()), "INTERNAL"), exc.message() or str(exc))
-        text = str(error)
-        if single_image and text.startswith(SINGLE_IMAGE_PREFIX):
-            error = type(error)(text.removeprefix(SINGLE_IMAGE_PREFIX))
-        return error
-    return PreprocessError(f"{type(exc).__name__}: {exc}")
-
-
-def connection_failure(exc: Exception) -> str:
-    """Why a connection failed, in words ("connection refused", ...), from any transport's error."""
-    text = str(exc).lower()
-    for cause in ("connection refused", "timed out", "name or service not known", "no route to host"):
-        if cause in text:
-            return cause
-    if isinstance(exc, ConnectionRefusedError) or "failed to connect" in text:
-        return "connection refused"
-    return f"{type(exc).__name__}: {exc}"
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
