@@ -30,7 +30,7 @@ PNG = "pilx__hopper.png"
 @pytest.fixture
 def codec(monkeypatch: pytest.MonkeyPatch) -> FakeNvImgCodec:
     fake = FakeNvImgCodec()
-    monkeypatch.setattr(decode_module, "_import_nvimgcodec", lambda: fake)
+    monkeypatch.setattr(decode_module, "import_nvimgcodec", lambda: fake)
     return fake
 
 

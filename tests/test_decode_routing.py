@@ -241,7 +241,7 @@ def make_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     def unavailable() -> Any:
         raise ImportError("No module named 'nvidia.nvimgcodec'")
 
-    monkeypatch.setattr(decode_module, "_import_nvimgcodec", unavailable)
+    monkeypatch.setattr(decode_module, "import_nvimgcodec", unavailable)
 
 
 def test_unavailable_nvimgcodec_strict_raises(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -408,7 +408,9 @@ def test_batch_workers_share_the_callers_numba_threads(monkeypatch: pytest.Monke
     finally:
         numba.set_num_threads(threads)
     assert seen == {("kimi-prep-batch", 1)}, seen
-    assert idents[-1] <= idents[-2], idents  # the same threads, their scratch arenas warm
+    # The same two threads serve every call (their scratch arenas stay warm): never more than the
+    # workers over both calls (which of the two takes which image varies with the load).
+    assert len(idents[0] | idents[1]) <= 2, idents
     for data, result in zip(images, results, strict=True):
         assert isinstance(result, PreprocessResult)
         assert_exact(result, data)

@@ -22,7 +22,7 @@ from PIL import Image
 from reference import reference_preprocess
 
 import kimi_vision_prep
-from kimi_vision_prep import ImageDecoder, jpeg_bands
+from kimi_vision_prep import ImageDecoder, decode_routes, jpeg_bands
 from kimi_vision_prep import decode as decode_module
 from kimi_vision_prep.jpeg_scan import scan_jpeg
 
@@ -293,7 +293,7 @@ def test_without_the_extension_clean_jpegs_take_simplejpeg_and_the_log_says_so(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(jpeg_bands, "_binding", lambda: (None, "ImportError: no _libjpeg"))
-    decode_module._warn_once.cache_clear()
+    decode_routes._warn_once.cache_clear()
     with caplog.at_level(logging.WARNING, logger="kimi_vision_prep.decode"):
         decoder = ImageDecoder()
     assert decoder.cpu_routes == ("simplejpeg", "nvimgcodec-cpu")

@@ -14,6 +14,8 @@ Routing (spec section 2; "Pillow's verdict, Pillow's pixels"):
    about raises and goes on), then nvImageCodec's CPU backend (``nvimgcodec-cpu``, exact) for
    what they refused. On a GPU it is nvImageCodec with ``:fancy_upsampling=1`` and no
    EXIF rotation (``nvimgcodec-cuda``: a CUDA tensor via DLPack; near-exact, different IDCT).
+   The routes themselves are registered by name in :mod:`.decode_routes`; this module plans,
+   pools and threads them.
 4. Everything else (CMYK/YCCK, lossless, 12-bit, damaged streams, PNG/GIF/WebP/BMP/TIFF) takes the
    planned ``pillow`` route: Pillow decodes and gives the verdict, by definition exact.
 5. If the planned fast decoder is unavailable or returns no image, the image is decoded by Pillow
@@ -29,66 +31,39 @@ transparency key, ...), which the resize step resizes with Pillow in that mode.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-import simplejpeg
-from PIL import Image
 
 from kimi_vision_common.errors import FallbackError, ImageTooLargeError, InvalidImageError, PreprocessError, detached
 from kimi_vision_common.presets import Preset
 
 from . import jpeg_bands
-from .buffers import scratch
 from .decode_pool import DecodePool
+from .decode_routes import (
+    CPU_DECODERS,
+    CPU_ROUTES,
+    FANCY_UPSAMPLING_OPTIONS,
+    CpuRoute,
+    DecodedImage,
+    DecodePath,
+    Plan,
+    RowsFor,
+    available_routes,
+    import_nvimgcodec,
+)
 from .extras import require_torch
-from .jpeg_scan import JpegScan, scan_jpeg
+from .jpeg_scan import scan_jpeg
 from .limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits
 from .pillow_io import open_with_pillow, pillow_pixels
-from .resample import Resample
 
 log = logging.getLogger("kimi_vision_prep.decode")
-
-FANCY_UPSAMPLING_OPTIONS = ":fancy_upsampling=1"
-
-DecodePath = Literal["libjpeg", "simplejpeg", "nvimgcodec-cpu", "nvimgcodec-cuda", "pillow"]
-CPU_ROUTES: tuple[DecodePath, ...] = ("libjpeg", "simplejpeg", "nvimgcodec-cpu")
-# A consumer of a lone image's rows as they are decoded, by its stored (width, height), or None
-# when it wants none of that image (:meth:`ImageDecoder.decode`).
-RowsFor = Callable[[int, int], "jpeg_bands.RowConsumer | None"]
-# A CPU route: decode(plan, bands, rows_for) sets plan.result, or leaves it None where it refuses.
-CpuRoute = Callable[["_Plan", int, "RowsFor | None"], None]
-
-
-@dataclass
-class DecodedImage:
-    """Decoded pixels in stored order (EXIF orientation not applied), at the stored size or already
-    resized to the NaViT size of the stored size (:func:`~.pipeline.resized_decoded`).
-
-    ``pixels``: uint8 ``(H, W, C)``, C = 3 (RGB) or 4 (RGBA, straight alpha; K3 only), a numpy
-    array or a torch CUDA tensor; or (K3, modes resized in their own mode) a loaded
-    ``PIL.Image.Image`` in its source mode. Resized pixels are always RGB ``(new_h, new_w, 3)``.
-    ``width``/``height``: the stored size (the NaViT rule and prompts use it), whichever size the
-    pixels have. ``resample``: the filter the reference resizes this source with.
-    ``rows_consumed``: the caller's row consumer (:meth:`ImageDecoder.decode`) took every row as
-    it was decoded; the pixels are whole all the same.
-    """
-
-    pixels: Any
-    width: int
-    height: int
-    resample: Resample
-    decode_path: DecodePath
-    fallback_reason: str | None = None
-    rows_consumed: bool = False
 
 
 class DecodeStats:
@@ -123,25 +98,6 @@ class DecodeStats:
             return {"paths": dict(self.paths), "fallbacks": dict(self.fallbacks)}
 
 
-def decode_simplejpeg(data: bytes, width: int, height: int) -> np.ndarray | None:
-    """uint8 ``(height, width, 3)`` RGB of a JPEG by simplejpeg, bit-equal to Pillow's decode
-    (accurate integer IDCT, fancy upsampling; greyscale replicated like ``convert("RGB")``), or
-    None where its strict mode refuses the file (libjpeg warnings: corrupt data, extraneous bytes).
-    Written into :func:`~.buffers.scratch` (arena memory inside a scope); releases the GIL."""
-    out = scratch((height, width, 3))
-    try:
-        simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, buffer=out, strict=True)
-    except ValueError:
-        return None
-    return out
-
-
-def _import_nvimgcodec() -> Any:
-    from nvidia import nvimgcodec
-
-    return nvimgcodec
-
-
 def _parse_device(device: str) -> tuple[str, int]:
     if device == "cpu":
         return "cpu", -1
@@ -150,18 +106,6 @@ def _parse_device(device: str) -> tuple[str, int]:
     if device.startswith("cuda:") and device[5:].isdigit():
         return "cuda", int(device[5:])
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-
-
-@dataclass
-class _Plan:
-    """Per-item routing decision made before any pixel is decoded."""
-
-    data: bytes
-    image: Image.Image
-    scan: JpegScan | None
-    fast: bool
-    fallback_reason: str | None = None
-    result: DecodedImage | None = None
 
 
 class ImageDecoder:
@@ -195,7 +139,7 @@ class ImageDecoder:
     ) -> None:
         if unknown := set(cpu_routes) - set(CPU_ROUTES):
             raise ValueError(f"cpu_routes must be among {CPU_ROUTES}, got {sorted(unknown)}")
-        self.cpu_routes = _available(tuple(cpu_routes))
+        self.cpu_routes = available_routes(tuple(cpu_routes))
         self.device = device
         self.device_kind, self.device_index = _parse_device(device)
         if self.device_kind == "cuda":
@@ -233,7 +177,7 @@ class ImageDecoder:
         with self._codec_lock:
             if self._codec is None and self._codec_error is None:
                 try:
-                    self._codec = _import_nvimgcodec()
+                    self._codec = import_nvimgcodec()
                 except Exception as exc:  # ImportError, or a broken CUDA install
                     self._codec_error = f"nvImageCodec unavailable ({type(exc).__name__})"
             return self._codec
@@ -260,7 +204,7 @@ class ImageDecoder:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def _plan(self, data: bytes) -> _Plan:
+    def _plan(self, data: bytes) -> Plan:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidImageError(f"expected encoded image bytes, got {type(data).__name__}")
         data = bytes(data)
@@ -280,9 +224,9 @@ class ImageDecoder:
             and not (self.device_kind == "cuda" and scan.sof_marker in (0xC9, 0xCA))
             and (scan.width, scan.height) == image.size
         )
-        return _Plan(data, image, scan, fast)
+        return Plan(data, image, scan, fast)
 
-    def _decode_fast(self, plans: list[_Plan], rows_for: RowsFor | None) -> None:
+    def _decode_fast(self, plans: list[Plan], rows_for: RowsFor | None) -> None:
         """Decode the fast-route plans: on the CPU each by libjpeg or else simplejpeg (the first of
         them in ``cpu_routes``), the ones it refuses in one nvImageCodec batch call (each as far as
         ``cpu_routes`` allows: what none may take is planned to Pillow); mark failures for fallback."""
@@ -290,8 +234,7 @@ class ImageDecoder:
             # Both are libjpeg-turbo in strict mode: what one refuses the other does too.
             strict_libjpeg = [route for route in self.cpu_routes if route in ("libjpeg", "simplejpeg")]
             if strict_libjpeg:
-                decode = self._decode_libjpeg if strict_libjpeg[0] == "libjpeg" else self._decode_simplejpeg
-                self._map_cpu(decode, plans, rows_for)
+                self._map_cpu(CPU_DECODERS[strict_libjpeg[0]], plans, rows_for)
             plans = [plan for plan in plans if plan.result is None]
             if "nvimgcodec-cpu" not in self.cpu_routes:
                 for plan in plans:
@@ -360,40 +303,20 @@ class ImageDecoder:
         with self._callers_lock:
             return len(self._callers) == 1
 
-    def _map_cpu(self, decode: CpuRoute, plans: list[_Plan], rows_for: RowsFor | None) -> None:
-        """``decode(plan, bands, rows_for)`` of each plan (they release the GIL): a lone plan on the
-        calling thread, in up to ``cpu_workers`` row bands while its thread is the only caller
-        (:meth:`claim`), its rows offered to ``rows_for``; several on up to ``cpu_workers`` threads
-        at once, whole."""
+    def _map_cpu(self, decode: CpuRoute, plans: list[Plan], rows_for: RowsFor | None) -> None:
+        """``decode`` (a :data:`~.decode_routes.CPU_DECODERS` route; they release the GIL) of each
+        plan: a lone plan on the calling thread, in up to ``cpu_workers`` row bands while its thread
+        is the only caller (:meth:`claim`), its rows offered to ``rows_for``; several on up to
+        ``cpu_workers`` threads at once, whole."""
         if len(plans) == 1:
-            decode(plans[0], self.cpu_workers if self._sole_caller() else 1, rows_for)
+            decode(plans[0], self._bands, self.cpu_workers if self._sole_caller() else 1, rows_for)
         elif self.cpu_workers <= 1:
             for plan in plans:
-                decode(plan, 1, None)
+                decode(plan, self._bands, 1, None)
         else:
-            list(self._threads().map(lambda plan: decode(plan, 1, None), plans))
+            list(self._threads().map(lambda plan: decode(plan, self._bands, 1, None), plans))
 
-    def _decode_libjpeg(self, plan: _Plan, bands: int, rows_for: RowsFor | None) -> None:
-        """The ``libjpeg`` route: into :func:`~.buffers.scratch`, in row bands where the stream is a
-        single scan and the image large enough for several, each band's rows handed to
-        ``rows_for``'s consumer then."""
-        width, height = plan.image.size
-        pixels = scratch((height, width, 3))
-        single_scan = plan.scan is not None and plan.scan.single_scan
-        bands = self._bands.bands_for(width, height, bands if single_scan else 1)
-        consumer = rows_for(width, height) if rows_for is not None and bands > 1 else None
-        if self._bands.decode(plan.data, pixels, bands, consumer):
-            consumed = consumer is not None
-            plan.result = DecodedImage(pixels, width, height, "bicubic", "libjpeg", rows_consumed=consumed)
-
-    @staticmethod
-    def _decode_simplejpeg(plan: _Plan, bands: int, rows_for: RowsFor | None) -> None:
-        """The ``simplejpeg`` route (one thread, whole images; ``bands`` and ``rows_for`` unused)."""
-        pixels = decode_simplejpeg(plan.data, plan.image.width, plan.image.height)
-        if pixels is not None:
-            plan.result = DecodedImage(pixels, plan.image.width, plan.image.height, "bicubic", "simplejpeg")
-
-    def _decode_pillow(self, plan: _Plan, preset: Preset) -> DecodedImage:
+    def _decode_pillow(self, plan: Plan, preset: Preset) -> DecodedImage:
         # Pillow first: an image it rejects is bad input (its verdict), not a decoder fallback.
         pixels, resample = pillow_pixels(plan.image, preset)
         if plan.fallback_reason is not None and self.strict:
@@ -432,7 +355,7 @@ class ImageDecoder:
     def _decode_batch(
         self, items: Sequence[bytes], preset: Preset, rows_for: RowsFor | None
     ) -> list[DecodedImage | PreprocessError]:
-        plans: list[_Plan | PreprocessError] = []
+        plans: list[Plan | PreprocessError] = []
         for data in items:
             try:
                 plans.append(self._plan(data))
@@ -441,7 +364,7 @@ class ImageDecoder:
         results: list[DecodedImage | PreprocessError] = []
         try:
             with self.claim():
-                self._decode_fast([p for p in plans if isinstance(p, _Plan) and p.fast], rows_for)
+                self._decode_fast([p for p in plans if isinstance(p, Plan) and p.fast], rows_for)
             for plan in plans:
                 if isinstance(plan, PreprocessError):
                     results.append(plan)
@@ -457,22 +380,9 @@ class ImageDecoder:
             # The pixels are copies by now; free Pillow's decoder state and any half-loaded image
             # at once rather than when the last reference goes.
             for plan in plans:
-                if isinstance(plan, _Plan):
+                if isinstance(plan, Plan):
                     plan.image.close()
         return results
-
-
-def _available(routes: tuple[DecodePath, ...]) -> tuple[DecodePath, ...]:
-    """``routes`` without ``libjpeg`` where its extension is missing (a warning, once a process)."""
-    if "libjpeg" not in routes or jpeg_bands.libjpeg_path() is not None:
-        return routes
-    _warn_once(f"the libjpeg route is unavailable ({jpeg_bands.unavailable_reason()}): clean JPEGs take simplejpeg")
-    return tuple(route for route in routes if route != "libjpeg")
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    log.warning(message)
 
 
 _default_decoders: dict[str, ImageDecoder] = {}
