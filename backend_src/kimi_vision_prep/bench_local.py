@@ -38,7 +38,7 @@ from kimi_vision_client.samples import bench_photos
 from kimi_vision_common.patches import normalize_table
 from kimi_vision_prep import ImageDecoder, get_preset, navit_target_size, preprocess_batch, preprocess_bytes
 from kimi_vision_prep.buffers import scratch_scope
-from kimi_vision_prep.decode import decode_simplejpeg
+from kimi_vision_prep.decode_routes import decode_simplejpeg
 from kimi_vision_prep.normalize import write_patches
 from kimi_vision_prep.pipeline import PixelOutput, resize_to_target
 
@@ -97,7 +97,7 @@ def plain_preprocess(data: bytes, preset_name: str) -> np.ndarray:
 
 def fastest_exact_decode(im: BenchImage) -> np.ndarray:
     """The floor: RGB pixels by the fastest single-thread decoder exact for the file (``im.floor``:
-    simplejpeg, :func:`~kimi_vision_prep.decode.decode_simplejpeg`, where its strict mode takes the
+    simplejpeg, :func:`~kimi_vision_prep.decode_routes.decode_simplejpeg`, where its strict mode takes the
     file, else Pillow), nothing else: not the attempt of a decoder that refuses the file."""
     pixels = decode_simplejpeg(im.data, im.width, im.height) if im.floor == "simplejpeg" else None
     return pixels if pixels is not None else pillow_rgb(im.data)
