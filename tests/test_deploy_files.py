@@ -121,7 +121,7 @@ def serve_arguments(path: Path) -> argparse.Namespace:
     scripts = importlib.metadata.entry_points(group="console_scripts", name="kimi-prep")
     assert [script.value for script in scripts] == ["kimi_vision_client.cli:main"]
     args = build_parser().parse_args(argv[1:])
-    assert args.run is cmd_serve
+    assert args.run.__wrapped__ is cmd_serve  # run after the codec environment is set
     return args
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from c_step import F32_P, U8_P, load_c_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from make_inputs import corpus_names
@@ -41,20 +42,12 @@ from kimi_vision_prep.serving.repository import RenderOptions, repository_models
 from kimi_vision_prep.serving.triton_install import patchify_library
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
-SIZE_T = ctypes.c_size_t
-U8_P = ctypes.POINTER(ctypes.c_uint8)
-F32_P = ctypes.POINTER(ctypes.c_float)
 
 
 @pytest.fixture(scope="module")
 def backend() -> ctypes.CDLL:
-    """The built backend, loaded outside tritonserver (its Triton API symbols are weak)."""
-    library = ctypes.CDLL(str(patchify_library()))
-    library.kimi_normalize_tables.argtypes = [ctypes.POINTER(ctypes.c_double)] * 2 + [F32_P]
-    library.kimi_write_patches_f32.argtypes = [U8_P, SIZE_T, SIZE_T, F32_P, F32_P, SIZE_T, SIZE_T, SIZE_T]
-    library.kimi_write_patches_u8.argtypes = [U8_P, SIZE_T, SIZE_T, U8_P, SIZE_T, SIZE_T, SIZE_T]
-    library.kimi_config_parameter.argtypes = [ctypes.c_char_p, SIZE_T, ctypes.c_char_p, ctypes.c_char_p, SIZE_T]
-    return library
+    """The built backend, loaded outside tritonserver."""
+    return load_c_step()
 
 
 def c_tables(backend: ctypes.CDLL, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:

@@ -10,27 +10,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+from c_step import F32_P, U8_P, load_c_step
 from vectors import NORMALISE_VECTORS, PATCH_VECTORS, NormaliseVector, PatchVector
 
 from kimi_vision_common.patches import expand_with_table, normalize_table
 from kimi_vision_prep.normalize import IDENTITY_TABLE, expand_patches_torch, write_patches_numpy, write_patches_torch
 from kimi_vision_prep.normalize import expand_patches as expand_patches_numba
-from kimi_vision_prep.serving.triton_install import patchify_library
 
 torch = pytest.importorskip("torch")
-
-SIZE_T = ctypes.c_size_t
-U8_P = ctypes.POINTER(ctypes.c_uint8)
-F32_P = ctypes.POINTER(ctypes.c_float)
 
 
 @pytest.fixture(scope="module")
 def c_step() -> ctypes.CDLL:
-    library = ctypes.CDLL(str(patchify_library()))
-    library.kimi_normalize_tables.argtypes = [ctypes.POINTER(ctypes.c_double)] * 2 + [F32_P]
-    library.kimi_write_patches_f32.argtypes = [U8_P, SIZE_T, SIZE_T, F32_P, F32_P, SIZE_T, SIZE_T, SIZE_T]
-    library.kimi_write_patches_u8.argtypes = [U8_P, SIZE_T, SIZE_T, U8_P, SIZE_T, SIZE_T, SIZE_T]
-    return library
+    return load_c_step()
 
 
 def expected_table(vector: NormaliseVector) -> np.ndarray:
