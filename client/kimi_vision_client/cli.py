@@ -57,6 +57,12 @@ COMMANDS_GROUP = "kimi_prep.commands"
 # -- subcommands --------------------------------------------------------------------------------
 
 
+def run_ends(exc: PreprocessError) -> int:
+    """Say why nothing can be sent; exit 3 when the server or a model it needs is not there, else 2."""
+    print(f"kimi-prep: {exc}", file=sys.stderr)
+    return EXIT_UNAVAILABLE if isinstance(exc, (ServerUnavailableError, ModelNotServedError)) else EXIT_USAGE
+
+
 def cmd_infer(args: argparse.Namespace) -> int:
     """Send images to a running server, ``--concurrency`` requests in flight."""
     from tqdm import tqdm
@@ -75,17 +81,16 @@ def cmd_infer(args: argparse.Namespace) -> int:
         try:
             if to_send:
                 client.require_model()
-            elif videos:  # nothing else to send: a server that is not there ends the run here
-                client.require_model(sibling_model(args.model, "video"))
         except PreprocessError as exc:
-            print(f"kimi-prep: {exc}", file=sys.stderr)
-            return EXIT_UNAVAILABLE if isinstance(exc, (ServerUnavailableError, ModelNotServedError)) else EXIT_USAGE
+            return run_ends(exc)
         if videos:
             try:
                 require_grpc(args.protocol)
                 client.require_model(sibling_model(args.model, "video"))
-            except PreprocessError as exc:  # each video is reported, the images still go
-                for outcome, _ in videos:
+            except PreprocessError as exc:
+                if not to_send:  # nothing else to send: the run ends here
+                    return run_ends(exc)
+                for outcome, _ in videos:  # each video is reported, the images still go
                     outcome.error = exc
                     print_outcome(outcome)
                 outcomes += [outcome for outcome, _ in videos]
