@@ -18,16 +18,17 @@ apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 
 .PHONY: setup doors test serve repository demo lint bench perf-analyzer soak fuzz clean
 
-# The three doors' packaging: the library and server (pyproject.toml, setup.py), the client and the
-# package they share (client/).
-PACKAGING := pyproject.toml setup.py client/pyproject.toml client/setup.py client/common/pyproject.toml
+# The three doors' packaging: the library (pyproject.toml, setup.py), the server (backend_src/server/),
+# the client and the package they share (client/).
+PACKAGING := pyproject.toml setup.py backend_src/server/pyproject.toml backend_src/server/setup.py \
+	client/pyproject.toml client/setup.py client/common/pyproject.toml
 # A fresh numpy 2 venv for each door that must work without the server's numpy 1 (docs/install.md).
 LIB_VENV ?= .venv-library
 CLIENT_VENV ?= .venv-client
 LIBRARY_SOURCES := $(shell find backend_src/kimi_vision_prep client/common/kimi_vision_common -maxdepth 1 -name '*.py' -o -maxdepth 1 -name '*.c')
 
-$(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/kimi_vision_prep/_triton_patchify.c
-	$(call say,installing the serving environment into $(VENV) (torch CPU, tritonserver, the package editable))
+$(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/server/kimi_vision_server/_triton_patchify.c
+	$(call say,installing the serving environment into $(VENV) (torch CPU, tritonserver, the packages editable))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# torch first and pinned: the CPU build (a plain `torch` pulls several GB of CUDA).
@@ -35,10 +36,11 @@ $(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/kimi_
 	# libjpeg62-turbo headers (Debian) for the libjpeg route's extension (_libjpeg.c, jpeg_bands.py); without them
 	# the package still installs and clean JPEGs take simplejpeg (a warning says so).
 	test -f /usr/include/jpeglib.h || $(call apt_install,libjpeg62-turbo-dev) || echo "libjpeg62-turbo-dev unavailable: the libjpeg route is not built"
-	$(call say,building the C extensions and installing the package)
-	$(PIP) install -q -e ".[$(CUDA_EXTRA),serve,transformers,test,bench,fuzz]"
-	# The shared package and the client editable too (the line above installed them from their folders).
-	$(PIP) install -q --no-deps -e client/common -e client
+	$(call say,building the C extensions and installing the packages)
+	# The server door with the embedded tritonserver, and the library's development extras.
+	$(PIP) install -q "./backend_src/server[embedded,$(CUDA_EXTRA)]" "kimi-vision-prep[transformers,test,bench,fuzz] @ file://$(CURDIR)"
+	# Then all four editable (the line above installed them from their folders).
+	$(PIP) install -q --no-deps -e . -e backend_src/server -e client/common -e client
 	# cjpeg (Debian libjpeg-turbo-progs) writes the 4:4:0 / 4:1:1 JPEGs of tests/test_exactness.py.
 	command -v cjpeg >/dev/null 2>&1 || $(call apt_install,libjpeg-turbo-progs) || echo "cjpeg unavailable: 4:4:0/4:1:1 tests will be skipped"
 	# jemalloc (Debian libjemalloc2) for tritonserver: reused pages for its 37 MiB float32 answers (allocator.py).
@@ -47,12 +49,12 @@ $(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/kimi_
 
 setup: $(STAMP)
 
-# The library door: the package without the serve extra, numpy 2, as a wheel (not editable).
+# The library door: the library alone (no server, no client), numpy 2, as a wheel (not editable).
 $(LIB_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES)
 	$(call say,installing the library door into $(LIB_VENV) (pip install ., numpy 2))
 	test -x $(LIB_VENV)/bin/python || python3 -m venv $(LIB_VENV)
 	$(LIB_VENV)/bin/pip install -q -U pip
-	$(LIB_VENV)/bin/pip install -q "numpy>=2" ".[$(CUDA_EXTRA)]" "pytest>=8" hypothesis
+	$(LIB_VENV)/bin/pip install -q "numpy>=2" ".[$(CUDA_EXTRA)]" "pytest>=8" hypothesis "setuptools>=74.1"
 	$(LIB_VENV)/bin/pip install -q --no-deps --force-reinstall . ./client/common
 	touch $@
 

@@ -1,38 +1,17 @@
-"""Dependencies and C extensions of kimi-vision-prep (the rest of the build is in pyproject.toml).
+"""Dependencies and the C extension of kimi-vision-prep, the library (the rest of the build is in
+pyproject.toml). The server is its own distribution (backend_src/server/), the client too (client/).
 
-Here rather than in pyproject.toml because the shared package and the client are folders of this
-checkout, named by absolute path so that pip finds them without an index, and because pyproject's
-``ext-modules`` table is still experimental in setuptools (it warns on every build).
+Here rather than in pyproject.toml because the shared package is a folder of this checkout, named
+by absolute path so that pip finds it without an index, and because pyproject's ``ext-modules``
+table is still experimental in setuptools (it warns on every build).
 """
 
-import importlib.util
 from pathlib import Path
 
 from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 COMMON = f"kimi-vision-common @ {(ROOT / 'client' / 'common').as_uri()}"
-CLIENT = f"kimi-vision-client @ {(ROOT / 'client').as_uri()}"
-
-
-
-class BuildWithGeneratedHeaders(build_ext):
-    """Write the C step's ``kimi_errors.h`` (its error tags and Triton codes, from
-    ``kimi_vision_common/errors.py``) into the build folder before compiling."""
-
-    def run(self) -> None:
-        source = ROOT / "client" / "common" / "kimi_vision_common" / "errors.py"
-        spec = importlib.util.spec_from_file_location("kimi_errors", source)
-        errors = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(errors)
-        include = Path(self.build_temp) / "generated"
-        include.mkdir(parents=True, exist_ok=True)
-        (include / "kimi_errors.h").write_text(errors.c_error_header())
-        for extension in self.extensions:
-            extension.include_dirs.append(str(include))
-        super().run()
-
 
 EXTENSIONS = [
     # Rows of a JPEG by Pillow's own libjpeg-turbo, in bands on several threads (jpeg_bands.py).
@@ -45,22 +24,10 @@ EXTENSIONS = [
         libraries=["dl"],
         optional=True,
     ),
-    # The Triton backend kimi_patchify (the C API, no Python): the last step of the vision ensembles
-    # in a CPU rendering (serving/repository.py). Built as a module of the package so that it ships
-    # in the wheel; the launcher lays it out as <backends>/kimi_patchify/libtriton_kimi_patchify.so;
-    # never imported. Without a C compiler the package installs without it: CPU renderings then use
-    # the Python preprocess step (the launcher says so once at start).
-    Extension(
-        "kimi_vision_prep._triton_patchify",
-        sources=["backend_src/kimi_vision_prep/_triton_patchify.c"],
-        extra_compile_args=["-O3", "-Wall", "-Wextra"],
-        optional=True,
-    ),
 ]
 
 setup(
     ext_modules=EXTENSIONS,
-    cmdclass={"build_ext": BuildWithGeneratedHeaders},
     # The library door: numpy 1 or 2.
     install_requires=[
         COMMON,
@@ -74,12 +41,6 @@ setup(
         "av>=14",
     ],
     extras_require={
-        # The kimi-prep front (the client's) for hosts that bring their own tritonserver (NGC images).
-        "cli": [CLIENT],
-        # The server door: embedded tritonserver 2.51 (CPU) and the kimi-prep front with its client.
-        # The tritonserver Python stub is built against numpy 1.x: with numpy 2 every output tensor
-        # arrives empty, so the serving environment (only) keeps numpy 1.
-        "serve": ["nvidia-pytriton==0.7.0", "numpy>=1.26,<2", CLIENT],
         # KimiVisionProcessor as a transformers BaseImageProcessor (plain class without it).
         "transformers": ["transformers>=4.45"],
         # nvImageCodec per CUDA major (its CPU backend works on hosts without CUDA).

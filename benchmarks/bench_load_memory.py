@@ -51,10 +51,10 @@ from bench_server_malloc import launcher_environment
 from photos import benchmark_photos, corpus_photos
 from plots import saved_axes
 
-from kimi_vision_prep.serving.allocator import allocator_env
-from kimi_vision_prep.serving.embedded import EmbeddedServer
-from kimi_vision_prep.serving.host import host_layout
-from kimi_vision_prep.serving.repository import RenderOptions, default_model_names
+from kimi_vision_server.allocator import allocator_env
+from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.host import host_layout
+from kimi_vision_server.repository import RenderOptions, default_model_names
 
 KIB = 1024
 LOADED_MODEL = "kimi_k25_vision"

@@ -114,7 +114,7 @@ def streaming_rss() -> dict[str, Any]:
 
 def served(repeats: int) -> dict[str, Any]:
     from kimi_vision_client.client import KimiVisionClient
-    from kimi_vision_prep.serving.embedded import EmbeddedServer
+    from kimi_vision_server.embedded import EmbeddedServer
 
     data = clips()["h264_1920x1080_300f_30fps.mp4"]
     photos = [(CORPUS / n).read_bytes() for n in ("pil__hopper.jpg", "imagers__large_image.jpg", "pil__iptc.jpg")]

@@ -49,11 +49,11 @@ from plots import saved_axes
 
 from kimi_vision_client.cli import perf_input_data
 from kimi_vision_common.presets import get_preset
-from kimi_vision_prep import bench_local
-from kimi_vision_prep.serving.embedded import EmbeddedServer
-from kimi_vision_prep.serving.host import host_layout
-from kimi_vision_prep.serving.render_blocks import IMAGE_BYTES_INPUT, SERVING_DEFAULTS, pixel_outputs, python_model
-from kimi_vision_prep.serving.repository import RenderOptions, default_model_names, render_repository, repository_models
+from kimi_vision_server.cli import bench_local
+from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.host import host_layout
+from kimi_vision_server.render_blocks import IMAGE_BYTES_INPUT, SERVING_DEFAULTS, pixel_outputs, python_model
+from kimi_vision_server.repository import RenderOptions, default_model_names, render_repository, repository_models
 
 PEER = "reference_k25_vision"
 # model -> the in-process output it is compared with (the peer: with ours producing the same float32).

@@ -33,8 +33,8 @@ from photos import CORPUS
 from plots import saved_axes
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_prep.serving.embedded import EmbeddedServer, free_port
-from kimi_vision_prep.serving.watchdog import stub_processes
+from kimi_vision_server.embedded import EmbeddedServer, free_port
+from kimi_vision_server.watchdog import stub_processes
 
 MODEL = "kimi_k25_vision"
 KILLED = ("kimi_k25_decode", "kimi_k25_preprocess")

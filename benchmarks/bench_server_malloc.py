@@ -33,11 +33,11 @@ from photos import benchmark_photos
 from plots import saved_axes
 
 from kimi_vision_client.cli import perf_input_data
-from kimi_vision_prep import bench_local
-from kimi_vision_prep.serving.allocator import server_allocator_env
-from kimi_vision_prep.serving.embedded import EmbeddedServer
-from kimi_vision_prep.serving.host import host_layout
-from kimi_vision_prep.serving.repository import RenderOptions
+from kimi_vision_server.allocator import server_allocator_env
+from kimi_vision_server.cli import bench_local
+from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.host import host_layout
+from kimi_vision_server.repository import RenderOptions
 
 SERVED = ("kimi_k25_vision", "kimi_k25_vision_u8")
 # (model, system shared memory, the in-process output it is compared with)

@@ -37,9 +37,9 @@ from photos import benchmark_photos
 
 from kimi_vision_client import bench_server
 from kimi_vision_client.cli import positive_int_list
-from kimi_vision_prep import bench_local
-from kimi_vision_prep.serving.embedded import EmbeddedServer
-from kimi_vision_prep.serving.repository import RenderOptions
+from kimi_vision_server.cli import bench_local
+from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.repository import RenderOptions
 
 MODEL, PRESET = "kimi_k25_vision", "kimi-k2.5"
 # The pixels' wire (and, for the fused model, the model kind) -> the model serving it (same preset,

@@ -36,12 +36,12 @@ from photos import benchmark_photos
 from plots import saved_axes
 
 from kimi_vision_client.cli import perf_input_data
-from kimi_vision_prep import bench_local
-from kimi_vision_prep.serving.embedded import EmbeddedServer
-from kimi_vision_prep.serving.host import host_layout
-from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
-from kimi_vision_prep.serving.repository import RenderOptions, render_repository
-from kimi_vision_prep.serving.settings import Rendering, setting
+from kimi_vision_server.cli import bench_local
+from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.host import host_layout
+from kimi_vision_server.render_blocks import SERVING_DEFAULTS
+from kimi_vision_server.repository import RenderOptions, render_repository
+from kimi_vision_server.settings import Rendering, setting
 
 SERVED = ("kimi_k25_vision", "kimi_k25_vision_u8")
 WIRES = (("kimi_k25_vision", True), ("kimi_k25_vision_u8", True))  # (model, system shared memory)

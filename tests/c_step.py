@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from kimi_vision_prep.serving.triton_install import patchify_library
+from kimi_vision_server.triton_install import patchify_library
 
 SIZE_T = ctypes.c_size_t
 U8_P = ctypes.POINTER(ctypes.c_uint8)

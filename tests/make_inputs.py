@@ -240,7 +240,7 @@ def require_tritonserver() -> None:
     nvidia-pytriton): the serving tests need a real one."""
     import pytest
 
-    from kimi_vision_prep.serving.triton_install import find_tritonserver
+    from kimi_vision_server.triton_install import find_tritonserver
 
     try:
         find_tritonserver()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kimi_vision_prep.serving import triton_install
-from kimi_vision_prep.serving.allocator import (
+from kimi_vision_server import triton_install
+from kimi_vision_server.allocator import (
     JEMALLOC_CONF,
     MMAP_THRESHOLD_BYTES,
     SERVER_ONLY_ENV,
@@ -27,7 +27,7 @@ import json, resource, sys
 import numpy as np
 from kimi_vision_prep.buffers import empty_output
 if sys.argv[1] == "keep":
-    from kimi_vision_prep.serving.allocator import keep_large_buffers
+    from kimi_vision_server.allocator import keep_large_buffers
     assert keep_large_buffers()
 new = empty_output if sys.argv[1] == "recycle" else lambda shape, dtype: np.empty(shape, dtype)
 def faults():

@@ -17,8 +17,9 @@ from PIL import Image
 
 from kimi_vision_client import cli
 from kimi_vision_client.samples import sample_images
-from kimi_vision_prep import PreprocessError, bench_local, concat_results, preprocess_bytes
-from kimi_vision_prep.serving.host import host_layout
+from kimi_vision_prep import PreprocessError, concat_results, preprocess_bytes
+from kimi_vision_server.cli import bench_local
+from kimi_vision_server.host import host_layout
 
 # A CPU rendering's pixel step is the C backend's patchify, elsewhere the Python preprocess step.
 DEFAULT_KINDS = ("vision", "vision_u8", "decode", "patchify")
@@ -118,8 +119,8 @@ def test_directories_expand_to_their_image_files(corpus: Path, tmp_path: Path) -
 
 
 def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from kimi_vision_prep.serving import launcher
-    from kimi_vision_prep.serving.repository import RenderOptions
+    from kimi_vision_server import launcher
+    from kimi_vision_server.repository import RenderOptions
 
     calls: list[object] = []
 
@@ -173,7 +174,7 @@ def test_host_layout_formula(cores: int, gpus: int, expected: tuple[int, int, st
 
 
 def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kimi_vision_prep.serving.repository import RenderOptions, repository_models
+    from kimi_vision_server.repository import RenderOptions, repository_models
 
     assert cli.main(["render-repository", "--out", str(tmp_path / "r"), "--instances", "2"]) == cli.EXIT_OK
     models = repository_models(RenderOptions(instances=2))
@@ -187,7 +188,7 @@ def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.C
 def test_infer_without_a_server_fails_once_and_clearly(
     corpus: Path, capsys: pytest.CaptureFixture[str], protocol: str
 ) -> None:
-    from kimi_vision_prep.serving.embedded import free_port
+    from kimi_vision_server.embedded import free_port
 
     url = f"127.0.0.1:{free_port()}"  # nothing listens there
     code = cli.main(["infer", "--url", url, "--protocol", protocol, str(corpus / GOOD[0])])
@@ -304,7 +305,7 @@ def test_preprocess_on_a_cpu_host_prints_no_codec_errors(corpus: Path, tmp_path:
     import subprocess
     import sys
 
-    from kimi_vision_prep.serving.host import cuda_device_count
+    from kimi_vision_server.host import cuda_device_count
 
     if cuda_device_count():
         pytest.skip("a GPU host loads every extension")
@@ -333,8 +334,8 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
     import time
     import urllib.request
 
-    from kimi_vision_prep.serving.embedded import free_port
-    from kimi_vision_prep.serving.host import cuda_device_count
+    from kimi_vision_server.embedded import free_port
+    from kimi_vision_server.host import cuda_device_count
 
     if cuda_device_count():
         pytest.skip("GPU host")
@@ -368,28 +369,33 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
 
 
 @pytest.mark.server
-def test_an_installed_wheel_serves_without_a_checkout(triton_server: Any, tmp_path: Path) -> None:
-    """The wheel, installed on its own (no checkout), from another folder: `kimi-prep
-    demo` renders its repository from the presets, serves, and checks the results bit for bit."""
+def test_installed_wheels_serve_without_a_checkout(triton_server: Any, tmp_path: Path) -> None:
+    """The library's and the server's wheels, installed on their own (no checkout), from another
+    folder: `kimi-prep demo` renders its repository from the presets, serves, and checks the
+    results bit for bit."""
     import os
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[1]
     pip = [sys.executable, "-m", "pip", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(root)],
-                   check=True, capture_output=True, timeout=600)  # fmt: skip
-    (wheel,) = (tmp_path / "dist").glob("kimi_vision_prep-*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
+    for source in (root, root / "backend_src" / "server"):
+        subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
+                       check=True, capture_output=True, timeout=600)  # fmt: skip
+    wheels = sorted(map(str, (tmp_path / "dist").glob("*.whl")))
+    assert [Path(w).name.split("-")[0] for w in wheels] == ["kimi_vision_prep", "kimi_vision_server"]
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), *wheels],
                    check=True, capture_output=True, timeout=600)  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     done = subprocess.run(
-        [sys.executable, "-c", "import kimi_vision_prep, sys; from kimi_vision_client import cli; "
-         "print(kimi_vision_prep.__file__, file=sys.stderr); sys.exit(cli.main(['demo']))"],
+        [sys.executable, "-c", "import kimi_vision_prep as p, kimi_vision_server as s, sys; "
+         "from kimi_vision_client import cli; print(p.__file__, s.__file__, file=sys.stderr); "
+         "sys.exit(cli.main(['demo']))"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert str(tmp_path / "site") in done.stderr.splitlines()[0]  # the installed copy, not the checkout
+    library, server = done.stderr.splitlines()[0].split()
+    assert library.startswith(str(tmp_path / "site")) and server.startswith(str(tmp_path / "site"))  # not the checkout
     assert "all results bit-equal to in-process preprocessing" in done.stderr
 
 
@@ -412,8 +418,9 @@ def test_perf_data_is_perf_analyzers_bytes_format(corpus: Path, tmp_path: Path) 
 
 
 def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: Path) -> None:
-    """`kimi-prep bench-local` on two corpus photos: every image timed five ways (interleaved), the
-    class summary, the batch and profile figures, JSON and PNG written. No timing is asserted."""
+    """`kimi-prep bench-local` on two corpus photos: every image timed four ways (interleaved; no
+    reference processor is given to the installed command), the class summary, the batch and
+    profile figures, JSON and PNG written. No timing is asserted."""
     images = [corpus / "pil__iptc.jpg", corpus / "imagers__large_image.jpg"]
     argv = ["bench-local", "--repeats", "2", "--out-dir", str(tmp_path), "--images", *map(str, images)]
     assert cli.main(argv) == cli.EXIT_OK
@@ -421,8 +428,9 @@ def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: P
     assert (tmp_path / "bench_local.png").stat().st_size > 0
     assert [row["image"]["image_class"] for row in result["rows"]] == ["no-resize", "downscale"]
     for row in result["rows"]:
-        for way in ("ours", "reference", "floor", "decode", "pillow_decode"):
+        for way in ("ours", "floor", "decode", "pillow_decode"):
             assert 0 < row[way]["min_ms"] <= row[way]["median_ms"], (way, row[way])
+        assert "reference" not in row
     assert {"all", "no-resize", "downscale", "batch"} <= set(result["summary"])
     assert {"ours_over_floor", "ours_over_decode", "decode_over_floor"} <= set(result["summary"]["all"])
     batch = result["summary"]["batch"]

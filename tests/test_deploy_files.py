@@ -22,8 +22,8 @@ import yaml
 
 from kimi_vision_client.cli import build_parser
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, DEFAULT_PROBE_PORT
-from kimi_vision_prep.cli import cmd_serve
-from kimi_vision_prep.serving import launcher
+from kimi_vision_server import launcher
+from kimi_vision_server.cli.commands import cmd_serve
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
@@ -106,12 +106,17 @@ def test_dockerfile_copies_existing_paths(cuda: str) -> None:
 
 
 @pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
-def test_dockerfile_installs_its_nvimagecodec_extra(cuda: str) -> None:
+def test_dockerfile_installs_the_server_with_its_nvimagecodec_extra(cuda: str) -> None:
+    """The image installs the server package (no embedded tritonserver: the image brings one) with the
+    library's nvImageCodec extra for its CUDA major."""
     runs = " ".join(instruction_args(DOCKERFILES[cuda], "RUN"))
-    assert f'pip install ".[{cuda},cli]"' in runs
+    assert f'pip install "./backend_src/server[{cuda}]"' in runs
+    server_requires = importlib.metadata.requires("kimi-vision-server") or []
+    assert any(dep.startswith(f"kimi-vision-prep[{cuda}]") and f'extra == "{cuda}"' in dep for dep in server_requires)
+    assert any(dep.startswith("kimi-vision-client") and "extra" not in dep for dep in server_requires)
+    assert not any(dep.startswith("nvidia-pytriton") and "extra" not in dep for dep in server_requires)
     requires = importlib.metadata.requires("kimi-vision-prep") or []
     assert any(f"nvimgcodec-{cuda}" in dep and f'extra == "{cuda}"' in dep for dep in requires)
-    assert any(dep.startswith("kimi-vision-client") and 'extra == "cli"' in dep for dep in requires)
 
 
 def serve_arguments(path: Path) -> argparse.Namespace:

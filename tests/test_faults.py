@@ -29,9 +29,9 @@ from make_inputs import require_tritonserver
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_prep.serving import shm_regions
-from kimi_vision_prep.serving.embedded import EmbeddedServer, free_port
-from kimi_vision_prep.serving.watchdog import stub_processes
+from kimi_vision_server import shm_regions
+from kimi_vision_server.embedded import EmbeddedServer, free_port
+from kimi_vision_server.watchdog import stub_processes
 
 pytestmark = pytest.mark.server
 
@@ -285,7 +285,7 @@ def test_readyz_follows_an_operators_explicit_unload_and_load() -> None:
 
 def test_the_watchdog_says_why_a_stub_died() -> None:
     """A zombie's wait status (a signal or an exit code), or gone once reaped: what the watchdog logs."""
-    from kimi_vision_prep.serving.watchdog import death_cause
+    from kimi_vision_server.watchdog import death_cause
 
     killed = subprocess.Popen(["sleep", "30"])
     os.kill(killed.pid, signal.SIGKILL)

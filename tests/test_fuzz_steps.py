@@ -17,7 +17,7 @@ from kimi_vision_common.errors import c_error_header
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = REPO / "fuzz" / "fuzz_steps.py"
-SOURCE = REPO / "backend_src" / "kimi_vision_prep" / "_triton_patchify.c"
+SOURCE = REPO / "backend_src" / "server" / "kimi_vision_server" / "_triton_patchify.c"
 CC = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 

@@ -1,18 +1,20 @@
 """The layer rule, checked on the source: every import of every module, module-level, inside
 functions and under ``TYPE_CHECKING`` alike.
 
-    kimi_vision_common  <-  kimi_vision_prep (core)  <-  kimi_vision_prep.serving  <-  CLI
+    kimi_vision_common  <-  kimi_vision_prep (core)  <-  kimi_vision_server  <-  CLI
     kimi_vision_common  <-  kimi_vision_client
 
-The CLI layer is ``kimi_vision_prep.cli`` and ``kimi_vision_prep.bench_local`` (they use the
+The CLI layer is ``kimi_vision_server.cli.commands`` and ``kimi_vision_server.cli.bench_local`` (they use the
 client's front); the client needs neither the library nor the server.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,8 @@ PACKAGES = {
     "kimi_vision_common": ROOT / "client" / "common" / "kimi_vision_common",
     "kimi_vision_client": ROOT / "client" / "kimi_vision_client",
     "kimi_vision_prep": ROOT / "backend_src" / "kimi_vision_prep",
+    "kimi_vision_server": ROOT / "backend_src" / "server" / "kimi_vision_server",
 }
-CLI_MODULES = ("kimi_vision_prep.cli", "kimi_vision_prep.bench_local")
 HEAVY = ("numba", "av", "simplejpeg", "nvidia", "torch", "transformers", "tritonclient")
 
 
@@ -65,9 +67,9 @@ def layer(module: str) -> str:
         return "common"
     if module.startswith("kimi_vision_client"):
         return "client"
-    if module in CLI_MODULES:
+    if module == "kimi_vision_server.cli" or module.startswith("kimi_vision_server.cli."):
         return "cli"
-    return "serving" if module.startswith("kimi_vision_prep.serving") else "core"
+    return "serving" if module.startswith("kimi_vision_server") else "core"
 
 
 # What each layer may import from the project (anything else of the project is a violation).
@@ -128,7 +130,7 @@ def test_no_import_cycle_between_modules() -> None:
 
 def test_importing_the_library_loads_no_kernel_codec_or_server_module() -> None:
     """``python -X importtime -c "import kimi_vision_prep"``: no numba, PyAV, nvImageCodec, torch,
-    tritonclient or serving module among what it imports."""
+    tritonclient, server or client module among what it imports."""
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import kimi_vision_prep"],
         capture_output=True,
@@ -136,5 +138,52 @@ def test_importing_the_library_loads_no_kernel_codec_or_server_module() -> None:
         check=True,
     )
     loaded = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
-    heavy = {name for name in loaded if name.split(".")[0] in HEAVY or name.startswith("kimi_vision_prep.")}
+    project = ("kimi_vision_prep.", "kimi_vision_server", "kimi_vision_client")
+    heavy = {name for name in loaded if name.split(".")[0] in HEAVY or name.startswith(project)}
     assert not heavy, sorted(heavy)
+
+
+@pytest.fixture(scope="module")
+def library_wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    """The wheel ``pip install .`` installs, built from a copy of this checkout's files (tracked and
+    new, not ignored: no build folder or in-place extension of this checkout leaks into it)."""
+    source, out = tmp_path_factory.mktemp("checkout"), tmp_path_factory.mktemp("wheel")
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("kimi_vision_prep-*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def test_library_wheel_holds_the_library_modules_only(library_wheel: zipfile.ZipFile) -> None:
+    """Every file is the library package's or the wheel's metadata, and its modules are exactly the
+    library folder's: no server, CLI, client or benchmark module."""
+    names = library_wheel.namelist()
+    outside = [n for n in names if not n.startswith(("kimi_vision_prep/", "kimi_vision_prep-"))]
+    assert not outside, outside
+    modules = {n.removeprefix("kimi_vision_prep/") for n in names if n.endswith(".py")}
+    assert modules == {p.name for p in PACKAGES["kimi_vision_prep"].glob("*.py")}
+    assert not [n for n in names if n.startswith("kimi_vision_prep/") and n.count("/") > 1]  # no subpackage
+
+
+def test_library_wheel_imports_no_client_or_server_and_reads_no_checkout_file(library_wheel: zipfile.ZipFile) -> None:
+    """No module of the wheel imports ``kimi_vision_client`` or ``kimi_vision_server``, and none
+    finds a file from its own location (``__file__``): the installed library reads nothing of a
+    checkout."""
+    for name in (n for n in library_wheel.namelist() if n.endswith(".py")):
+        tree = ast.parse(library_wheel.read(name))
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        foreign = {m for m in imported if m.split(".")[0] in ("kimi_vision_client", "kimi_vision_server")}
+        assert not foreign, f"{name} imports {sorted(foreign)}"
+        own_location = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "__file__"]
+        assert not own_location, f"{name} uses __file__ on lines {own_location}"

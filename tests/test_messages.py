@@ -26,8 +26,8 @@ import kimi_vision_prep as kvp
 from kimi_vision_client import cli
 from kimi_vision_client.client import KimiVisionClient
 from kimi_vision_common.errors import InvalidImageError, InvalidRequestError, ModelNotServedError
-from kimi_vision_prep.serving import triton_install
-from kimi_vision_prep.serving.embedded import EmbeddedServer, free_port
+from kimi_vision_server import triton_install
+from kimi_vision_server.embedded import EmbeddedServer, free_port
 
 HOPPER = "pil__hopper.jpg"
 READY_LINE_WAIT_S = 600  # a guard against a hang, not a bound on the start
@@ -261,8 +261,8 @@ def test_a_model_that_fails_to_load_is_named_and_the_others_serve(tmp_path: Path
 def test_building_the_parser_changes_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's commands join the parser through an entry point; joining sets nothing (the
     codec environment is set when a command runs)."""
-    from kimi_vision_prep.serving.host import codec_env
-    from kimi_vision_prep.serving.triton_install import cache_root
+    from kimi_vision_server.host import codec_env
+    from kimi_vision_server.triton_install import cache_root
 
     for key in codec_env(cache_root()):
         monkeypatch.delenv(key, raising=False)

@@ -37,9 +37,9 @@ from kimi_vision_common.patches import normalize_table
 from kimi_vision_common.sizing import navit_patch_bound, navit_target_size
 from kimi_vision_prep import PRESETS, preprocess_bytes
 from kimi_vision_prep.normalize import patchify, write_patches
-from kimi_vision_prep.serving.config import DecoderSettings
-from kimi_vision_prep.serving.repository import RenderOptions, repository_models
-from kimi_vision_prep.serving.triton_install import patchify_library
+from kimi_vision_server.config import DecoderSettings
+from kimi_vision_server.repository import RenderOptions, repository_models
+from kimi_vision_server.triton_install import patchify_library
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 
@@ -270,7 +270,7 @@ def test_the_c_step_counts_its_seconds_with_the_python_steps(triton_server: Any,
 
 # -- a server that lacks a function ----------------------------------------------------------------
 
-C_SOURCE = Path(__file__).resolve().parents[1] / "backend_src" / "kimi_vision_prep" / "_triton_patchify.c"
+C_SOURCE = Path(__file__).resolve().parents[1] / "backend_src" / "server" / "kimi_vision_server" / "_triton_patchify.c"
 
 
 def declared_api() -> list[str]:

@@ -47,24 +47,24 @@ from kimi_vision_prep import (
     preset_from_parameters,
 )
 from kimi_vision_prep.kernels import register_kernel, type_key
-from kimi_vision_prep.serving import components, embedded, launcher, tensors, triton_install
-from kimi_vision_prep.serving import requests as request_tensors
-from kimi_vision_prep.serving.access import AccessPolicy, access_args
-from kimi_vision_prep.serving.config import (
+from kimi_vision_server import components, embedded, launcher, tensors, triton_install
+from kimi_vision_server import requests as request_tensors
+from kimi_vision_server.access import AccessPolicy, access_args
+from kimi_vision_server.config import (
     DecoderSettings,
     buffer_caps,
     decoder_settings,
     model_parameters,
     numba_threads,
 )
-from kimi_vision_prep.serving.contract import ServingModel, TritonIO
-from kimi_vision_prep.serving.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
-from kimi_vision_prep.serving.patch_embed import make_patch_embed
-from kimi_vision_prep.serving.render_blocks import SERVING_DEFAULTS
-from kimi_vision_prep.serving.repository import RenderOptions, render_repository
-from kimi_vision_prep.serving.requests import decoded_from_inputs, images_from_input
-from kimi_vision_prep.serving.settings import Rendering, rendered_parameters
-from kimi_vision_prep.serving.tensors import input_array, output_tensor
+from kimi_vision_server.contract import ServingModel, TritonIO
+from kimi_vision_server.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
+from kimi_vision_server.patch_embed import make_patch_embed
+from kimi_vision_server.render_blocks import SERVING_DEFAULTS
+from kimi_vision_server.repository import RenderOptions, render_repository
+from kimi_vision_server.requests import decoded_from_inputs, images_from_input
+from kimi_vision_server.settings import Rendering, rendered_parameters
+from kimi_vision_server.tensors import input_array, output_tensor
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 PRESET_KEYS = {"preset"} | {f.name for f in dataclasses.fields(Preset)} - {"name"}
@@ -1021,8 +1021,8 @@ def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> Non
     script = textwrap.dedent(f"""\
         import sys
         from pathlib import Path
-        from kimi_vision_prep.serving import launcher
-        from kimi_vision_prep.serving.repository import RenderOptions
+        from kimi_vision_server import launcher
+        from kimi_vision_server.repository import RenderOptions
         launcher.find_tritonserver = lambda: launcher.TritonInstall(Path({str(fake_server)!r}), None, {{}}, False)
         spec = launcher.LaunchSpec(
             launcher.Ports(18000, 18001, 18002), render=RenderOptions(instances=2), extra_args=["--log-verbose=1"]

@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from kimi_vision_common.wire import served_message
 from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes, preprocess_images
-from kimi_vision_prep.serving.allocator import SERVER_ONLY_ENV, server_allocator_env
+from kimi_vision_server.allocator import SERVER_ONLY_ENV, server_allocator_env
 
 pytestmark = pytest.mark.server
 

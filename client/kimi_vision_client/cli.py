@@ -46,7 +46,7 @@ from .outcomes import (
     report,
 )
 
-# Other packages add subcommands here: ``kimi-vision-prep`` adds serve, preprocess, render-repository,
+# Other packages add subcommands here: ``kimi-vision-server`` adds serve, preprocess, render-repository,
 # bench-local and demo (each entry point: ``add(subparsers)``).
 COMMANDS_GROUP = "kimi_prep.commands"
 

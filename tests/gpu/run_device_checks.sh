@@ -58,7 +58,7 @@ if [ "$MODE" = "served" ]; then
         [ -f "$SERVED_SITE/.unpacked-$part" ] \
             || { echo "$part not unpacked yet: carry tests/gpu/served/$part.tar.xz in the next run" >&2; exit 5; }
     done
-    export PYTHONPATH="$SERVED_SITE:$PWD/backend_src:$PWD/client:$PWD/client/common"
+    export PYTHONPATH="$SERVED_SITE:$PWD/backend_src:$PWD/backend_src/server:$PWD/client:$PWD/client/common"
     export NUMBA_CACHE_DIR=/tmp/kimi-numba-cache
     {
         timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv

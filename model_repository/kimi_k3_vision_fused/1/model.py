@@ -1,9 +1,9 @@
-"""Triton Python model kimi_k3_vision_fused: kimi_vision_prep.serving.models.FusedVisionModel.
+"""Triton Python model kimi_k3_vision_fused: kimi_vision_server.models.FusedVisionModel.
 
 Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.
 """
 
-from kimi_vision_prep.serving.contract import triton_python_model
-from kimi_vision_prep.serving.models import FusedVisionModel
+from kimi_vision_server.contract import triton_python_model
+from kimi_vision_server.models import FusedVisionModel
 
 TritonPythonModel = triton_python_model(FusedVisionModel)

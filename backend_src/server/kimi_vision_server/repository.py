@@ -197,9 +197,9 @@ def patchify_model(served: ServedPreset) -> ModelFiles:
     name, batch = f"{prefix}_patchify", defaults.pixel_batch_size
     summary = (
         f"{name} ({title}): RGB pixels at their NaViT size (the decode step's) -> pad, normalise, patchify,\n"
-        f"in the C backend {PATCHIFY_BACKEND} (backend_src/kimi_vision_prep/_triton_patchify.c): no Python stub, the\n"
+        f"in the C backend {PATCHIFY_BACKEND} (kimi_vision_server/_triton_patchify.c): no Python stub, the\n"
         "pixels read where the decode step left them and written into the buffer Triton hands out. It\n"
-        "does not resize: an image beyond patch_limit_on_one_side patches a side, or twice in_patch_limit\n"
+        "does not resize: an image beyond patch_limit_on_one_side patches a side, or max_patches_per_image\n"
         f"patches, is refused (ImageTooLargeError); other modes and sizes go to {prefix}_preprocess."
     )
     inputs = [
@@ -357,10 +357,10 @@ def model_py(name: str, python_class: str) -> str:
     """The two-line ``model.py`` of a Python model (``python_class``: ``module.Class``)."""
     module, cls = python_class.split(".")
     return (
-        f'"""Triton Python model {name}: kimi_vision_prep.serving.{module}.{cls}.\n\n'
+        f'"""Triton Python model {name}: kimi_vision_server.{module}.{cls}.\n\n'
         'Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.\n"""\n\n'
-        "from kimi_vision_prep.serving.contract import triton_python_model\n"
-        f"from kimi_vision_prep.serving.{module} import {cls}\n\n"
+        "from kimi_vision_server.contract import triton_python_model\n"
+        f"from kimi_vision_server.{module} import {cls}\n\n"
         f"TritonPythonModel = triton_python_model({cls})\n"
     )
 

@@ -5,7 +5,7 @@ writes into the models' configs (read back from :func:`~.repository.repository_m
 table cannot drift from the renderer) and why a served value differs from the library's. The
 preset's own fields are the preset table's (docs/presets.md). ``tests/test_settings_table.py`` checks that
 docs/serving.md holds this table;
-``python -m kimi_vision_prep.serving.settings_table --write docs/serving.md`` rewrites it there.
+``python -m kimi_vision_server.settings_table --write docs/serving.md`` rewrites it there.
 """
 
 from __future__ import annotations

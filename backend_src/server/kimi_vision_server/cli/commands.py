@@ -36,14 +36,14 @@ from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.presets import PRESETS
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 
-from .serving.repository import RenderOptions, model_presets
+from ..repository import RenderOptions, model_presets
 
 
 def set_codec_env() -> None:
     """Before nvImageCodec is first imported: a GPU-less host loads only its CPU extensions (set
     when a command runs, not while the parser is built)."""
-    from .serving.host import codec_env
-    from .serving.triton_install import cache_root
+    from ..host import codec_env
+    from ..triton_install import cache_root
 
     for key, value in codec_env(cache_root()).items():
         os.environ.setdefault(key, value)
@@ -51,8 +51,8 @@ def set_codec_env() -> None:
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
     """In-process, exactly the library calls the Triton models make."""
-    from .pipeline import preprocess_bytes
-    from .video import preprocess_video
+    from kimi_vision_prep.pipeline import preprocess_bytes
+    from kimi_vision_prep.video import preprocess_video
 
     outcomes = []
     for outcome, data in read_inputs(expand_paths(args.images)):
@@ -77,7 +77,7 @@ def render_options(args: argparse.Namespace) -> RenderOptions | None:
 
 def cmd_render_repository(args: argparse.Namespace) -> int:
     """Write the model repository rendered from the presets."""
-    from .serving.repository import render_repository
+    from ..repository import render_repository
 
     out = render_repository(args.out, render_options(args) or RenderOptions())
     print(f"rendered {len(list(out.glob('*/config.pbtxt')))} models into {out}")
@@ -87,7 +87,7 @@ def cmd_render_repository(args: argparse.Namespace) -> int:
 def served_models(args: argparse.Namespace, options: RenderOptions | None) -> tuple[str, ...] | None:
     """The models ``serve`` renders with ``options``: the default set (the image ensembles and their
     steps), ``--all`` or ``--models``, narrowed by ``--preset``; None when a repository is given as is."""
-    from .serving.repository import default_model_names, repository_models, select_models
+    from ..repository import default_model_names, repository_models, select_models
 
     if args.model_repository is not None:
         if args.all or args.models or args.preset:
@@ -107,16 +107,16 @@ def served_models(args: argparse.Namespace, options: RenderOptions | None) -> tu
 
 def needs_torch_model(name: str, config: str) -> bool:
     """The chaining example's patch embedding (a torch Conv2d) and the ensembles through it."""
-    from .serving.repository import PATCH_EMBED_MODEL
+    from ..repository import PATCH_EMBED_MODEL
 
     return name == PATCH_EMBED_MODEL or f'model_name: "{PATCH_EMBED_MODEL}"' in config
 
 
 def serve_options(args: argparse.Namespace) -> RenderOptions | None:
-    """The rendering ``serve`` uses: the host's layout (:func:`~kimi_vision_prep.serving.host.host_layout`,
+    """The rendering ``serve`` uses: the host's layout (:func:`~kimi_vision_server.host.host_layout`,
     printed in one line), each of ``--instances`` / ``--threads`` / ``--kind`` overriding its part;
     None when a repository is served as it is."""
-    from .serving.host import host_layout
+    from ..host import host_layout
 
     if args.model_repository is not None:
         return render_options(args)
@@ -133,7 +133,7 @@ def serve_options(args: argparse.Namespace) -> RenderOptions | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from kimi_vision_common.wire import operator_key
 
-    from .serving.launcher import LaunchSpec, Ports, serve
+    from ..launcher import LaunchSpec, Ports, serve
 
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.probe_port)
     try:
@@ -164,9 +164,9 @@ def cmd_bench_local(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start the embedded server, send the sample images over HTTP and gRPC, compare, stop."""
     from kimi_vision_client.samples import sample_images
+    from kimi_vision_prep.pipeline import preprocess_bytes
 
-    from .pipeline import preprocess_bytes
-    from .serving.embedded import EmbeddedServer
+    from ..embedded import EmbeddedServer
 
     samples = sample_images()
     failed = 0
@@ -295,7 +295,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--verbose", action="store_true", help="relay tritonserver's info lines and start-up tables too")
     srv.set_defaults(run=with_codec_env(cmd_serve))
 
-    local = command(sub, "bench-local", help="in-process timings: ours vs the plain reference and the decode floor")
+    local = command(sub, "bench-local", help="in-process timings: ours vs the decode floor, our decode and Pillow's")
     local.add_argument("--preset", default="kimi-k2.5", choices=sorted(PRESETS), help="the checkpoint's preset")
     local.add_argument("--repeats", type=int, default=5, help="timed runs per image (min and median reported)")
     local.add_argument("--images", nargs="+", type=Path, metavar="FILE|DIR", help="default: generated photos")
@@ -303,7 +303,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     local.add_argument(
         "--keep-large-buffers",
         action="store_true",
-        help="apply the served models' malloc retention (serving/allocator.py; default: glibc's, as in an engine)",
+        help="apply the served models' malloc retention (allocator.py; default: glibc's, as in an engine)",
     )
     local.set_defaults(run=with_codec_env(cmd_bench_local))
 

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 from kimi_vision_common.errors import InvalidPresetError
 from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST
-
-from ..buffers import DEFAULT_RECYCLE_CAP_BYTES, DEFAULT_SCRATCH_CAP_BYTES
-from ..limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits, VideoLimits
+from kimi_vision_prep.buffers import DEFAULT_RECYCLE_CAP_BYTES, DEFAULT_SCRATCH_CAP_BYTES
+from kimi_vision_prep.limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits, VideoLimits
 
 Value = int | bool | None
 _TRUE = {"1", "true", "yes", "on"}

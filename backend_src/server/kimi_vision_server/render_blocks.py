@@ -119,7 +119,7 @@ SERVING_DEFAULTS = ServingDefaults()
 @dataclass(frozen=True)
 class ModelFiles:
     """One rendered model: ``config.pbtxt`` text, and the Python class its ``model.py`` exports as
-    ``module.Class`` of ``kimi_vision_prep.serving`` (None for an ensemble or a C-backend model,
+    ``module.Class`` of ``kimi_vision_server`` (None for an ensemble or a C-backend model,
     whose version folder only holds a ``.gitkeep``)."""
 
     name: str
@@ -175,7 +175,7 @@ def settings_block(kind: str, options: RenderOptions, defaults: ServingDefaults,
     bound = 0 if preset is None else navit_patch_bound(preset)
     values = rendered_parameters(Rendering(kind, options.threads, budget, bound))
     meanings = "\n".join(f"{name}: {setting(name).meaning}" for name in values)
-    return pbtxt.parameters(values, "Settings (kimi_vision_prep.serving.settings; docs/serving.md):\n" + meanings)
+    return pbtxt.parameters(values, "Settings (kimi_vision_server.settings; docs/serving.md):\n" + meanings)
 
 
 def pixel_outputs(p: int) -> dict[str, tuple[str, str]]:
@@ -223,7 +223,7 @@ def python_model(  # noqa: PLR0917
     batch: int | None = None,
 ) -> ModelFiles:
     """A Python-backend model: batching and backpressure, tensors, instances, parameters;
-    ``python_class`` is ``module.Class`` under ``kimi_vision_prep.serving``; ``decoupled``: any
+    ``python_class`` is ``module.Class`` under ``kimi_vision_server``; ``decoupled``: any
     number of responses a request (a stream); ``batch``: its ``max_batch_size`` (default
     ``defaults.max_batch_size``); ``kind`` and ``preset``: which settings it gets (:func:`settings_block`)."""
     batch = defaults.max_batch_size if batch is None else batch

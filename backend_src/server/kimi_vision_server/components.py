@@ -9,11 +9,11 @@ from typing import Any
 from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.presets import Preset
 from kimi_vision_common.wire import IMAGE_BYTES
+from kimi_vision_prep.decode import DecodedImage, DecodeStats, ImageDecoder
+from kimi_vision_prep.numba_runtime import set_num_threads
+from kimi_vision_prep.pipeline import resized_decoded, with_index
+from kimi_vision_prep.tokens import check_patch_budget
 
-from ..decode import DecodedImage, DecodeStats, ImageDecoder
-from ..numba_runtime import set_num_threads
-from ..pipeline import resized_decoded, with_index
-from ..tokens import check_patch_budget
 from .config import DecoderSettings, decoder_settings, numba_threads
 from .contract import ServingModel
 from .requests import PIXEL_SELECTIONS, Outputs, images_from_input, preprocess_outputs

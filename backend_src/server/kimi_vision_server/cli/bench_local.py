@@ -1,19 +1,18 @@
 """``kimi-prep bench-local``: in-process, side-by-side timings in one run.
 
-For each image: ours (``preprocess_bytes`` exactly as a caller gets it), the plain pipeline
-(:func:`plain_preprocess`: Pillow decode + Pillow bicubic + numpy normalize/pad/patchify, what a
-user would write), the floor (:func:`fastest_exact_decode`: the fastest exact single-thread
-decoder alone), our decoder alone (``decode``: the library's route for the file, a lone JPEG in
-row bands on every core, so ``ours/decode`` is what the pipeline adds to its own decode), the
-Pillow decode and, when installed, DALI's CPU pipeline (decode, antialiased cubic resize to the
-same size, normalize). Then batch throughput (``preprocess_batch`` over the set: single-thread =
-1 worker, 1 numba and 1 decoder thread, against the defaults) and a profile (decode, resize,
-patchify, the rest: allocation and page faults) of the images nearest 1080p, 9 MP and 12 MP.
-Every number is min/median of ``repeats`` runs; ratios compare medians measured in the same
-process. Images fall in two classes: ``no-resize`` (within
-the preset's patch budget) and ``downscale``. The default images are generated
-(:func:`~.samples.bench_photos`), so the command needs no checkout; ``--images`` takes real
-photos, and ``benchmarks/bench_local_corpus.py`` runs it on the test corpus against
+For each image: ours (``preprocess_bytes`` exactly as a caller gets it), a reference processor when
+the caller gives one (``benchmarks/bench_local_corpus.py`` gives ``tests/reference.py``), the floor
+(:func:`fastest_exact_decode`: the fastest exact single-thread decoder alone), our decoder alone
+(``decode``: the library's route for the file, a lone JPEG in row bands on every core, so
+``ours/decode`` is what the pipeline adds to its own decode), the Pillow decode and, when
+installed, DALI's CPU pipeline (decode, antialiased cubic resize to the same size, normalize). Then
+batch throughput (``preprocess_batch`` over the set: single-thread = 1 worker, 1 numba and 1
+decoder thread, against the defaults) and a profile (decode, resize, patchify, the rest: allocation
+and page faults) of the images nearest 1080p, 9 MP and 12 MP. Every number is min/median of
+``repeats`` runs; ratios compare medians measured in the same process. Images fall in two classes:
+``no-resize`` (within the preset's patch budget) and ``downscale``. The default images are
+generated (:func:`~.samples.bench_photos`), so the command needs no checkout; ``--images`` takes
+real photos, and ``benchmarks/bench_local_corpus.py`` runs it on the test corpus against
 ``tests/reference.py``. Writes ``bench_local.json`` and ``bench_local.png`` under ``out_dir``.
 """
 
@@ -42,7 +41,7 @@ from kimi_vision_prep.decode_routes import decode_simplejpeg
 from kimi_vision_prep.normalize import write_patches
 from kimi_vision_prep.pipeline import PixelOutput, resize_to_target
 
-from .serving.allocator import keep_large_buffers
+from ..allocator import keep_large_buffers
 
 Reference = Callable[[bytes, str], Any]  # (encoded image, preset name) -> anything (timed only)
 
@@ -78,23 +77,6 @@ def time_calls(calls: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str
     return {name: Timing(min(s), statistics.median(s)) for name, s in samples.items()}
 
 
-def plain_preprocess(data: bytes, preset_name: str) -> np.ndarray:
-    """The plain pipeline for RGB photos: Pillow decode and BICUBIC resize, then numpy normalise,
-    pad and patchify; float32 ``(N, 3, p, p)``."""
-    preset = get_preset(preset_name)
-    image = Image.open(io.BytesIO(data)).convert("RGB")
-    target = navit_target_size(image.width, image.height, preset)
-    if target.needs_resize:
-        image = image.resize((target.new_width, target.new_height), Image.Resampling.BICUBIC)
-    p = preset.patch_size
-    padded = np.zeros((target.grid_h * p, target.grid_w * p, 3), np.float32)
-    padded[: target.new_height, : target.new_width] = (np.asarray(image) / 255.0).astype(np.float32)
-    padded -= np.asarray(preset.image_mean)
-    padded *= 1.0 / np.asarray(preset.image_std)
-    patches = padded.reshape(target.grid_h, p, target.grid_w, p, 3).transpose(0, 2, 4, 1, 3)
-    return np.ascontiguousarray(patches).reshape(-1, 3, p, p)
-
-
 def fastest_exact_decode(im: BenchImage) -> np.ndarray:
     """The floor: RGB pixels by the fastest single-thread decoder exact for the file (``im.floor``:
     simplejpeg, :func:`~kimi_vision_prep.decode_routes.decode_simplejpeg`, where its strict mode takes the
@@ -111,11 +93,11 @@ def pillow_rgb(data: bytes) -> np.ndarray:
 
 
 def apply_allocator(keep: bool) -> str:
-    """The malloc setting of this run, applied (``keep``: :func:`~.serving.allocator.keep_large_buffers`,
+    """The malloc setting of this run, applied (``keep``: :func:`~kimi_vision_server.allocator.keep_large_buffers`,
     the retention setting; else glibc's defaults, as an inference engine's process has them), as
     the label the results carry."""
     if keep and keep_large_buffers():
-        return "large buffers kept on the heap (kimi_vision_prep.serving.allocator)"
+        return "large buffers kept on the heap (kimi_vision_server.allocator)"
     return "glibc default"
 
 
@@ -288,9 +270,10 @@ def run(  # noqa: PLR0917
     out_dir: Path = Path("bench_results"),
     allocator: str = "glibc default",
     sources: Sequence[tuple[str, bytes]] | None = None,
-    reference: Reference = plain_preprocess,
+    reference: Reference | None = None,
 ) -> dict[str, Any]:
-    """Time every image four ways (ours, ``reference``, decode floor, DALI; interleaved) and write JSON + PNG.
+    """Time every image several ways (ours, ``reference`` when given, decode floor, our decode,
+    Pillow's decode, DALI; interleaved) and write JSON + PNG.
     ``sources`` as for :func:`bench_images`; ``allocator`` only labels the results (the caller
     configured the process)."""
     dali = dali_runner(preset_name)
@@ -308,11 +291,12 @@ def run(  # noqa: PLR0917
         row: dict[str, Any] = {"image": asdict(im) | {"data": len(im.data)}}
         calls: dict[str, Callable[[], Any]] = {
             "ours": lambda im=im: preprocess_bytes(im.data, preset_name, decoder=decoder),
-            "reference": lambda im=im: reference(im.data, preset_name),
             "floor": lambda im=im: fastest_exact_decode(im),
             "decode": lambda im=im: our_decode(im),
             "pillow_decode": lambda im=im: pillow_rgb(im.data),
         }
+        if reference is not None:
+            calls["reference"] = lambda im=im, reference=reference: reference(im.data, preset_name)
         size_hw = (target.new_height, target.new_width)
         if dali is not None:
             calls["dali"] = lambda im=im, s=size_hw: dali(im.data, s)
@@ -356,7 +340,8 @@ def _format_row(row: dict[str, Any]) -> str:
     for key in ("ours", "reference", "floor", "decode", "pillow_decode", "dali"):
         if key in row:
             parts.append(f"{key}={row[key].median_ms:7.1f}ms")
-    parts.append(f"ref/ours={row['reference'].median_ms / row['ours'].median_ms:5.2f}x")
+    if "reference" in row:
+        parts.append(f"ref/ours={row['reference'].median_ms / row['ours'].median_ms:5.2f}x")
     parts.append(f"ours/floor={row['ours'].median_ms / row['floor'].median_ms:4.2f}x")
     return "  ".join(parts)
 
@@ -376,12 +361,13 @@ def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         entry = {
             "images": len(group),
-            "reference_over_ours": _class_ratio(group, "reference", "ours"),
             "ours_over_floor": _class_ratio(group, "ours", "floor"),
             "ours_over_decode": _class_ratio(group, "ours", "decode"),
             "decode_over_floor": _class_ratio(group, "decode", "floor"),
             "ours_over_pillow_decode": _class_ratio(group, "ours", "pillow_decode"),
         }
+        if all("reference" in r for r in group):
+            entry["reference_over_ours"] = _class_ratio(group, "reference", "ours")
         if all("dali" in r for r in group):
             entry["dali_over_ours"] = _class_ratio(group, "dali", "ours")
             entry["dali_max_abs_error"] = max(r["dali_max_abs_error"] for r in group)
@@ -398,8 +384,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         if name in summary:
             e = summary[name]
             dali = f"{e['dali_over_ours']:8.2f}x" if "dali_over_ours" in e else "       -"
+            reference = f"{e['reference_over_ours']:13.2f}x" if "reference_over_ours" in e else f"{'-':>14s}"
             print(
-                f"{name:10s}  {e['images']:6d}  {e['reference_over_ours']:13.2f}x  {e['ours_over_floor']:9.2f}x"
+                f"{name:10s}  {e['images']:6d}  {reference}  {e['ours_over_floor']:9.2f}x"
                 f"  {e['ours_over_decode']:10.2f}x  {e['decode_over_floor']:11.2f}x"
                 f"  {e['ours_over_pillow_decode']:17.2f}x  {dali}  {e.get('dali_max_abs_error', '-')}"
             )

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kimi_vision_common.errors import InvalidRequestError
-
-from ..kernels import NUMPY, TORCH, get_kernel, register_kernel
+from kimi_vision_prep.kernels import NUMPY, TORCH, get_kernel, register_kernel
 
 if TYPE_CHECKING:
     import torch

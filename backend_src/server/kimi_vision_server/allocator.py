@@ -13,7 +13,7 @@ tritonserver reuses those pages. Measured on this 2-core host (BENCHMARKS.md at 
 
 The stubs keep glibc's malloc (their uint8 wire measured slower with jemalloc in every process).
 The embedded Python backend starts them through a wrapper that removes what
-:data:`SERVER_ONLY_ENV` lists (``serving/triton_install.py``). ``LD_PRELOAD=`` (empty) keeps
+:data:`SERVER_ONLY_ENV` lists (``kimi_vision_server/triton_install.py``). ``LD_PRELOAD=`` (empty) keeps
 glibc's malloc in tritonserver too.
 
 **glibc's retention** (:func:`allocator_env`, :func:`keep_large_buffers`). By default glibc

@@ -12,8 +12,8 @@ from typing import Any
 
 from kimi_vision_common.presets import preset_from_parameters
 from kimi_vision_common.wire import IMAGE, PATCH_EMBEDS, PIXEL_VALUES
+from kimi_vision_prep.pipeline import resized_decoded
 
-from ..pipeline import resized_decoded
 from .components import ImageDecoding, ImagePreprocessing, apply_numba_threads
 from .config import decoder_settings
 from .contract import Result, ServingModel

@@ -73,13 +73,13 @@ from kimi_vision_common.wire import (
     RESAMPLE,
     STORED_SIZES,
 )
+from kimi_vision_prep.buffers import scratch
+from kimi_vision_prep.decode import DecodedImage
+from kimi_vision_prep.kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
+from kimi_vision_prep.normalize import concatenate_patches
+from kimi_vision_prep.pipeline import PixelOutput, map_indexed, out_rows, pixel_values_from_patches, preprocess_decoded
+from kimi_vision_prep.tokens import check_image_count, check_patch_total
 
-from ..buffers import scratch
-from ..decode import DecodedImage
-from ..kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
-from ..normalize import concatenate_patches
-from ..pipeline import PixelOutput, map_indexed, out_rows, pixel_values_from_patches, preprocess_decoded
-from ..tokens import check_image_count, check_patch_total
 from .tensors import as_torch, check_dtype, host_array
 
 RESAMPLE_CODES: dict[str, int] = {"bicubic": 0, "nearest": 1}

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..limits import DecodeLimits, VideoLimits
+from kimi_vision_prep.limits import DecodeLimits, VideoLimits
+
 from .settings import default_of, setting
 
 View = TypeVar("View")

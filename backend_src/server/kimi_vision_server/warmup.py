@@ -9,9 +9,8 @@ import numpy as np
 from PIL import Image
 
 from kimi_vision_common.presets import Preset
-
-from ..decode import DecodedImage
-from ..pillow_io import pillow_pixels
+from kimi_vision_prep.decode import DecodedImage
+from kimi_vision_prep.pillow_io import pillow_pixels
 
 
 def warmup_images() -> list[bytes]:

@@ -42,10 +42,10 @@ from kimi_vision_common.wire import (
     TIMESTAMP,
     VIDEO_BYTES,
 )
+from kimi_vision_prep.pipeline import map_indexed
+from kimi_vision_prep.tokens import count_tokens
+from kimi_vision_prep.video import preprocess_video, preprocess_video_chunk
 
-from ..pipeline import map_indexed
-from ..tokens import count_tokens
-from ..video import preprocess_video, preprocess_video_chunk
 from .components import apply_numba_threads, settings_decoder
 from .config import decoder_settings, video_settings
 from .contract import Result, ServingModel, StreamingModel

@@ -25,10 +25,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import kimi_vision_prep
+
 from .allocator import SERVER_ONLY_ENV, server_allocator_env
 from .host import codec_env
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../kimi_vision_prep
+PACKAGE_ROOT = Path(__file__).resolve().parent  # .../kimi_vision_server
+LIBRARY_ROOT = Path(kimi_vision_prep.__file__).resolve().parent
 STUB = "triton_python_backend_stub"
 PATCHIFY_BACKEND = "kimi_patchify"
 # The Python backend runs <backends>/python/triton_python_backend_stub; this script stands there and
@@ -63,17 +66,18 @@ def cache_dir() -> Path:
 def default_model_repository() -> Path | None:
     """``model_repository/`` of the source checkout this package runs from; None for an installed
     package (the launcher then renders the repository from the presets)."""
-    checkout = PACKAGE_ROOT.parents[1] / "model_repository"
+    checkout = PACKAGE_ROOT.parents[2] / "model_repository"
     return checkout if (checkout / "kimi_k25_vision" / "config.pbtxt").is_file() else None
 
 
 def _stub_env(env: dict[str, str]) -> None:
-    """Let the stubs import this package and this venv's packages, write no ``__pycache__`` into the
-    model repository, and give numba a writable on-disk cache (site-packages often is not
-    writable, and stubs may run as another user)."""
+    """Let the stubs import this package, the library and this venv's packages, write no
+    ``__pycache__`` into the model repository, and give numba a writable on-disk cache
+    (site-packages often is not writable, and stubs may run as another user)."""
     bin_dir = os.path.dirname(sys.executable)
     env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT.parent), env.get("PYTHONPATH", "")) if p)
+    folders = dict.fromkeys(str(package.parent) for package in (PACKAGE_ROOT, LIBRARY_ROOT))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*folders, env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The repository stays as rendered (it may be read-only, and `diff -r` with a fresh rendering stays empty).
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
@@ -164,8 +168,8 @@ def find_tritonserver() -> TritonInstall:
         import pytriton
     except ImportError:
         raise RuntimeError(
-            "no tritonserver on PATH and nvidia-pytriton is not installed: `pip install -e '.[serve]'` "
-            "or run inside an NGC tritonserver container"
+            "no tritonserver on PATH and nvidia-pytriton is not installed: "
+            "`pip install './backend_src/server[embedded]'` or run inside an NGC tritonserver container"
         ) from None
     pytriton_dir = Path(pytriton.__file__).resolve().parent
     binary = pytriton_dir / "tritonserver" / "bin" / "tritonserver"

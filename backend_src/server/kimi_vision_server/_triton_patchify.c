@@ -1,6 +1,6 @@
 /* kimi_patchify: a Triton backend (C API) that pads, normalises and patchifies decoded RGB images.
  *
- * The last step of the kimi_*_vision ensembles on CPU hosts (serving/repository.py renders it as
+ * The last step of the kimi_*_vision ensembles on CPU hosts (kimi_vision_server/repository.py renders it as
  * kimi_*_patchify). It runs inside tritonserver: no Python stub, so the decoded image is read
  * where the decode step's output lies and the pixels are written straight into the buffer Triton
  * hands out (the ensemble's, or the client's shared-memory region), where the Python preprocess
@@ -8,7 +8,7 @@
  * (BENCHMARKS.md, "patchify").
  *
  * Inputs (one request = one batch row, max_batch_size >= 1):
- *   IMAGE         uint8 [1, L]: K RGB images, flat (serving/requests.py: the decode step's layout)
+ *   IMAGE         uint8 [1, L]: K RGB images, flat (kimi_vision_server/requests.py: the decode step's layout)
  *   IMAGE_SHAPES  int64 [1, K, 4]: height, width, channels (3), offset into IMAGE; the K images
  *                 tile IMAGE in order without gaps or overlap (kimi_check_images), else the
  *                 request is refused before any output exists
@@ -19,7 +19,7 @@
  *   GRID_THW      int64 [1, K, 3]: (1, grid_h, grid_w);  NUM_TOKENS int32 [1, K]
  * Parameters (read from the model config's JSON, all rendered from the Python definitions): the
  * preset block every kimi model gets (patch_size, merge_kernel_size, image_mean, image_std,
- * patch_limit_on_one_side) and the settings serving/settings.py gives this step:
+ * patch_limit_on_one_side) and the settings kimi_vision_server/settings.py gives this step:
  * max_images_per_request, max_patches_per_request (the request's patch budget, docs/security.md)
  * and max_patches_per_image (kimi_vision_common.sizing.navit_patch_bound).
  *
@@ -612,7 +612,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
 }
 
 /* kimi_prep_stage_seconds_total{model, instance, stage="patchify"}: the family, name and help the
- * Python models use (serving/metrics.py), so Triton merges them into one family. The family is
+ * Python models use (kimi_vision_server/metrics.py), so Triton merges them into one family. The family is
  * never deleted here: the Python models' series live in it too. */
 static const char STAGE_FAMILY[] = "kimi_prep_stage_seconds_total";
 static const char STAGE_HELP[] = "Cumulative wall time per stage in seconds";
@@ -733,7 +733,7 @@ static int verdict(char *message, size_t capacity, int code, const char *format,
   return code;
 }
 
-/* The layout of one request (serving/requests.py, check_image_layout: the same rules): K rows of
+/* The layout of one request (kimi_vision_server/requests.py, check_image_layout: the same rules): K rows of
  * IMAGE_SHAPES (height, width, channels, offset) that tile an IMAGE of `length` bytes in order,
  * without gaps or overlap; RGB; each image within the preset's bounds, all of them within
  * max_patches_per_request. Fills images[k] (where images is not NULL) and *total_patches; returns

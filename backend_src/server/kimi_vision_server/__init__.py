@@ -1,4 +1,6 @@
-"""Serving the preprocessing on NVIDIA Triton Inference Server, split by job.
+"""kimi-vision-server: the library's preprocessing served on NVIDIA Triton Inference Server, split
+by job (its own distribution, ``backend_src/server/``; the library, ``kimi_vision_prep``, knows
+nothing of it).
 
 - :mod:`.repository` (with :mod:`.render_blocks`, :mod:`.media_kinds`, :mod:`.pbtxt`): the model
   repository rendered from the presets.
@@ -12,4 +14,5 @@
 - :mod:`.launcher` (with :mod:`.triton_install`, :mod:`.shm_regions`): one start path for
   ``kimi-prep serve`` and :class:`~.embedded.EmbeddedServer` (tests, benchmarks, the demo);
   :mod:`.watchdog`, :mod:`.probes`.
+- :mod:`.cli`: the CLI layer (the server's ``kimi-prep`` commands, ``bench-local``).
 """

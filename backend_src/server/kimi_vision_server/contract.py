@@ -30,8 +30,8 @@ from kimi_vision_common.errors import (
     triton_code_for,
 )
 from kimi_vision_common.wire import served_message
+from kimi_vision_prep.buffers import configure_buffers, scratch_scope
 
-from ..buffers import configure_buffers, scratch_scope
 from .config import buffer_caps, model_config_from_args, model_parameters
 from .metrics import ModelMetrics
 from .requests import Outputs
