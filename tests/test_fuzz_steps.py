@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kimi_vision_common.errors import c_error_header
+from kimi_vision_common.messages import c_message_header
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = REPO / "fuzz" / "fuzz_steps.py"
@@ -37,8 +38,10 @@ def test_a_short_fuzz_run_of_the_step_parsers_finds_nothing() -> None:
 
 
 def generated_include(folder: Path) -> str:
-    """``-I`` of a folder holding the C step's generated ``kimi_errors.h`` (as setup.py writes it)."""
+    """``-I`` of a folder holding the C step's generated headers (as backend_src/server/setup.py
+    writes them)."""
     (folder / "kimi_errors.h").write_text(c_error_header())
+    (folder / "kimi_messages.h").write_text(c_message_header())
     return f"-I{folder}"
 
 

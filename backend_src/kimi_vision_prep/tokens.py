@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kimi_vision_common.errors import ImageTooLargeError, InvalidImageError, InvalidRequestError, PreprocessError
+from kimi_vision_common.messages import PATCHES_OVER_BUDGET, TOO_MANY_IMAGES
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import TokenCount
 from kimi_vision_common.sizing import navit_target_size
@@ -51,19 +52,13 @@ def check_image_count(count: int, max_images_per_request: int) -> None:
     """InvalidRequestError when one request holds more than ``max_images_per_request`` images (a
     count, not a size)."""
     if count > max_images_per_request:
-        raise InvalidRequestError(
-            f"{count} images in one request: at most {max_images_per_request} (max_images_per_request); "
-            "send them in several requests"
-        )
+        raise InvalidRequestError(TOO_MANY_IMAGES % (count, max_images_per_request))
 
 
 def check_patch_total(patches: int, max_patches_per_request: int | None) -> None:
     """ImageTooLargeError when one request's ``patches`` exceed ``max_patches_per_request`` (None: no limit)."""
     if max_patches_per_request is not None and patches > max_patches_per_request:
-        raise ImageTooLargeError(
-            f"the images of this request need {patches} patches, over max_patches_per_request={max_patches_per_request}"
-            " (send fewer or smaller images per request)"
-        )
+        raise ImageTooLargeError(PATCHES_OVER_BUDGET % (patches, max_patches_per_request))
 
 
 def check_patch_budget(

@@ -14,18 +14,26 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
+def common_module(name: str):
+    """``kimi_vision_common/<name>.py`` loaded from its file (it imports nothing; the shared package
+    need not be installed where this builds)."""
+    source = ROOT / "client" / "common" / "kimi_vision_common" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"kimi_{name}", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class BuildWithGeneratedHeaders(build_ext):
-    """Write the C step's ``kimi_errors.h`` (its error tags and Triton codes, from
-    ``kimi_vision_common/errors.py``) into the build folder before compiling."""
+    """Write the C step's ``kimi_errors.h`` (its error tags and Triton codes) and
+    ``kimi_messages.h`` (the words of its checks) from ``kimi_vision_common`` into the build folder
+    before compiling."""
 
     def run(self) -> None:
-        source = ROOT / "client" / "common" / "kimi_vision_common" / "errors.py"
-        spec = importlib.util.spec_from_file_location("kimi_errors", source)
-        errors = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(errors)
         include = Path(self.build_temp) / "generated"
         include.mkdir(parents=True, exist_ok=True)
-        (include / "kimi_errors.h").write_text(errors.c_error_header())
+        (include / "kimi_errors.h").write_text(common_module("errors").c_error_header())
+        (include / "kimi_messages.h").write_text(common_module("messages").c_message_header())
         for extension in self.extensions:
             extension.include_dirs.append(str(include))
         super().run()

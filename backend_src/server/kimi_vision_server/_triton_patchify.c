@@ -46,7 +46,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "kimi_errors.h" /* generated at build time from kimi_vision_common/errors.py */
+#include "kimi_errors.h"   /* generated at build time from kimi_vision_common/errors.py */
+#include "kimi_messages.h" /* generated at build time from kimi_vision_common/messages.py */
+
+/* The messages' fields are %ld (kimi_vision_common/messages.py): a long must hold an int64_t. */
+_Static_assert(sizeof(long) == sizeof(int64_t), "kimi_patchify builds on LP64 hosts (64-bit long)");
 
 /* ----------------------------------------------------------------------- the Triton C API (1.x) */
 
@@ -733,7 +737,8 @@ static int verdict(char *message, size_t capacity, int code, const char *format,
   return code;
 }
 
-/* The layout of one request (kimi_vision_server/requests.py, check_image_layout: the same rules): K rows of
+/* The layout of one request (kimi_vision_server/requests.py, check_image_layout: the same rules and words,
+ * kimi_messages.h): K rows of
  * IMAGE_SHAPES (height, width, channels, offset) that tile an IMAGE of `length` bytes in order,
  * without gaps or overlap; RGB; each image within the preset's bounds, all of them within
  * max_patches_per_request. Fills images[k] (where images is not NULL) and *total_patches; returns
@@ -745,43 +750,30 @@ int kimi_check_images(const Limits *limits, const int64_t *rows, int64_t k, int6
   if (length < 0) return verdict(message, capacity, CHECK_INVALID, "IMAGE must have shape [1, L]");
   if (k < 1) return verdict(message, capacity, CHECK_INVALID, "IMAGE_SHAPES must have shape [1, K, 4] with K >= 1");
   if (k > limits->max_images)
-    return verdict(message, capacity, CHECK_INVALID,
-                   "%lld images in one request: at most %lld (max_images_per_request); send them in several requests",
-                   (long long)k, (long long)limits->max_images);
+    return verdict(message, capacity, CHECK_INVALID, KIMI_MSG_TOO_MANY_IMAGES, (long)k, (long)limits->max_images);
   const int64_t p = limits->patch_size, f = limits->factor, side_px = limits->side_limit * p;
   int64_t expected = 0; /* where image `index` must start: right after the one before it */
   for (int64_t index = 0; index < k; index++) {
     const int64_t *row = rows + 4 * index;
     const int64_t h = row[0], w = row[1], c = row[2], offset = row[3];
     if (h < 1 || w < 1 || c < 1)
-      return verdict(message, capacity, CHECK_INVALID,
-                     "IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld]: height, width and channels must be >= 1",
-                     (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset);
+      return verdict(message, capacity, CHECK_INVALID, KIMI_MSG_ROW_BELOW_ONE, (long)index, (long)h, (long)w, (long)c,
+                     (long)offset);
     if (offset != expected)
-      return verdict(message, capacity, CHECK_INVALID,
-                     "IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld]: image %lld must start at offset %lld, right "
-                     "after the images before it (the K images tile IMAGE in order, without gaps or overlap)",
-                     (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset,
-                     (long long)index, (long long)expected);
-    if (c != 3)
-      return verdict(message, capacity, CHECK_INVALID,
-                     "image %lld: kimi_patchify takes RGB images (C=3), got C=%lld; send other modes to the "
-                     "preprocess model", (long long)index, (long long)c);
+      return verdict(message, capacity, CHECK_INVALID, KIMI_MSG_ROW_NOT_NEXT, (long)index, (long)h, (long)w, (long)c,
+                     (long)offset, (long)index, (long)expected);
+    if (c != 3) return verdict(message, capacity, CHECK_INVALID, KIMI_MSG_NOT_RGB, (long)index, (long)c);
     const int64_t grid_h = h > side_px ? 0 : (h + f - 1) / f * f / p;
     const int64_t grid_w = w > side_px ? 0 : (w + f - 1) / f * f / p;
     if (h > side_px || w > side_px || grid_h > limits->side_limit || grid_w > limits->side_limit ||
         grid_h * grid_w > limits->image_patches)
-      return verdict(message, capacity, CHECK_TOO_LARGE,
-                     "image %lld: %lldx%lld needs a %lldx%lld patch grid, beyond %lld a side or %lld in all "
-                     "(send images at their NaViT size)", (long long)index, (long long)w, (long long)h,
-                     (long long)grid_w, (long long)grid_h, (long long)limits->side_limit,
-                     (long long)limits->image_patches);
+      return verdict(message, capacity, CHECK_TOO_LARGE, KIMI_MSG_GRID_TOO_LARGE, (long)index, (long)w, (long)h,
+                     (long)grid_w, (long)grid_h, (long)limits->side_limit, (long)limits->image_patches);
     int64_t bytes;
     if (__builtin_mul_overflow(h, w, &bytes) || __builtin_mul_overflow(bytes, (int64_t)3, &bytes) ||
         bytes > length - offset)
-      return verdict(message, capacity, CHECK_INVALID,
-                     "IMAGE_SHAPES[0, %lld] = [%lld, %lld, %lld, %lld] is outside IMAGE (%lld bytes)",
-                     (long long)index, (long long)h, (long long)w, (long long)c, (long long)offset, (long long)length);
+      return verdict(message, capacity, CHECK_INVALID, KIMI_MSG_ROW_OUTSIDE_IMAGE, (long)index, (long)h, (long)w,
+                     (long)c, (long)offset, (long)length);
     expected = offset + bytes;
     if (images != NULL)
       images[index] = (Image){(size_t)h, (size_t)w, (size_t)offset, (size_t)grid_h, (size_t)grid_w,
@@ -789,12 +781,10 @@ int kimi_check_images(const Limits *limits, const int64_t *rows, int64_t k, int6
     *total_patches += (size_t)(grid_h * grid_w);
   }
   if (expected != length)
-    return verdict(message, capacity, CHECK_INVALID, "IMAGE holds %lld bytes, its %lld images %lld: no gaps allowed",
-                   (long long)length, (long long)k, (long long)expected);
+    return verdict(message, capacity, CHECK_INVALID, KIMI_MSG_IMAGE_HAS_GAPS, (long)length, (long)k, (long)expected);
   if (*total_patches > (size_t)limits->max_patches)
-    return verdict(message, capacity, CHECK_TOO_LARGE,
-                   "the images of this request need %zu patches, over max_patches_per_request=%lld (send fewer or "
-                   "smaller images per request)", *total_patches, (long long)limits->max_patches);
+    return verdict(message, capacity, CHECK_TOO_LARGE, KIMI_MSG_PATCHES_OVER_BUDGET, (long)*total_patches,
+                   (long)limits->max_patches);
   return CHECK_OK;
 }
 
@@ -808,9 +798,7 @@ static TRITONSERVER_Error *request_images(const ModelState *state, const HostInp
                            (long long)shapes->shape[2]);
   /* Before the allocation below (kimi_check_images says the same): K sizes it. */
   if (k > state->limits.max_images)
-    return INVALID_REQUEST("%lld images in one request: at most %lld (max_images_per_request); "
-                           "send them in several requests",
-                           (long long)k, (long long)state->limits.max_images);
+    return INVALID_REQUEST(KIMI_MSG_TOO_MANY_IMAGES, (long)k, (long)state->limits.max_images);
   *images = calloc((size_t)k, sizeof **images);
   if (*images == NULL) return INTERNAL("out of memory");
   *count = (size_t)k;

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from kimi_vision_common import messages
 from kimi_vision_common.errors import InvalidRequestError
 from kimi_vision_common.presets import Preset
 from kimi_vision_common.sizing import TargetSize, navit_target_size
@@ -231,23 +232,21 @@ def decoded_from_inputs(  # noqa: PLR0917
 
 def check_image_layout(rows: np.ndarray, length: int) -> None:
     """``rows`` int64 ``(K, 4)`` (height, width, channels, offset) tile an ``IMAGE`` of ``length``
-    bytes in order, without gaps or overlap; else InvalidRequestError naming the first bad row.
+    bytes in order, without gaps or overlap; else InvalidRequestError naming the first bad row (in
+    the C step's words: both take them from ``kimi_vision_common.messages``).
     Checked in Python integers: no product of client values can wrap around."""
     expected = 0
     for k, row in enumerate(rows.tolist()):
         height, width, channels, offset = row
         if min(height, width, channels) < 1:
-            raise InvalidRequestError(f"IMAGE_SHAPES[0, {k}] = {row}: height, width and channels must be >= 1")
+            raise InvalidRequestError(messages.ROW_BELOW_ONE % (k, *row))
         if offset != expected:
-            raise InvalidRequestError(
-                f"IMAGE_SHAPES[0, {k}] = {row}: image {k} must start at offset {expected}, right after the images "
-                "before it (the K images tile IMAGE in order, without gaps or overlap)"
-            )
+            raise InvalidRequestError(messages.ROW_NOT_NEXT % (k, *row, k, expected))
         expected += height * width * channels
         if expected > length:
-            raise InvalidRequestError(f"IMAGE_SHAPES[0, {k}] = {row} is outside IMAGE ({length} bytes)")
+            raise InvalidRequestError(messages.ROW_OUTSIDE_IMAGE % (k, *row, length))
     if expected != length:
-        raise InvalidRequestError(f"IMAGE holds {length} bytes, its {len(rows)} images {expected}: no gaps allowed")
+        raise InvalidRequestError(messages.IMAGE_HAS_GAPS % (length, len(rows), expected))
 
 
 def _stored_sizes(stored_sizes: Any, count: int) -> np.ndarray:
