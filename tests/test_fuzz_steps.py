@@ -18,7 +18,9 @@ from kimi_vision_common.messages import c_message_header
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = REPO / "fuzz" / "fuzz_steps.py"
-SOURCE = REPO / "backend_src" / "server" / "kimi_vision_server" / "_triton_patchify.c"
+# The C step's sources, as backend_src/server/setup.py builds them.
+STEP = REPO / "backend_src" / "server" / "kimi_vision_server"
+SOURCES = [str(STEP / "_triton_patchify.c"), str(STEP / "kimi_json.c")]
 CC = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
@@ -48,7 +50,7 @@ def generated_include(folder: Path) -> str:
 @pytest.mark.skipif(CC is None, reason="no C compiler")
 def test_the_c_step_compiles_without_warnings(tmp_path: Path) -> None:
     flags = ["-Wall", "-Wextra", "-Werror", "-O3", "-shared", "-fPIC", generated_include(tmp_path)]
-    result = run([CC, *flags, str(SOURCE), "-o", str(tmp_path / "step.so")])
+    result = run([CC, *flags, *SOURCES, "-o", str(tmp_path / "step.so")])
     assert result.returncode == 0, result.stderr
 
 
@@ -66,7 +68,7 @@ def sanitizer_runtime(name: str) -> str | None:
 def test_the_fuzzer_runs_clean_under_address_and_undefined_behaviour_sanitizers(tmp_path: Path) -> None:
     library = tmp_path / "step_asan.so"
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1"]
-    built = run([CC, *flags, "-shared", "-fPIC", generated_include(tmp_path), str(SOURCE), "-o", str(library)])
+    built = run([CC, *flags, "-shared", "-fPIC", generated_include(tmp_path), *SOURCES, "-o", str(library)])
     assert built.returncode == 0, built.stderr
     env = {
         "LD_PRELOAD": f"{sanitizer_runtime('asan')}:{sanitizer_runtime('ubsan')}",

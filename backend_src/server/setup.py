@@ -48,7 +48,8 @@ setup(
     ext_modules=[
         Extension(
             "kimi_vision_server._triton_patchify",
-            sources=["kimi_vision_server/_triton_patchify.c"],
+            sources=["kimi_vision_server/_triton_patchify.c", "kimi_vision_server/kimi_json.c"],
+            depends=["kimi_vision_server/kimi_json.h"],
             extra_compile_args=["-O3", "-Wall", "-Wextra"],
             optional=True,
         )
