@@ -126,10 +126,14 @@ def perf_analyzer_row(  # noqa: PLR0917
 def bench_repository(out: Path, options: RenderOptions) -> Path:
     """The default set and K2.5's fused models rendered with ``options``, plus the peer."""
     render_repository(out, options, names=[*default_model_names(), "kimi_k25_vision_fused", "kimi_k25_vision_fused_u8"])
-    tensors = pixel_outputs(get_preset("kimi-k2.5").patch_size)
+    preset = get_preset("kimi-k2.5")
+    tensors = pixel_outputs(preset.patch_size)
     outputs = [tensors["PIXEL_VALUES"], tensors["GRID_THW"], tensors["NUM_TOKENS"]]
     summary = f"{PEER}: the plain reference processor (tests/reference.py) in a Python model, the peer"
-    peer = python_model(PEER, summary, IMAGE_BYTES_INPUT, outputs, [], "peer.Model", options, SERVING_DEFAULTS)
+    # kind "peer": no setting of ours applies (an empty settings block); the peer reads none.
+    peer = python_model(
+        PEER, summary, IMAGE_BYTES_INPUT, outputs, [], "peer.Model", options, SERVING_DEFAULTS, "peer", preset
+    )
     (out / PEER / "1").mkdir(parents=True)
     (out / PEER / "config.pbtxt").write_text(peer.config)
     shutil.copy(ROOT / "benchmarks" / "peer_model.py", out / PEER / "1" / "model.py")

@@ -62,7 +62,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
-    reference, processor = plain_reference(), KimiVisionProcessor(args.preset)
+    reference, processor = plain_reference(), KimiVisionProcessor(preset=args.preset)
     photos = benchmark_photos()
     per_photo = {name: calls(processor, data, args.preset, reference) for name, data in photos}
     for name, photo_calls in per_photo.items():  # exact first (and warm: numba compiles, caches fill)

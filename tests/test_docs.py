@@ -34,9 +34,11 @@ PACKAGES = {
 # Every file and folder of the checkout (git's list), for paths cited in full or by their tail.
 TRACKED = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
 FOLDERS = {str(parent) for path in TRACKED for parent in Path(path).parents if str(parent) != "."}
-# Paths cited that are made by a run (git-ignored) or are not files at all (Kubernetes names).
+# Paths cited that are made by a run (git-ignored), a checkpoint's files, or not files at all
+# (Kubernetes names).
 NOT_FILES = frozenset(
     {"bench_results", "tests/gpu/served", "tests/gpu/wheels", "machine.txt", "gpu_report.json", "served_check.json"}
+    | {"preprocessor_config.json"}
     | {"nvidia.com/gpu", "autoscaling/v2"}
 )
 FILE = re.compile(r"^[\w.\-/{},*]+\.(py|c|md|sh|json|png|pbtxt|toml|yaml|yml|tsv|txt|jpg|so)$|^[\w.\-]+/[\w.\-/]*$")

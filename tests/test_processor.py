@@ -45,7 +45,7 @@ def test_corpus_images_equal_the_reference_in_one_call(corpus: Path, preset: str
     for i in range(len(datas)):
         (tmp_path / str(i)).mkdir()
     medias = [{"type": "image", "image": as_source(data, kind, tmp_path / str(i))} for i, data in enumerate(datas)]
-    out = KimiVisionProcessor(preset).preprocess(medias, return_tensors="np")
+    out = KimiVisionProcessor(preset=preset).preprocess(medias, return_tensors="np")
     pixel_values, grid_thws, _ = reference_images(datas, preset)
     assert np.array_equal(out["pixel_values"], pixel_values)
     assert np.array_equal(out["grid_thws"], grid_thws) and out["grid_thws"].dtype == np.int64
@@ -61,7 +61,7 @@ def test_images_and_video_chunks_in_one_call_equal_the_reference(corpus: Path, p
         {"type": "video_chunk", "video_chunk": [Image.fromarray(frame) for frame in frames]},
         {"type": "video_chunk", "video_chunk": encoded},
     ]
-    out = KimiVisionProcessor(preset).preprocess(medias)
+    out = KimiVisionProcessor(preset=preset).preprocess(medias)
     ref_image = reference_images([image], preset)
     chunks = [reference_chunk(frames, preset), reference_frames_chunk(encoded, preset)]
     assert np.array_equal(out["pixel_values"], np.concatenate([ref_image[0], *(c.pixel_values for c in chunks)]))
@@ -70,7 +70,7 @@ def test_images_and_video_chunks_in_one_call_equal_the_reference(corpus: Path, p
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_media_tokens_calculator_equals_the_reference_counts(corpus: Path, preset: str) -> None:
-    processor = KimiVisionProcessor(preset)
+    processor = KimiVisionProcessor(preset=preset)
     for name in ACCEPTED:
         data = (corpus / name).read_bytes()
         expected = reference_token_count(data, preset)[1]
@@ -84,7 +84,7 @@ def test_media_tokens_calculator_equals_the_reference_counts(corpus: Path, prese
 def test_return_tensors_pt_gives_torch_tensors_of_the_same_values(corpus: Path) -> None:
     torch = pytest.importorskip("torch")
     medias = [{"type": "image", "image": (corpus / name).read_bytes()} for name in ACCEPTED[:3]]
-    processor = KimiVisionProcessor("kimi-k2.5")
+    processor = KimiVisionProcessor(preset="kimi-k2.5")
     as_numpy, as_torch = processor.preprocess(medias), processor.preprocess(medias, return_tensors="pt")
     assert isinstance(as_torch["pixel_values"], torch.Tensor) and as_torch["pixel_values"].dtype == torch.float32
     assert as_torch["grid_thws"].dtype == torch.int64
@@ -106,7 +106,7 @@ def test_return_tensors_pt_without_torch_names_the_extra_before_any_work(monkeyp
 
 def test_is_a_transformers_image_processor_where_transformers_is_installed() -> None:
     image_processing = pytest.importorskip("transformers.image_processing_utils")
-    processor = KimiVisionProcessor("kimi-k3")
+    processor = KimiVisionProcessor(preset="kimi-k3")
     assert isinstance(processor, image_processing.BaseImageProcessor)
     out = processor.preprocess({"type": "image", "image": _png(photo_frames(PHOTO, 64, 40, 1)[0])})
     assert isinstance(out, image_processing.BatchFeature) and out["grid_thws"].tolist() == [[1, 4, 6]]

@@ -182,3 +182,27 @@ def _rgb_array_as_is(pixels: Any) -> Any:
 @register_kernel("as_rgb_array", PIL_IMAGE)
 def _rgb_array_from_pil(image: Image.Image) -> np.ndarray:
     return _converted(image, "RGBA" if has_alpha(image) else "RGB")
+
+
+def unloaded_jpeg_bytes(image: Image.Image) -> bytes | None:
+    """The encoded bytes of a JPEG that Pillow has opened but not decoded, with nothing pending
+    that changes its pixels (no ``draft``: the same mode, size and tile as a fresh open of the
+    bytes; ``reduce`` and ``transpose`` load the image first); None for anything else (loaded or
+    made in memory, another format, a file that cannot be read again), which keeps Pillow's
+    pixels. The file is read from its start, as ``Image.open`` read it, and its position restored."""
+    fp = getattr(image, "fp", None)
+    if image.format != "JPEG" or image._im is not None or fp is None or image.decoderconfig:
+        return None
+    try:
+        position = fp.tell()
+        fp.seek(0)
+        data = fp.read()
+        fp.seek(position)
+    except (OSError, ValueError, AttributeError):  # closed, unseekable, not a file
+        return None
+    try:
+        with Image.open(io.BytesIO(data)) as fresh:
+            same = (fresh.format, fresh.mode, fresh.size, fresh.tile) == ("JPEG", image.mode, image.size, image.tile)
+    except Exception:  # the bytes read back are not that image: Pillow decides, as before
+        return None
+    return data if same else None

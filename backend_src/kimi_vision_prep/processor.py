@@ -1,23 +1,32 @@
-"""``KimiVisionProcessor``: the checkpoint processor's interface over this library.
+"""``KimiVisionProcessor``: the checkpoint processor's two interfaces over this library.
 
-An engine that calls the checkpoint's vision processor (``preprocess(medias, return_tensors=...)``
-and ``media_tokens_calculator(media)``) gets bit-equal ``pixel_values`` and ``grid_thws`` from
-this class. Media items are the reference's dicts::
+**The checkpoint's remote code** (``KimiK25VisionProcessor``, what vLLM's and SGLang's Kimi model
+files call): built from ``media_proc_cfg`` (or ``from_pretrained(folder)`` reading a checkpoint's
+``preprocessor_config.json``), with ``media_proc_cfg``, ``num_frames_per_chunk``,
+``make_chunk_prompt``, ``get_resize_config``, ``media_tokens_calculator``,
+``split_video_chunks`` and ``preprocess(medias)``. Media items are the reference's dicts::
 
     {"type": "image", "image": <PIL image | encoded bytes | "data:image/...;base64,..." | path>}
     {"type": "video_chunk", "video_chunk": [<frame>, ...]}  # frames of the same kinds
 
+**transformers' native image processor** (``Kimi_K25ImageProcessor``'s calls, so that
+``Kimi_K25Processor(image_processor=...)`` takes it): ``__call__(images=..., return_tensors=...)``
+-> ``pixel_values``, ``image_grid_thw``; ``get_number_of_image_patches(height, width)``;
+``merge_size``, ``patch_size``; ``save_pretrained``.
+
 Encoded bytes, ``data:`` URLs and paths take the library's decoders (libjpeg-turbo / simplejpeg /
-nvImageCodec, exact); a PIL image is used as opened. Where transformers is installed the class is
-a ``BaseImageProcessor`` returning a ``BatchFeature``; otherwise a plain class returning a dict
-(torch tensors for ``return_tensors="pt"``, numpy otherwise). docs/library.md shows how an engine
-swaps it in.
+nvImageCodec, exact); so does a PIL JPEG opened but not yet decoded (its file's bytes,
+:func:`~.pillow_io.unloaded_jpeg_bytes`); any other PIL image is used as it is. Where
+transformers is installed the class is a ``BaseImageProcessor`` returning ``BatchFeature``;
+otherwise a plain class returning a dict (torch tensors for ``return_tensors="pt"``, numpy
+otherwise). docs/library.md shows how an engine swaps it in.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,16 +35,22 @@ import numpy as np
 from PIL import Image
 
 from kimi_vision_common.errors import InvalidImageError, InvalidRequestError
-from kimi_vision_common.presets import Preset, get_preset
-from kimi_vision_common.sizing import navit_target_size
+from kimi_vision_common.presets import (
+    MEDIA_PROC_CFG_KEYS,
+    Preset,
+    get_preset,
+    media_proc_cfg,
+    preset_from_media_proc_cfg,
+)
+from kimi_vision_common.sizing import TargetSize, navit_target_size
 
 from .decode import DecodedImage, ImageDecoder
 from .extras import require_torch
 from .normalize import concatenate_patches
-from .pillow_io import open_with_pillow, pillow_call, pillow_pixels
+from .pillow_io import open_with_pillow, pillow_call, pillow_pixels, unloaded_jpeg_bytes
 from .pipeline import PreprocessResult, preprocess_bytes, preprocess_decoded
 from .tokens import count_tokens
-from .video import chunk_target, chunk_tokens, preprocess_frames, preprocess_video_chunk
+from .video import chunk_target, chunk_tokens, preprocess_frames, preprocess_video_chunk, sample_video
 
 try:  # an optional extra: the processor is a transformers image processor where it is installed
     from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
@@ -43,29 +58,34 @@ except ImportError:
     BaseImageProcessor, BatchFeature = object, None
 
 MEDIA_TYPES = ("image", "video_chunk")
+CONFIG_NAME = "preprocessor_config.json"  # transformers' file name for an image processor's config
 
 
 def media_bytes(source: Any) -> bytes | None:
-    """Encoded bytes of ``source``: bytes as given, a ``data:`` URL's payload, a path's content;
-    None for a PIL image. Raises :class:`InvalidImageError` for anything else."""
+    """Encoded bytes of ``source``: bytes as given, a ``data:`` URL's payload, a path's content, an
+    unloaded PIL JPEG's file; None for any other PIL image. :class:`InvalidImageError` otherwise."""
     if isinstance(source, Image.Image):
-        return None
+        return unloaded_jpeg_bytes(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source)
     if isinstance(source, str) and source.startswith("data:"):
         header, _, payload = source.partition(",")
         if not header.endswith(";base64"):
             raise InvalidImageError("a data: URL must be base64 (data:<type>;base64,<payload>)")
-        try:
-            return base64.b64decode(payload, validate=True)
-        except binascii.Error as exc:
-            raise InvalidImageError(f"the data: URL's base64 payload is not valid: {exc}") from None
+        return _base64(payload, "the data: URL's base64 payload")
     if isinstance(source, (str, Path)):
         try:
             return Path(source).read_bytes()
         except OSError as exc:
             raise InvalidImageError(f"cannot read {source}: {exc.strerror}") from None
     raise InvalidImageError(f"expected a PIL image, encoded bytes, a data: URL or a path, got {type(source).__name__}")
+
+
+def _base64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise InvalidImageError(f"{what} is not valid base64: {exc}") from None
 
 
 def pil_decoded(image: Image.Image, preset: Preset) -> DecodedImage:
@@ -88,37 +108,104 @@ def media_item(media: Any) -> tuple[str, Any]:
         raise InvalidRequestError(f"a {kind} item needs its {kind!r} key")
     if kind == "video_chunk" and (isinstance(media[kind], (str, bytes)) or not isinstance(media[kind], Sequence)):
         raise InvalidRequestError("video_chunk is a list of frames")
+    if kind == "video_chunk" and not media[kind]:
+        raise InvalidRequestError("a video_chunk needs at least one frame")
     return kind, media[kind]
 
 
-class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
-    """The checkpoint's vision processor (K2.5 / K2.6 / K3 by ``preset``), bit-equal and faster.
+def stored_size(source: Any) -> tuple[int, int]:
+    """``(width, height)`` of an image source from its header alone (no pixel decoded)."""
+    if isinstance(source, Image.Image):
+        return source.size
+    with open_with_pillow(media_bytes(source)) as image:  # type: ignore[arg-type]
+        return image.size
 
-    ``decoder``: the :class:`~.decode.ImageDecoder` for encoded inputs (default: the shared CPU
-    one; ``ImageDecoder(device="cuda")`` decodes on a GPU and returns torch CUDA tensors).
+
+class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
+    """The checkpoint's vision processor (K2.5 / K2.6 / K3), bit-equal and faster.
+
+    ``media_proc_cfg``: a checkpoint's (the keys its processor reads override ``preset``'s values;
+    other keys are kept as given and mean nothing here). ``preset``: the base for everything else
+    (K3's transparency rule and prompts: ``preset="kimi-k3"``). ``decoder``: the
+    :class:`~.decode.ImageDecoder` for encoded inputs (default: the shared CPU one;
+    ``ImageDecoder(device="cuda")`` decodes on a GPU and returns torch CUDA tensors).
     """
 
     model_input_names = ["pixel_values", "grid_thws"]  # noqa: RUF012 (transformers' class attribute)
 
-    def __init__(self, preset: str | Preset = "kimi-k2.5", decoder: ImageDecoder | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        media_proc_cfg: Mapping[str, Any] | None = None,
+        preset: str | Preset = "kimi-k2.5",
+        decoder: ImageDecoder | None = None,
+        **kwargs: Any,
+    ) -> None:
         if BaseImageProcessor is not object:
             super().__init__(**kwargs)
-        self.preset = get_preset(preset)
+        elif kwargs:
+            raise TypeError(f"unexpected arguments {sorted(kwargs)} (transformers is not installed to keep them)")
+        base = get_preset(preset)
+        cfg = dict(media_proc_cfg or {})
+        self.preset = preset_from_media_proc_cfg(cfg, base)
+        self.base_preset = base.name
+        self.other_cfg = {key: value for key, value in cfg.items() if key not in MEDIA_PROC_CFG_KEYS}
         self.decoder = decoder
 
-    def _image(self, source: Any) -> PreprocessResult:
-        data = media_bytes(source)
-        if data is None:
-            return preprocess_decoded(pil_decoded(source, self.preset), self.preset)
-        return preprocess_bytes(data, self.preset, decoder=self.decoder)
+    # -- the checkpoint's interface ---------------------------------------------------------------
 
-    def _video_chunk(self, frames: Sequence[Any]) -> PreprocessResult:
-        encoded = [media_bytes(frame) for frame in frames]
-        if all(data is not None for data in encoded):
-            return preprocess_video_chunk(encoded, self.preset, decoder=self.decoder)  # type: ignore[arg-type]
-        if any(data is not None for data in encoded):
-            raise InvalidRequestError("a video_chunk's frames are all PIL images or all encoded")
-        return preprocess_frames([rgb_frame(frame) for frame in frames], self.preset)
+    @property
+    def media_proc_cfg(self) -> dict[str, Any]:
+        """The checkpoint's ``media_proc_cfg`` this processor follows (the keys it was given kept)."""
+        return {**self.other_cfg, **media_proc_cfg(self.preset)}
+
+    @property
+    def num_frames_per_chunk(self) -> int:
+        return self.preset.temporal_merge_kernel_size
+
+    def make_chunk_prompt(self, timestamp_text: str) -> str:
+        return self.preset.video_prompt.format(timestamp=timestamp_text)
+
+    def get_resize_config(self, media: Mapping[str, Any]) -> dict[str, int]:
+        """The reference's resize config: ``num_tokens``, ``new_width``, ``new_height``,
+        ``pad_width``, ``pad_height``, ``sampled_nframes``, from sizes alone."""
+        kind, payload = media_item(media)
+        if kind == "image":
+            width, height = stored_size(payload)
+            target, frames = navit_target_size(width, height, self.preset), 1
+        else:
+            width, height = stored_size(payload[0])
+            target, frames = chunk_target(width, height, len(payload), self.preset), len(payload)
+        return {
+            "num_tokens": chunk_tokens(target, self.preset),
+            "new_width": target.new_width,
+            "new_height": target.new_height,
+            "pad_width": target.pad_width,
+            "pad_height": target.pad_height,
+            "sampled_nframes": frames,
+        }
+
+    def media_tokens_calculator(self, media: Mapping[str, Any]) -> int:
+        """The tokens ``media`` takes in the prompt, from its size only (headers for encoded input)."""
+        kind, payload = media_item(media)
+        if kind == "image" and not isinstance(payload, Image.Image):
+            return count_tokens(media_bytes(payload), self.preset).num_tokens  # type: ignore[arg-type]
+        return self.get_resize_config(media)["num_tokens"]
+
+    def split_video_chunks(self, video: bytes | str) -> list[dict[str, Any]]:
+        """A video (encoded bytes, base64 text or a ``data:`` URL) -> its chunks as the reference
+        returns them: ``{"type": "video_chunk", "video_chunk": [PIL RGB frames], "prompt": ...}``."""
+        if isinstance(video, str):
+            data = media_bytes(video) if video.startswith("data:") else _base64(video, "the video's base64 text")
+        else:
+            data = bytes(video)
+        return [
+            {
+                "type": "video_chunk",
+                "video_chunk": [Image.fromarray(frame) for frame in chunk.frames],
+                "prompt": chunk.prompt,
+            }
+            for chunk in sample_video(data, self.preset)  # type: ignore[arg-type]
+        ]
 
     def preprocess(self, medias: Mapping[str, Any] | Sequence[Mapping[str, Any]], return_tensors: Any = None) -> Any:
         """``pixel_values`` float32 ``(ΣN, 3, p, p)`` and ``grid_thws`` int64 ``(n, 3)`` of the
@@ -130,29 +217,111 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
         for item in items:
             kind, payload = media_item(item)
             results.append(self._image(payload) if kind == "image" else self._video_chunk(payload))
-        data = {}
-        if results:
-            data["pixel_values"] = concatenate_patches([r.pixel_values for r in results])
-            data["grid_thws"] = np.stack([np.asarray(r.grid_thw, dtype=np.int64) for r in results])
-        return _batch(data, return_tensors)
+        return _batch(_concatenated(results, "grid_thws"), return_tensors)
 
-    def media_tokens_calculator(self, media: Mapping[str, Any]) -> int:
-        """The tokens ``media`` takes in the prompt, from its size only (headers for encoded input)."""
-        kind, payload = media_item(media)
-        if kind == "image":
-            data = media_bytes(payload)
-            if data is not None:
-                return count_tokens(data, self.preset).num_tokens
-            return navit_target_size(payload.width, payload.height, self.preset).num_tokens
-        if not payload:
-            raise InvalidRequestError("a video_chunk needs at least one frame")
-        first = media_bytes(payload[0])
-        if first is None:
-            width, height = payload[0].size
-        else:
-            with open_with_pillow(first) as image:
-                width, height = image.size
-        return chunk_tokens(chunk_target(width, height, len(payload), self.preset), self.preset)
+    # -- transformers' native interface -----------------------------------------------------------
+
+    @property
+    def merge_size(self) -> int:
+        return self.preset.merge_kernel_size
+
+    @property
+    def patch_size(self) -> int:
+        return self.preset.patch_size
+
+    def __call__(self, images: Any = None, return_tensors: Any = None, **kwargs: Any) -> Any:
+        """transformers' call: an image or a list of them (one level of nesting per sample
+        flattened) -> ``pixel_values`` float32 ``(ΣN, 3, p, p)``, ``image_grid_thw`` int64 ``(n, 3)``.
+        Keyword arguments that would change the preprocessing are refused, not ignored."""
+        changed = {key: value for key, value in kwargs.items() if value is not None and key not in PASSIVE_KWARGS}
+        if changed:
+            raise ValueError(f"{type(self).__name__} follows its media_proc_cfg; cannot apply {sorted(changed)}")
+        check_tensor_type(return_tensors)
+        flat = _flat_images(images)
+        return _batch(_concatenated([self._image(image) for image in flat], "image_grid_thw"), return_tensors)
+
+    def get_number_of_image_patches(self, height: int, width: int, images_kwargs: Mapping | None = None) -> int:
+        """Patches (``grid_h * grid_w``, before merging) of a ``height x width`` image."""
+        target: TargetSize = navit_target_size(width, height, self.preset)
+        return target.num_patches
+
+    # -- configuration ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "image_processor_type": type(self).__name__,
+            "preset": self.base_preset,
+            "media_proc_cfg": self.media_proc_cfg,
+        }
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, config_dict: Mapping[str, Any], **kwargs: Any) -> KimiVisionProcessor:
+        """From a ``preprocessor_config.json``'s content (a checkpoint's or one :meth:`save_pretrained`
+        wrote); ``kwargs`` override it (``preset=``, ``decoder=``)."""
+        config = {**config_dict, **kwargs}
+        for key in ("image_processor_type", "auto_map", "processor_class", "return_unused_kwargs"):
+            config.pop(key, None)  # transformers' bookkeeping, not settings
+        return cls(media_proc_cfg=config.pop("media_proc_cfg", None), **config)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, **kwargs: Any) -> KimiVisionProcessor:
+        """From ``folder/preprocessor_config.json`` (a local checkpoint folder)."""
+        path = Path(folder) / CONFIG_NAME
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise OSError(f"cannot read an image processor config from {path}: {exc}") from None
+        return cls.from_dict(config, **kwargs)
+
+    def save_pretrained(self, folder: str | Path, **kwargs: Any) -> list[str]:
+        """Write ``folder/preprocessor_config.json`` (:meth:`from_pretrained` reads it back)."""
+        path = Path(folder) / CONFIG_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json_string())
+        return [str(path)]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(preset={self.base_preset!r}, media_proc_cfg={self.media_proc_cfg})"
+
+    # -- the work ---------------------------------------------------------------------------------
+
+    def _image(self, source: Any) -> PreprocessResult:
+        data = media_bytes(source)
+        if data is None:
+            return preprocess_decoded(pil_decoded(source, self.preset), self.preset)
+        return preprocess_bytes(data, self.preset, decoder=self.decoder)
+
+    def _video_chunk(self, frames: Sequence[Any]) -> PreprocessResult:
+        if all(not isinstance(frame, Image.Image) for frame in frames):
+            return preprocess_video_chunk([media_bytes(f) for f in frames], self.preset, decoder=self.decoder)  # type: ignore[misc]
+        if not all(isinstance(frame, Image.Image) for frame in frames):
+            raise InvalidRequestError("a video_chunk's frames are all PIL images or all encoded")
+        return preprocess_frames([rgb_frame(frame) for frame in frames], self.preset)
+
+
+# transformers' Kimi_K25Processor passes its images kwargs; these do not change the pixels.
+PASSIVE_KWARGS = frozenset({"do_convert_rgb", "input_data_format", "data_format", "device", "disable_grouping"})
+
+
+def _flat_images(images: Any) -> list[Any]:
+    """An image, a list of images, or a list of per-sample lists -> one flat list."""
+    if images is None:
+        return []
+    if not isinstance(images, (list, tuple)):
+        return [images]
+    return [image for item in images for image in (item if isinstance(item, (list, tuple)) else [item])]
+
+
+def _concatenated(results: list[PreprocessResult], grid_key: str) -> dict[str, Any]:
+    if not results:
+        return {}
+    return {
+        "pixel_values": concatenate_patches([r.pixel_values for r in results]),
+        grid_key: np.stack([np.asarray(r.grid_thw, dtype=np.int64) for r in results]),
+    }
 
 
 def check_tensor_type(return_tensors: Any) -> None:

@@ -272,11 +272,46 @@ def preprocess_video(
     if output not in PIXEL_OUTPUTS:
         raise ValueError(f"output must be one of {PIXEL_OUTPUTS}, got {output!r}")
     preset = get_preset(preset)
+    info, indices = _sampling(data, preset, limits)
+    return _chunk_results(_stream(bytes(data), preset, info, indices, limits, threads, on_frame), preset, output)
+
+
+def _chunk_results(chunks: Iterator[SampledChunk], preset: Preset, output: PixelOutput) -> Iterator[VideoChunkResult]:
+    """Each sampled chunk preprocessed as it comes; closing this stops the decoding."""
+    with contextlib.closing(chunks):  # type: ignore[type-var]
+        for chunk in chunks:
+            yield _chunk_result(chunk, preset, output)
+
+
+@dataclass(frozen=True)
+class SampledChunk:
+    """One chunk of a video as sampled, before preprocessing: its RGB uint8 ``(H, W, 3)`` frames
+    (stored size), their indices in the stream, and the chunk's timestamp and prompt."""
+
+    frames: list[np.ndarray]
+    frame_indices: tuple[int, ...]
+    timestamp: str
+    prompt: str
+
+
+def sample_video(
+    data: bytes, preset: str | Preset = "kimi-k2.5", *, limits: VideoLimits = VideoLimits(), threads: int = 0
+) -> Iterator[SampledChunk]:
+    """An encoded video -> its chunks' sampled frames, one :class:`SampledChunk` at a time (what
+    the checkpoint processor's ``split_video_chunks`` returns, as arrays); the same sampling,
+    checks and errors as :func:`preprocess_video`."""
+    preset = get_preset(preset)
+    info, indices = _sampling(data, preset, limits)
+    return _stream(bytes(data), preset, info, indices, limits, threads, None)
+
+
+def _sampling(data: bytes, preset: Preset, limits: VideoLimits) -> tuple[VideoInfo, list[int]]:
+    """The first pass (:func:`probe_video`) and the sampled frame indices, within the limits."""
     info = probe_video(data, limits)
     indices = sample_frame_indices(info.packets, info.fps, preset)
     if len(indices) > limits.max_sampled_frames:
         raise VideoTooLargeError(f"{len(indices)} sampled frames exceed max_sampled_frames={limits.max_sampled_frames}")
-    return _stream(bytes(data), preset, info, indices, output, limits, threads, on_frame)
+    return info, indices
 
 
 def _stream(  # noqa: PLR0917
@@ -284,13 +319,12 @@ def _stream(  # noqa: PLR0917
     preset: Preset,
     info: VideoInfo,
     indices: list[int],
-    output: PixelOutput,
     limits: VideoLimits,
     threads: int,
     on_frame: Callable[[], None] | None,
-) -> Iterator[VideoChunkResult]:
+) -> Iterator[SampledChunk]:
     decode = functools.partial(
-        _sampled_chunks, data, preset, info.fps, output=output, limits=limits, threads=threads, on_frame=on_frame
+        _sampled_chunks, data, preset, info.fps, limits=limits, threads=threads, on_frame=on_frame
     )
     expected = info.packets
     decoded, sent = yield from decode(indices)
@@ -313,11 +347,10 @@ def _sampled_chunks(
     fps: float,
     indices: list[int],
     *,
-    output: PixelOutput,
     limits: VideoLimits,
     threads: int,
     on_frame: Callable[[], None] | None,
-) -> Generator[VideoChunkResult, None, tuple[int, int]]:
+) -> Generator[SampledChunk, None, tuple[int, int]]:
     """Decode (in a thread: FFmpeg and numba release the GIL, so a chunk is preprocessed while the
     next frames decode), keep the sampled frames of the chunk not yet complete, yield each chunk
     when complete; the generator's value is ``(frames decoded, chunks yielded)``."""
@@ -334,7 +367,10 @@ def _sampled_chunks(
             for number in wanted[frame_index]:
                 pending.setdefault(number, []).append(rgb)
             while next_chunk < len(chunks) and len(pending.get(next_chunk, ())) == len(chunks[next_chunk]):
-                yield _chunk_result(pending.pop(next_chunk), chunks[next_chunk], fps, preset, output)
+                indices_of_chunk = chunks[next_chunk]
+                timestamp = chunk_timestamp(indices_of_chunk[0], fps, preset.timestamp_mode)
+                prompt = preset.video_prompt.format(timestamp=timestamp)
+                yield SampledChunk(pending.pop(next_chunk), indices_of_chunk, timestamp, prompt)
                 next_chunk += 1
     return frames.decoded, next_chunk
 
@@ -402,17 +438,14 @@ class _FrameProducer:
             yield first, second
 
 
-def _chunk_result(
-    frames: list[np.ndarray], indices: tuple[int, ...], fps: float, preset: Preset, output: PixelOutput
-) -> VideoChunkResult:
-    result = preprocess_frames(frames, preset, output)
-    timestamp = chunk_timestamp(indices[0], fps, preset.timestamp_mode)
+def _chunk_result(chunk: SampledChunk, preset: Preset, output: PixelOutput) -> VideoChunkResult:
+    result = preprocess_frames(chunk.frames, preset, output)
     return VideoChunkResult(
         pixel_values=result.pixel_values,
         grid_thw=result.grid_thw,
         num_tokens=result.num_tokens,
-        prompt=preset.video_prompt.format(timestamp=timestamp),
-        timestamp=timestamp,
-        frame_indices=indices,
+        prompt=chunk.prompt,
+        timestamp=chunk.timestamp,
+        frame_indices=chunk.frame_indices,
         pixel_patches=result.pixel_patches,
     )

@@ -191,3 +191,46 @@ def preset_from_parameters(parameters: Mapping[str, str]) -> Preset:
             except ValueError:
                 raise InvalidPresetError(f"parameter {key}={raw!r} is not a valid {fields[key].type}") from None
     return dataclasses.replace(base, **overrides) if overrides else base
+
+
+# The keys of a checkpoint's ``media_proc_cfg`` (preprocessor_config.json) that its processor reads,
+# each the Preset field of the same name.
+MEDIA_PROC_CFG_KEYS = (
+    "patch_size",
+    "merge_kernel_size",
+    "in_patch_limit",
+    "patch_limit_on_one_side",
+    "image_mean",
+    "image_std",
+    "sample_fps",
+    "temporal_merge_kernel_size",
+    "in_patch_limit_each_frame",
+    "in_patch_limit_video",
+    "max_num_frames_each_video",
+    "fixed_output_tokens",
+    "timestamp_mode",
+)
+
+
+def media_proc_cfg(preset: Preset) -> dict[str, object]:
+    """``preset`` as a checkpoint's ``media_proc_cfg``: the keys its processor reads, JSON types
+    (lists for ``image_mean`` / ``image_std``)."""
+    values = {key: getattr(preset, key) for key in MEDIA_PROC_CFG_KEYS}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+
+def preset_from_media_proc_cfg(cfg: Mapping[str, object], base: Preset) -> Preset:
+    """``base`` with every :data:`MEDIA_PROC_CFG_KEYS` value ``cfg`` holds (a checkpoint's
+    ``media_proc_cfg``); the fields it has no key for (transparency, prompts) stay ``base``'s.
+    Values are checked as any preset's (:class:`InvalidPresetError`)."""
+    overrides: dict[str, object] = {}
+    for key in MEDIA_PROC_CFG_KEYS:
+        if key not in cfg:
+            continue
+        value = cfg[key]
+        if key in ("image_mean", "image_std") and isinstance(value, (list, tuple)):
+            value = tuple(float(v) for v in value)
+        elif key == "sample_fps" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = float(value)
+        overrides[key] = value
+    return dataclasses.replace(base, **overrides)

@@ -1,0 +1,196 @@
+"""``KimiVisionProcessor``'s two interfaces, driven the way engines drive them.
+
+The checkpoint's remote-code calls, in the order vLLM's Kimi-K2.5 model file makes them (the
+start-up profiling input from ``num_frames_per_chunk`` and 3000x3000 frames, the prompt
+replacement's ``media_tokens_calculator``, ``preprocess``, ``split_video_chunks``), the
+``media_proc_cfg`` constructor and its JSON round trip, transformers' native calls
+(``__call__``, ``get_number_of_image_patches``), and PIL JPEGs opened but not decoded taking the
+fast route. Every expected array comes from ``tests/reference.py`` (Pillow and numpy, no library
+code); a preset of other values is registered there for the test that changes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import reference
+from make_inputs import CORPUS, corpus_names
+from PIL import Image
+from reference import ref_size, reference_chunk, reference_images, reference_video
+
+from kimi_vision_common.errors import InvalidImageError
+from kimi_vision_common.presets import MEDIA_PROC_CFG_KEYS, get_preset, media_proc_cfg
+from kimi_vision_prep import KimiVisionProcessor
+from kimi_vision_prep.pillow_io import unloaded_jpeg_bytes
+
+ACCEPTED = corpus_names(accepted=True)
+
+def is_jpeg(name: str) -> bool:
+    """Pillow opens it as a JPEG (whatever its file name says)."""
+    with Image.open(CORPUS / name) as image:
+        return image.format == "JPEG"
+
+
+JPEGS = [name for name in ACCEPTED if is_jpeg(name)]
+CLIP = "video/torchcodec__av1_video.mkv"
+
+
+def opened(path: Path, how: str, keep: list) -> Image.Image:
+    """``path`` opened by ``Image.open`` (not decoded) from its path, a file object or bytes."""
+    if how == "path":
+        return Image.open(path)
+    if how == "file":
+        keep.append(path.open("rb"))  # open until the processor has read it
+        return Image.open(keep[-1])
+    return Image.open(io.BytesIO(path.read_bytes()))
+
+
+@pytest.mark.parametrize("how", ["path", "file", "bytes"])
+@pytest.mark.parametrize("preset", ["kimi-k2.5", "kimi-k3"])
+def test_opened_pil_images_equal_the_reference(corpus: Path, preset: str, how: str) -> None:
+    """Every accepted corpus image, opened from a path, a file object or bytes and handed over
+    undecoded: the JPEGs take the fast route from their file's bytes, the rest Pillow's pixels."""
+    keep: list = []
+    images = [opened(corpus / name, how, keep) for name in ACCEPTED]
+    routed = [name for name, im in zip(ACCEPTED, images, strict=True) if unloaded_jpeg_bytes(im) is not None]
+    assert routed == JPEGS  # every JPEG goes to the decoders from its file's bytes
+    out = KimiVisionProcessor(preset=preset).preprocess([{"type": "image", "image": im} for im in images])
+    for f in keep:
+        f.close()
+    pixel_values, grid_thws, _ = reference_images([(corpus / name).read_bytes() for name in ACCEPTED], preset)
+    assert np.array_equal(out["pixel_values"], pixel_values)
+    assert np.array_equal(out["grid_thws"], grid_thws)
+
+
+def test_only_an_unloaded_unchanged_jpeg_gives_its_file_bytes(corpus: Path) -> None:
+    """Opened: the file's bytes (and a file object's position is left where it was); after
+    ``load()``, after ``draft()``, or for another format: None (Pillow's pixels are used)."""
+    path = corpus / JPEGS[0]
+    assert unloaded_jpeg_bytes(Image.open(path)) == path.read_bytes()
+    with path.open("rb") as f:
+        image = Image.open(f)
+        position = f.tell()
+        assert unloaded_jpeg_bytes(image) == path.read_bytes() and f.tell() == position
+    loaded = Image.open(path)
+    loaded.load()
+    drafted = Image.open(path)
+    drafted.draft("RGB", (drafted.width // 4, drafted.height // 4))
+    png = Image.open(io.BytesIO(_png(np.zeros((8, 8, 3), np.uint8))))
+    assert [unloaded_jpeg_bytes(im) for im in (loaded, drafted, png)] == [None, None, None]
+
+
+def test_a_drafted_jpeg_keeps_pillows_pixels(corpus: Path) -> None:
+    """A JPEG drafted to a quarter is processed as Pillow decodes it then, not from its file."""
+    drafted = Image.open(corpus / JPEGS[0])
+    drafted.draft("RGB", (drafted.width // 4, drafted.height // 4))
+    out = KimiVisionProcessor().preprocess({"type": "image", "image": drafted})
+    expected = reference_images([_png(np.asarray(drafted.convert("RGB")))], "kimi-k2.5")
+    assert np.array_equal(out["pixel_values"], expected[0])
+
+
+def test_media_proc_cfg_values_are_honoured(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint whose media_proc_cfg differs (a smaller budget and side, 2 frames a chunk):
+    the pixels, grids and chunk size follow it; a key it does not read is kept as given."""
+    cfg = {**media_proc_cfg(get_preset("kimi-k2.5")), "in_patch_limit": 1024, "patch_limit_on_one_side": 24}
+    cfg |= {"temporal_merge_kernel_size": 2, "config_type": "kimi_k25"}
+    monkeypatch.setitem(reference.PRESETS, "custom", {**reference.PRESETS["kimi-k2.5"], **cfg})
+    monkeypatch.setitem(reference.IMAGE_PROMPTS, "custom", reference.IMAGE_PROMPTS["kimi-k2.5"])
+    processor = KimiVisionProcessor(cfg)
+    datas = [(corpus / name).read_bytes() for name in ACCEPTED[:6]]
+    out = processor.preprocess([{"type": "image", "image": data} for data in datas])
+    pixel_values, grid_thws, _ = reference_images(datas, "custom")
+    assert np.array_equal(out["pixel_values"], pixel_values) and np.array_equal(out["grid_thws"], grid_thws)
+    assert processor.num_frames_per_chunk == 2 and processor.media_proc_cfg == cfg
+
+
+def test_the_config_round_trips_through_json_and_a_checkpoint_folder(tmp_path: Path) -> None:
+    """A checkpoint's preprocessor_config.json (remote-code keys included) is read by
+    ``from_pretrained``; ``save_pretrained`` / ``to_dict`` / ``from_dict`` give it back."""
+    cfg = {**media_proc_cfg(get_preset("kimi-k2.5")), "sample_fps": 4, "max_num_frames_each_video": 64}
+    checkpoint = {
+        "auto_map": {"AutoImageProcessor": "kimi_k25_processor.KimiK25VisionProcessor"},
+        "image_processor_type": "KimiK25VisionProcessor",
+        "media_proc_cfg": cfg,
+    }
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(checkpoint))
+    processor = KimiVisionProcessor.from_pretrained(tmp_path)
+    assert processor.preset.sample_fps == 4.0 and processor.preset.max_num_frames_each_video == 64
+    assert set(processor.media_proc_cfg) == set(MEDIA_PROC_CFG_KEYS)
+    saved = processor.save_pretrained(tmp_path / "saved")
+    again = KimiVisionProcessor.from_pretrained(tmp_path / "saved")
+    assert again.preset == processor.preset and Path(saved[0]).name == "preprocessor_config.json"
+    assert KimiVisionProcessor.from_dict(processor.to_dict()).preset == processor.preset
+    assert KimiVisionProcessor.from_pretrained(tmp_path, preset="kimi-k3").preset.transparency == "chessboard"
+
+
+def test_the_calls_of_vllms_model_file(corpus: Path) -> None:
+    """Start-up: ``num_frames_per_chunk`` dummy 3000x3000 frames and one such image, their token
+    counts (the larger is profiled); then a request's prompt replacement and ``preprocess``."""
+    processor = KimiVisionProcessor()
+    preset = reference.PRESETS["kimi-k2.5"]
+    frames = [Image.new("RGB", (3000, 3000)) for _ in range(processor.num_frames_per_chunk)]
+    video_item = {"type": "video_chunk", "video_chunk": frames}
+    image_item = {"type": "image", "image": Image.new("RGB", (3000, 3000))}
+    chunk_size = ref_size(3000, 3000, preset, preset["in_patch_limit_each_frame"])
+    assert processor.media_tokens_calculator(video_item) == chunk_size.num_tokens
+    assert processor.media_tokens_calculator(image_item) == ref_size(3000, 3000, preset).num_tokens
+    config = processor.get_resize_config(video_item)
+    assert config == {
+        "num_tokens": chunk_size.num_tokens, "new_width": chunk_size.new_w, "new_height": chunk_size.new_h,
+        "pad_width": chunk_size.pad_w, "pad_height": chunk_size.pad_h, "sampled_nframes": len(frames),
+    }  # fmt: skip
+    data = (corpus / JPEGS[0]).read_bytes()
+    request = [{"type": "image", "image": Image.open(io.BytesIO(data))}, video_item]
+    out = processor.preprocess(request)
+    expected = [reference_images([data], "kimi-k2.5")[0], reference_chunk([np.asarray(f) for f in frames], "kimi-k2.5")]
+    assert np.array_equal(out["pixel_values"], np.concatenate([expected[0], expected[1].pixel_values]))
+
+
+@pytest.mark.parametrize("form", ["bytes", "base64", "data_url"])
+def test_split_video_chunks_gives_the_reference_chunks(corpus: Path, form: str) -> None:
+    """The AV1 clip split as the reference splits it (frames, prompts), then preprocessed: the
+    reference's pixels."""
+    data = (corpus / CLIP).read_bytes()
+    text = base64.b64encode(data).decode()
+    video = {"bytes": data, "base64": text, "data_url": "data:video/x-matroska;base64," + text}[form]
+    processor = KimiVisionProcessor()
+    chunks = processor.split_video_chunks(video)
+    expected = reference_video(data, "kimi-k2.5")
+    assert [chunk["prompt"] for chunk in chunks] == [chunk.prompt for chunk in expected]
+    assert [chunk["type"] for chunk in chunks] == ["video_chunk"] * len(expected)
+    out = processor.preprocess(chunks)
+    assert np.array_equal(out["pixel_values"], np.concatenate([chunk.pixel_values for chunk in expected]))
+    assert [processor.media_tokens_calculator(chunk) for chunk in chunks] == [chunk.num_tokens for chunk in expected]
+
+
+def test_transformers_native_calls_give_the_reference(corpus: Path) -> None:
+    """``__call__(images=...)`` -> ``pixel_values`` and ``image_grid_thw``; per-sample lists are
+    flattened; ``get_number_of_image_patches`` is the grid's patch count; a keyword that would
+    change the preprocessing is refused."""
+    processor = KimiVisionProcessor()
+    datas = [(corpus / name).read_bytes() for name in JPEGS[:4]]
+    out = processor(images=[[Image.open(io.BytesIO(datas[0]))], datas[1:]], return_tensors="np")
+    pixel_values, grid_thws, _ = reference_images(datas, "kimi-k2.5")
+    assert np.array_equal(out["pixel_values"], pixel_values) and np.array_equal(out["image_grid_thw"], grid_thws)
+    for height, width in ((3000, 3000), (1080, 1920), (37, 5000)):
+        size = ref_size(width, height, reference.PRESETS["kimi-k2.5"])
+        assert processor.get_number_of_image_patches(height, width) == size.grid_h * size.grid_w
+    assert (processor.merge_size, processor.patch_size) == (2, 14)
+    with pytest.raises(ValueError, match="max_patches"):
+        processor(images=datas[:1], max_patches=1024)
+
+
+def test_bad_video_text_is_a_typed_error() -> None:
+    with pytest.raises(InvalidImageError, match="base64"):
+        KimiVisionProcessor().split_video_chunks("not base64 @@")
+
+
+def _png(frame: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(frame).save(buffer, format="PNG")
+    return buffer.getvalue()
