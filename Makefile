@@ -73,7 +73,7 @@ doors: $(LIB_VENV)/.installed $(CLIENT_VENV)/.installed
 # transformers: the processor's plain class); then everything in the serving venv, the client
 # door's test (tests/test_doors.py) included.
 CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.py tests/test_sizing.py \
-	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py
+	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py tests/test_processor_interfaces.py
 
 test: setup doors
 	$(call say,ruff)
@@ -112,6 +112,7 @@ bench: setup $(PERF_VENV)/bin/perf_analyzer
 	$(PY) benchmarks/bench_resize.py --out bench_results/resize.json
 	$(PY) benchmarks/bench_serving.py --out-dir bench_results
 	$(PY) benchmarks/bench_media.py --out-dir bench_results
+	$(PY) benchmarks/bench_threads.py --out-dir bench_results
 	$(PY) benchmarks/bench_idle_memory.py --out-dir bench_results
 	$(PY) benchmarks/bench_load_memory.py --out-dir bench_results
 	$(PY) benchmarks/bench_hostile_memory.py --out-dir bench_results
