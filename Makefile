@@ -16,7 +16,7 @@ apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	&& apt-get update -qq >/tmp/kimi-prep-apt.log 2>&1 \
 	&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >>/tmp/kimi-prep-apt.log 2>&1; }
 
-.PHONY: setup doors test serve repository demo lint bench perf-analyzer soak fuzz clean
+.PHONY: setup doors test serve repository demo lint bench perf-analyzer peer-venv soak fuzz clean
 
 # The three doors' packaging: the library (pyproject.toml, setup.py), the server (backend_src/server/),
 # the client and the package they share (client/).
@@ -25,6 +25,8 @@ PACKAGING := pyproject.toml setup.py backend_src/server/pyproject.toml backend_s
 # A fresh numpy 2 venv for each door that must work without the server's numpy 1 (docs/install.md).
 LIB_VENV ?= .venv-library
 CLIENT_VENV ?= .venv-client
+# transformers' processor beside ours (its torchvision needs its own torch build).
+PEER_VENV ?= .venv-peer
 LIBRARY_SOURCES := $(shell find backend_src/kimi_vision_prep client/common/kimi_vision_common -maxdepth 1 -name '*.py' -o -maxdepth 1 -name '*.c')
 
 $(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/server/kimi_vision_server/_triton_patchify.c
@@ -75,13 +77,15 @@ doors: $(LIB_VENV)/.installed $(CLIENT_VENV)/.installed
 CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.py tests/test_sizing.py \
 	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py tests/test_processor_interfaces.py
 
-test: setup doors
+test: setup doors $(PEER_VENV)/.installed
 	$(call say,ruff)
 	$(VENV)/bin/ruff check -q .
 	$(call say,the core exactness tests in the library door ($(LIB_VENV)))
 	$(LIB_VENV)/bin/python -m pytest -q -p no:cacheprovider $(CORE_TESTS)
 	$(call say,every test in the serving environment ($(VENV)))
 	KIMI_CLIENT_VENV=$(CLIENT_VENV) KIMI_LIBRARY_VENV=$(LIB_VENV) $(VENV)/bin/pytest -q --durations=15
+	$(call say,transformers' own Kimi_K25Processor with ours ($(PEER_VENV)))
+	$(PEER_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/peer tests/peer
 
 serve: setup
 	$(call say,serving)
@@ -105,14 +109,28 @@ $(PERF_VENV)/bin/perf_analyzer:
 
 perf-analyzer: $(PERF_VENV)/bin/perf_analyzer
 
+# transformers' own Kimi_K25ImageProcessor (benchmarks/bench_transformers_peer.py, tests/peer/) needs
+# torchvision, whose C ops load only next to the torch build it was made for: torch 2.14.1 with
+# torchvision 0.29.1, a pair of PyPI's CUDA builds (they run on a CPU), in a venv of its own so the
+# serving venv keeps its CPU torch.
+$(PEER_VENV)/.installed: $(PACKAGING)
+	$(call say,installing transformers' processor and its torchvision into $(PEER_VENV))
+	test -x $(PEER_VENV)/bin/python || python3 -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install -q "torch==2.14.1" "torchvision==0.29.1" \
+		"transformers>=5" matplotlib "pytest>=8" -e ".[$(CUDA_EXTRA)]"
+	touch $@
+
+peer-venv: $(PEER_VENV)/.installed
+
 # Developer benchmarks on the corpus photos (JSON + PNG under bench_results/).
-bench: setup $(PERF_VENV)/bin/perf_analyzer
+bench: setup $(PERF_VENV)/bin/perf_analyzer $(PEER_VENV)/.installed
 	$(PY) benchmarks/bench_perf_analyzer.py --perf-analyzer $(PERF_VENV)/bin/perf_analyzer --out-dir bench_results
 	$(PY) benchmarks/bench_local_corpus.py --out-dir bench_results
 	$(PY) benchmarks/bench_resize.py --out bench_results/resize.json
 	$(PY) benchmarks/bench_serving.py --out-dir bench_results
 	$(PY) benchmarks/bench_media.py --out-dir bench_results
 	$(PY) benchmarks/bench_threads.py --out-dir bench_results
+	$(PEER_VENV)/bin/python benchmarks/bench_transformers_peer.py --out-dir bench_results
 	$(PY) benchmarks/bench_idle_memory.py --out-dir bench_results
 	$(PY) benchmarks/bench_load_memory.py --out-dir bench_results
 	$(PY) benchmarks/bench_hostile_memory.py --out-dir bench_results
@@ -127,7 +145,7 @@ fuzz: setup
 	$(PY) fuzz/fuzz_steps.py --seconds 120
 
 clean:
-	rm -rf $(VENV) $(PERF_VENV) $(LIB_VENV) $(CLIENT_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) .pytest_cache .ruff_cache
 
 SOAK_SECONDS ?= 300
 
