@@ -16,7 +16,8 @@ import struct
 import subprocess
 import tempfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -197,8 +198,10 @@ def encode_clip(  # noqa: PLR0917
     container: str = "mp4",
     pix_fmt: str = "yuv420p",
     options: dict[str, str] | None = None,
+    milliseconds: Sequence[int] | None = None,
 ) -> bytes:
-    """Frames encoded with PyAV (``fps``: an int or a Fraction such as 30000/1001)."""
+    """Frames encoded with PyAV (``fps``: an int or a Fraction such as 30000/1001); with
+    ``milliseconds``, each frame shown at its own time (a variable frame rate)."""
     import av
 
     buffer = io.BytesIO()
@@ -208,8 +211,13 @@ def encode_clip(  # noqa: PLR0917
         stream = output.add_stream(codec, rate=fps, options=options or {})
         stream.height, stream.width = first.shape[:2]
         stream.pix_fmt = pix_fmt
-        for pixels in itertools.chain([first], frames):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+        if milliseconds is not None:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        for i, pixels in enumerate(itertools.chain([first], frames)):
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            if milliseconds is not None:
+                frame.pts, frame.time_base = milliseconds[i], Fraction(1, 1000)
+            for packet in stream.encode(frame):
                 output.mux(packet)
         for packet in stream.encode():
             output.mux(packet)
@@ -220,7 +228,6 @@ def video_clips() -> dict[str, bytes]:
     """Clips encoded here from a corpus photo: frame rates (29.97, 25, 1000), one frame, portrait,
     sizes that need a resize under K2.5 and not under K3, VP9/WebM, MPEG-4/MKV, several chunks
     with a short last one; plus the corpus's three real clips."""
-    from fractions import Fraction
 
     photo = "pil__xmp_test.jpg"
     encoded = {
@@ -246,3 +253,35 @@ def require_tritonserver() -> None:
         find_tritonserver()
     except RuntimeError as exc:
         pytest.skip(str(exc))
+
+
+def planned_clips(width: int = 320, height: int = 240, seconds: int = 6) -> dict[str, bytes]:
+    """Clips whose frames refer to others in every way a sampled decode must respect: B-frames
+    (pyramid), short and open GOPs, a variable frame rate, MPEG-4 and MPEG-2 B-frames, HEVC; H.264
+    length-prefixed (MP4, MKV) and with start codes (MPEG-TS)."""
+    photo, fps = "pil__xmp_test.jpg", 25
+    count = seconds * fps
+
+    def frames() -> Iterator[np.ndarray]:
+        return iter_photo_frames(photo, width, height, count)
+
+    x264 = "keyint={keyint}:min-keyint={keyint}:scenecut=0:bframes=3:b-pyramid=normal:open-gop={open}"
+    steps = [40, 40, 40, 120, 40, 20, 20, 80]  # ms between frames: 12.5 to 50 fps
+    shown = list(itertools.accumulate(steps[i % len(steps)] for i in range(count)))
+    return {
+        "h264_bpyramid_keyint250.mp4": encode_clip(
+            frames(), fps, options={"x264-params": x264.format(keyint=250, open=0)}
+        ),
+        "h264_open_gop_keyint20.mkv": encode_clip(
+            frames(), fps, container="matroska", options={"x264-params": x264.format(keyint=20, open=1)}
+        ),
+        "h264_vfr.mp4": encode_clip(frames(), fps, options={"bf": "2"}, milliseconds=shown),
+        "h264_annexb.ts": encode_clip(
+            frames(), fps, container="mpegts", options={"x264-params": x264.format(keyint=50, open=0)}
+        ),
+        "mpeg4_bframes_gop12.mkv": encode_clip(frames(), fps, "mpeg4", "matroska", options={"bf": "2", "g": "12"}),
+        "mpeg2_bframes_gop15.mkv": encode_clip(frames(), fps, "mpeg2video", "matroska", options={"bf": "2", "g": "15"}),
+        "hevc_bframes_keyint30.mp4": encode_clip(
+            frames(), fps, "libx265", options={"x265-params": "keyint=30:bframes=4:log-level=error"}
+        ),
+    }

@@ -37,6 +37,18 @@ def set_num_threads(n: int) -> None:
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
+@contextlib.contextmanager
+def kernel_threads(n: int) -> Iterator[None]:
+    """The calling thread's kernels on ``n`` numba threads (clamped as in :func:`set_num_threads`)
+    for the block, its own setting restored after."""
+    threads = numba.get_num_threads()
+    set_num_threads(n)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(threads)
+
+
 def kernel_input(array: np.ndarray) -> np.ndarray:
     """``array`` as a C-contiguous, read-only view (a copy only when it is not contiguous)."""
     view = np.ascontiguousarray(array).view()

@@ -1,0 +1,141 @@
+"""Videos decode only what their sampled frames need (``video.decode_plan``), and stay exact.
+
+Every clip here has frames that refer to others (B-frame pyramids, open and short GOPs, a
+variable frame rate, MPEG-4, MPEG-2 and HEVC B-frames); each chunk is compared with
+``tests/reference.py``, which decodes every frame. The frames the decoder gave are counted with
+``on_frame``: fewer than the stream holds wherever the plan skipped some.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import av
+import pytest
+import reference
+from make_inputs import planned_clips, video_clips
+from test_media import assert_chunk_equal
+
+import kimi_vision_prep as kvp
+from kimi_vision_prep.video import PLANNED_CODECS, VideoInfo, decode_plan, probe_video, sample_frame_indices
+
+
+@pytest.fixture(scope="module")
+def clips() -> dict[str, bytes]:
+    return planned_clips()
+
+
+def chunks_and_decoded(data: bytes, preset: str | kvp.Preset) -> tuple[list[kvp.VideoChunkResult], int]:
+    decoded = []
+    chunks = list(kvp.preprocess_video(data, preset, on_frame=lambda: decoded.append(1)))
+    return chunks, len(decoded)
+
+
+@pytest.mark.parametrize("preset", ["kimi-k2.5", "kimi-k3"])
+def test_sampled_decode_equals_the_reference(clips: dict[str, bytes], preset: str) -> None:
+    skipped = 0
+    for name, data in clips.items():
+        ours, decoded = chunks_and_decoded(data, preset)
+        ref = reference.reference_video(data, preset)
+        assert len(ours) == len(ref), name
+        for i, (chunk, expected) in enumerate(zip(ours, ref, strict=True)):
+            assert_chunk_equal(chunk, expected, f"{preset} {name} chunk {i}")
+        info = probe_video(data)
+        plan = decode_plan(info, sample_frame_indices(info.packets, info.fps, kvp.get_preset(preset)))
+        # The decoder gave exactly the frames the plan read as references, and the sampled ones.
+        assert plan is not None and not plan.optional and decoded == len(plan.shown), name
+        skipped += decoded < info.packets
+    if preset == "kimi-k2.5":  # 2 frames a second of 25: B-frames no frame refers to are skipped
+        assert skipped == len(clips)
+
+
+@pytest.mark.parametrize("frames", [2, 3, 5, 7, 9])
+def test_gops_without_a_sampled_frame_are_not_decoded(
+    clips: dict[str, bytes], frames: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few frames of a clip with short (open) GOPs: whole GOPs are left out, the decoder is
+    flushed before the next one, and the chunks are still the reference's."""
+    capped = {**reference.PRESETS["kimi-k2.5"], "max_num_frames_each_video": frames}
+    monkeypatch.setitem(reference.PRESETS, "custom", capped)
+    custom = dataclasses.replace(kvp.KIMI_K25, name="custom", max_num_frames_each_video=frames)
+    for name in ("h264_open_gop_keyint20.mkv", "mpeg4_bframes_gop12.mkv", "hevc_bframes_keyint30.mp4"):
+        data = clips[name]
+        ours, decoded = chunks_and_decoded(data, custom)
+        for i, (chunk, expected) in enumerate(zip(ours, reference.reference_video(data, "custom"), strict=True)):
+            assert_chunk_equal(chunk, expected, f"{name} {frames} frames chunk {i}")
+        info = probe_video(data)
+        plan = decode_plan(info, sample_frame_indices(info.packets, info.fps, custom))
+        assert plan is not None and len(plan.shown) <= decoded <= len(plan.shown) + len(plan.optional), name
+        if frames <= 3:  # 1 to 3 seconds apart: more than a GOP between sampled frames
+            assert sum(plan.sent) < info.packets, name
+
+
+def info(
+    pts: list[int | None], keyframes: list[bool], references: list[bool | None] | None = None, codec: str = "h264"
+) -> VideoInfo:
+    references = [True] * len(pts) if references is None else references
+    return VideoInfo(tuple(pts), tuple(keyframes), tuple(references), 25.0, 64, 48, codec)
+
+
+def test_an_open_gops_sampled_leading_frame_keeps_the_gop_before() -> None:
+    # Decode order: I0 P3 B1 B2 | I6 B4 B5 P9 B7 B8 | I12 B10 B11; the Bs refer to nothing, and
+    # B4, B5 (B10, B11) are shown before I6 (I12).
+    pts = [0, 3, 1, 2, 6, 4, 5, 9, 7, 8, 12, 10, 11]
+    keys = [k in (0, 4, 10) for k in range(len(pts))]
+    refs = [p % 3 == 0 for p in pts]
+    skip_middle = decode_plan(info(pts, keys, refs), [0, 12])
+    assert skip_middle.sent == (True,) * 4 + (False,) * 6 + (True,) * 3
+    # I12's leading B10, B11 refer to the GOP not decoded: the decoder may drop them.
+    assert skip_middle.shown == (0, 3, 12) and skip_middle.optional == {10, 11}
+    assert decode_plan(info(pts, keys, refs), [0, 5]).sent == (True,) * 10 + (False,) * 3
+    leading = decode_plan(info(pts, keys, refs), [0, 10])  # frame 10: I12's leading frame
+    assert leading.sent == (True,) * 13 and leading.sampled == {0: 0, 10: 10}
+    assert leading.shown == (0, 3, 6, 9, 10, 12) and not leading.optional
+
+
+def test_no_plan_where_the_packets_do_not_name_the_frames() -> None:
+    keys = [True, False, False]
+    assert decode_plan(info([0, None, 2], keys), [0, 2]) is None
+    assert decode_plan(info([0, 1, 1], keys), [0, 2]) is None
+    assert decode_plan(info([0, 1, 2], keys, [True, None, True]), [0, 2]) is None
+    assert decode_plan(info([0, 1, 2], keys, codec="av1"), [0, 2]) is None
+    assert decode_plan(info([1, 0, 2], keys), [0, 2]) is None  # the first GOP has a leading frame
+    assert decode_plan(info([0, 1, 2], keys), [0, 2]) is not None
+
+
+def test_the_docs_name_the_planned_codecs() -> None:
+    names = {"h264": "H.264", "hevc": "HEVC", "mpeg4": "MPEG-4", "mpeg2video": "MPEG-2"}
+    listed = ", ".join(names[codec] for codec in sorted(PLANNED_CODECS, key=list(names).index))
+    text = " ".join((Path(__file__).parents[1] / "docs" / "media.md").read_text().split())
+    assert f"(`video.PLANNED_CODECS`: {listed})" in text
+
+
+def test_clips_without_a_plan_decode_every_frame() -> None:
+    data = video_clips()["vp9_portrait_180x320.webm"]
+    _, decoded = chunks_and_decoded(data, "kimi-k2.5")
+    assert decoded == probe_video(data).packets == 24
+
+
+def test_a_damaged_stream_is_the_references_or_refused(clips: dict[str, bytes]) -> None:
+    """A packet's bytes zeroed: the decoder drops frames. Where it drops one the plan needs, the
+    video is decoded whole (exact) or, once chunks are out, refused; never another exception."""
+    outcomes = set()
+    for name in ("h264_open_gop_keyint20.mkv", "mpeg4_bframes_gop12.mkv", "mpeg2_bframes_gop15.mkv"):
+        data = clips[name]
+        with av.open(io.BytesIO(data)) as container:
+            places = [(p.pos, p.size) for p in container.demux(video=0) if p.size]
+        for k in (5, 30, 77):
+            pos, size = places[k]
+            damaged = data[:pos] + bytes(size) + data[pos + size :]
+            try:
+                ours = list(kvp.preprocess_video(damaged, "kimi-k2.5"))
+            except kvp.InvalidVideoError:
+                outcomes.add("refused")
+                continue
+            expected_chunks = reference.reference_video(damaged, "kimi-k2.5")
+            for i, (chunk, expected) in enumerate(zip(ours, expected_chunks, strict=True)):
+                assert_chunk_equal(chunk, expected, f"{name} packet {k} zeroed, chunk {i}")
+            outcomes.add("exact")
+    assert outcomes == {"exact", "refused"}
