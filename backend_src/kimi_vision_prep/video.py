@@ -608,12 +608,12 @@ def _sampled_chunks(
     sink: _FrameSink | None = None
     filled, next_chunk = 0, 0
     with frames:
-        for frame_index, rgb in frames:
+        for frame_index, frame in frames:
             if chunk_of[frame_index] != next_chunk:
                 raise AssertionError(f"frame {frame_index} came before chunk {next_chunk} was complete")
             if sink is None:
                 sink = new_chunk(len(chunks[next_chunk]))
-            sink.add(rgb)
+            sink.add(frame.to_ndarray(format="rgb24"))  # here, so the decode thread goes on feeding
             filled += 1
             if filled == len(chunks[next_chunk]):
                 indices_of_chunk = chunks[next_chunk]
@@ -626,8 +626,9 @@ def _sampled_chunks(
 
 class _FrameProducer:
     """Decodes the video in a thread (by ``plan``, else every frame) and hands over the sampled
-    frames as RGB arrays through a queue of ``depth`` frames (so at most a chunk's worth waits);
-    iterate for ``(frame index, rgb)``, read ``frames_in_stream`` after (the packet count when the
+    frames (PyAV frames: the consumer converts them to RGB, so this thread goes on feeding the
+    decoder) through a queue of ``depth`` frames (so at most a chunk's worth waits); iterate for
+    ``(frame index, frame)``, read ``frames_in_stream`` after (the packet count when the
     plan held, else the frames decoded). A plan that does not hold before any frame is handed over
     gives way to decoding every frame; after, the video is refused as damaged. Leaving the
     ``with`` block stops the thread."""
@@ -674,10 +675,10 @@ class _FrameProducer:
             self._on_frame()
 
     def _hand_over(self, frames: Iterator[tuple[int, Any]]) -> bool:
-        """Each frame as RGB into the queue; False when stopped."""
+        """Each frame into the queue; False when stopped."""
         with contextlib.closing(frames):  # type: ignore[type-var]
             for index, frame in frames:
-                if self._stop.is_set() or not self._put(("frame", index, frame.to_ndarray(format="rgb24"))):
+                if self._stop.is_set() or not self._put(("frame", index, frame)):
                     return False
                 self._handed += 1
         return True
@@ -706,7 +707,7 @@ class _FrameProducer:
         except BaseException as exc:  # handed to the consumer, raised there
             self._put(("error", exc, None))
 
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
         while True:
             kind, first, second = self._queue.get()
             if kind == "error":
