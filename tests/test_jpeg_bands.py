@@ -24,9 +24,7 @@ from reference import reference_preprocess
 import kimi_vision_prep
 from kimi_vision_prep import ImageDecoder, decode_routes, jpeg_bands
 from kimi_vision_prep import decode as decode_module
-from kimi_vision_prep.buffers import scratch_scope
 from kimi_vision_prep.jpeg_scan import scan_jpeg
-from kimi_vision_prep.resize_numba import HorizontalRows
 
 # Clean corpus JPEGs of every layout the route meets: 4:2:0, 4:2:2 and 4:4:4 chroma, grey,
 # restart markers, non-multiple-of-16 sizes, progressive (decoded in one band), a camera photo.
@@ -131,7 +129,6 @@ class RecordingConsumer:
 
     multiple = 14
     row_work = 0.6
-    follows = False
 
     def __init__(self, hold: threading.Event | None = None) -> None:
         self.started = 0
@@ -252,94 +249,6 @@ def test_pipeline_patchifies_in_bands_exactly(corpus: Path) -> None:
         kimi_vision_prep.preprocess_bytes(data, decoder=decoder, out=np.empty((3, 3, 14, 14), np.float32))
     kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
     assert seen == [True, True, True, True], seen
-
-
-@pytest.mark.parametrize("name", ["imagers__large_image.jpg", "sklearn__china.jpg", "ljt__testorig.jpg"])
-def test_horizontal_rows_in_any_runs_resize_as_the_whole_image(corpus: Path, name: str) -> None:
-    """Pillow's horizontal pass run on the rows in runs (as a following consumer takes them),
-    then the vertical pass: at every kind of run edge, the pixels of Pillow's resize."""
-    data = (corpus / name).read_bytes()
-    whole = pillow_rgb(data)
-    height, width = whole.shape[:2]
-    for new_width, new_height in ((width * 2 // 5, height * 2 // 5), (width - 7, height - 3), (width // 3, height)):
-        consumer = HorizontalRows.for_size(width, height, new_width, new_height)
-        assert consumer is not None
-        expected = np.asarray(Image.fromarray(whole).resize((new_width, new_height), Image.Resampling.BICUBIC))
-        for edges in split_rows(height):
-            with scratch_scope():
-                consumer.start()
-                for begin, end in itertools.pairwise(edges):
-                    consumer.write(whole, begin, end)
-                np.testing.assert_array_equal(consumer.resized(), expected, err_msg=f"{name} {edges}")
-    # Pillow resamples vertically first here: no horizontal rows.
-    assert HorizontalRows.for_size(width, height, width - 2, height // 4) is None
-
-
-def test_a_following_consumer_sees_every_row_once_in_order_after_it_is_final() -> None:
-    """The consumer follows a one-band decode on a helper: runs in order, each row once, every
-    row Pillow's when handed over; with no idle helper it runs after the decode on this thread;
-    a file libjpeg refuses stops it."""
-
-    class Recorder:
-        multiple, row_work, follows = 1, 0.0, True
-
-        def __init__(self, expected: np.ndarray) -> None:
-            self.expected, self.runs, self.threads = expected, [], set()
-
-        def start(self) -> None:
-            self.runs.clear()
-
-        def write(self, pixels: np.ndarray, row_begin: int, row_end: int) -> None:
-            np.testing.assert_array_equal(pixels[row_begin:row_end], self.expected[row_begin:row_end])
-            self.runs.append((row_begin, row_end))
-            self.threads.add(threading.get_ident())
-
-    data = jpeg_rgb(1200, 1700, seed=7)
-    expected = pillow_rgb(data)
-    with ThreadPoolExecutor(1) as pool:
-        bands = jpeg_bands.BandDecoder(1, lambda: pool)
-        recorder = Recorder(expected)
-        pixels = np.zeros_like(expected)
-        assert bands.decode(data, pixels, 2, recorder)
-        np.testing.assert_array_equal(pixels, expected)
-        assert recorder.runs[0][0] == 0 and recorder.runs[-1][1] == 1700
-        assert all(a[1] == b[0] for a, b in itertools.pairwise(recorder.runs))
-        assert threading.get_ident() not in recorder.threads
-        with bands._idle:  # the helper is busy: the consumer runs here, after the decode
-            assert bands.decode(data, np.zeros_like(expected), 2, recorder)
-        assert recorder.runs == [(0, 1700)] and threading.get_ident() in recorder.threads
-        damaged = data[: len(data) // 2]  # libjpeg warns: the decode is refused, the follower stops
-        assert not bands.decode(damaged, np.zeros_like(expected), 2, Recorder(expected))
-        assert bands._idle.acquire(blocking=False)  # the helper was released
-
-
-def test_pipeline_resizes_with_the_horizontal_pass_following_the_decode(corpus: Path) -> None:
-    """Photos the NaViT rule resizes (landscape and portrait, three chroma layouts): the horizontal
-    pass follows the decode (``rows_consumed``), the result equal to the reference in both outputs."""
-    preset = "kimi-k2.5"
-    decoder = ImageDecoder(cpu_decode_threads=2)
-    consumed: list[bool] = []
-    real_decode = decoder.decode
-
-    def recorded_decode(*args: object, **kwargs: object) -> decode_module.DecodedImage:
-        decoded = real_decode(*args, **kwargs)  # type: ignore[arg-type]
-        consumed.append(decoded.rows_consumed)
-        return decoded
-
-    decoder.decode = recorded_decode  # type: ignore[method-assign]
-    photos = {
-        "large_image": (corpus / "imagers__large_image.jpg").read_bytes(),
-        "landscape 4:2:2": jpeg_rgb(2601, 1903, "4:2:2", seed=3),
-        "portrait 4:4:4": jpeg_rgb(1499, 2701, "4:4:4", seed=4),
-    }
-    for name, data in photos.items():
-        expected = reference_preprocess(data, preset).pixel_values
-        result = kimi_vision_prep.preprocess_bytes(data, preset, decoder=decoder)
-        np.testing.assert_array_equal(result.pixel_values, expected, err_msg=name)
-        patches = kimi_vision_prep.preprocess_bytes(data, preset, decoder=decoder, output="pixel_patches").pixel_patches
-        np.testing.assert_array_equal(kimi_vision_prep.pixel_values_from_patches(patches, preset), expected)
-        assert result.target.needs_resize, name
-    assert consumed == [True] * 2 * len(photos)
 
 
 def recorded_bands(decoder: ImageDecoder, monkeypatch: pytest.MonkeyPatch) -> list[int]:

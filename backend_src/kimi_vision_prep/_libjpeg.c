@@ -22,11 +22,6 @@
  *                               that starts later steals the bottom of the region with the most
  *                               rows left (steal below), so a helper that wakes late takes less
  *                               and one that wakes after the end takes nothing (0, 0).
- *   committed(regions, index) -> int
- *                               the rows band `index` has committed to (read with acquire
- *                               order): every row below committed - ROWS_PER_CALL is final, so
- *                               another thread may read those rows while the band decodes on.
- *   ROWS_PER_CALL               the most rows a band decodes per commit.
  *
  * The headers are the system's libjpeg-turbo (Debian libjpeg62-turbo-dev); only the
  * JPEG_LIB_VERSION 62 ABI they describe is used, and jpeg_CreateDecompress checks it against the
@@ -283,22 +278,6 @@ static PyObject *decode_share(PyObject *self, PyObject *args) {
   return result;
 }
 
-static PyObject *committed(PyObject *self, PyObject *args) {
-  Py_buffer regions;
-  Py_ssize_t index;
-  uint64_t word;
-
-  if (!PyArg_ParseTuple(args, "w*n", &regions, &index)) return NULL;
-  if (regions.len % sizeof(uint64_t) != 0 || index < 0 || index >= regions.len / (Py_ssize_t)sizeof(uint64_t)) {
-    PyBuffer_Release(&regions);
-    PyErr_SetString(PyExc_ValueError, "bad regions or index");
-    return NULL;
-  }
-  word = __atomic_load_n(&((uint64_t *)regions.buf)[index], __ATOMIC_ACQUIRE);
-  PyBuffer_Release(&regions);
-  return PyLong_FromUnsignedLong(COMMITTED(word));
-}
-
 #define RESOLVE(field, symbol)                                                      \
   do {                                                                              \
     *(void **)(&lib.field) = dlsym(handle, symbol);                                 \
@@ -365,7 +344,6 @@ static PyMethodDef methods[] = {
     {"decode_share", decode_share, METH_VARARGS,
      "decode_share(data, out, width, height, regions, index, multiple, min_rows, skip_cost, row_cost)"
      " -> (begin, end): band `index` of a shared decode (strict)"},
-    {"committed", committed, METH_VARARGS, "committed(regions, index) -> the rows band `index` has committed to"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -375,8 +353,7 @@ PyMODINIT_FUNC PyInit__libjpeg(void) {
   PyObject *m = PyModule_Create(&module);
   if (m == NULL) return NULL;
   JpegError = PyErr_NewException("kimi_vision_prep._libjpeg.JpegError", PyExc_ValueError, NULL);
-  if (JpegError == NULL || PyModule_AddObjectRef(m, "JpegError", JpegError) < 0 ||
-      PyModule_AddIntConstant(m, "ROWS_PER_CALL", ROWS_PER_CALL) < 0) {
+  if (JpegError == NULL || PyModule_AddObjectRef(m, "JpegError", JpegError) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor, wait
 from dataclasses import dataclass
@@ -42,10 +41,6 @@ import numpy as np
 # 0.6 (0.3-0.85) of a whole decode's time on the benchmark photos (BENCHMARKS.md at 0a95504, "bands").
 SKIP_COST = 0.6
 MIN_BAND_PIXELS = 1 << 17  # smaller bands cost more in thread hand-off than they save
-# A following consumer takes rows in runs of at least this many (fewer calls; the last run may be
-# shorter), looking again after FOLLOW_POLL_S when fewer are final.
-FOLLOW_MIN_ROWS = 64
-FOLLOW_POLL_S = 0.0001
 DECODE_ROW_MULTIPLE = 16  # band edges on iMCU rows (8 or 16 high) when no consumer asks for others
 
 
@@ -57,15 +52,10 @@ class RowConsumer(Protocol):
     before any band starts; then ``write(pixels, row_begin, row_end)`` once per band that decoded
     rows, on that band's thread: ``pixels`` is the whole image, uint8 ``(H, W, 3)``, of which rows
     ``[row_begin, row_end)`` are final. The bands' rows cover the image once.
-
-    ``follows``: instead, the image is decoded in one band on the calling thread (no rows skipped
-    twice) and ``write`` runs on one helper, behind it, on rows as they become final, in order:
-    for work that costs about as much as the decode itself.
     """
 
     multiple: int
     row_work: float
-    follows: bool
 
     def start(self) -> None: ...
 
@@ -172,8 +162,6 @@ class BandDecoder:
         first), whether or not a helper took a band. False when libjpeg refused the file (every
         band has stopped by then; the consumer may have seen some rows)."""
         height, width = pixels.shape[0], pixels.shape[1]
-        if consumer is not None and consumer.follows:
-            return self._decode_followed(data, pixels, consumer)
         helpers = 0
         while helpers < bands - 1 and self._idle.acquire(blocking=False):
             helpers += 1
@@ -200,47 +188,6 @@ class BandDecoder:
                     self._release(1)
             wait(helper_bands)  # never return while a helper still writes into pixels
         return ok and all(band.result() for band in helper_bands if not band.cancelled())
-
-    def _decode_followed(self, data: bytes, pixels: np.ndarray, consumer: RowConsumer) -> bool:
-        """One band on this thread, ``consumer`` behind it on an idle helper (else after it, here)."""
-        height, width = pixels.shape[0], pixels.shape[1]
-        consumer.start()
-        if not self._idle.acquire(blocking=False):
-            ok = decode_rows(data, pixels, 0, height)
-            if ok:
-                consumer.write(pixels, 0, height)
-            return ok
-        regions = np.array([height << 32], np.uint64)  # band 0 owns every row; nobody steals
-        outcome: list[bool] = []  # the decode's, once it has returned
-        follower = self._threads().submit(self._follow, consumer, pixels, regions, outcome)
-        libjpeg = _extension()
-        try:
-            libjpeg.decode_share(data, pixels, width, height, regions, 0, DECODE_ROW_MULTIPLE, height, SKIP_COST, 1.0)
-            outcome.append(True)
-        except libjpeg.JpegError:
-            outcome.append(False)
-        finally:
-            if not outcome:  # an exception of another kind
-                outcome.append(False)
-            follower.result()  # never return while the follower still reads pixels
-        return outcome[0]
-
-    def _follow(self, consumer: RowConsumer, pixels: np.ndarray, regions: np.ndarray, outcome: list[bool]) -> None:
-        """``consumer.write`` on the rows below the decoding band's commit as they become final."""
-        try:
-            libjpeg, height, done = _extension(), pixels.shape[0], 0
-            while done < height:
-                decoded = outcome[0] if outcome else None  # read before the commit: True means every row
-                if decoded is False:
-                    return
-                final = height if decoded else libjpeg.committed(regions, 0) - libjpeg.ROWS_PER_CALL
-                if final - done >= FOLLOW_MIN_ROWS or (decoded and final > done):
-                    consumer.write(pixels, done, final)
-                    done = final
-                elif not decoded:
-                    time.sleep(FOLLOW_POLL_S)
-        finally:
-            self._idle.release()
 
     def _release(self, helpers: int) -> None:
         for _ in range(helpers):

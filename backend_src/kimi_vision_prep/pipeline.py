@@ -35,7 +35,6 @@ from .normalize import (
 )
 from .pillow_io import as_rgb_array
 from .resize import resize
-from .resize_numba import HorizontalRows
 from .tokens import check_image_count, check_patch_budget
 
 # What preprocessing produces per image: normalised float32 ``pixel_values`` (the processor's
@@ -138,34 +137,27 @@ def _result(decoded: DecodedImage, target: TargetSize, output: PixelOutput, pixe
 
 
 class PatchRows:
-    """Work done while a JPEG is decoded in row bands (:mod:`.jpeg_bands`), overlapping the rest of
-    the decode. An image the NaViT rule keeps at its stored size: each band pads, normalises and
-    patchifies its own rows on its own thread right after decoding them, and no parallel kernel
-    wakes numba's threads for it (this object is the :class:`~.jpeg_bands.RowConsumer`). An image
-    it resizes: Pillow's horizontal pass follows the decode on a helper
-    (:class:`~.resize_numba.HorizontalRows`); the vertical pass and the patches come after.
-    :meth:`rows_for` is the decoder's ``rows_for``; after a decode with ``rows_consumed``,
-    :meth:`result` is the image's result (``output`` into ``out`` when given), equal to
-    :func:`preprocess_decoded`'s."""
+    """Patches written band by band while a JPEG is decoded in row bands (a
+    :class:`~.jpeg_bands.RowConsumer`): for an image the NaViT rule keeps at its stored size, each
+    band pads, normalises and patchifies its own rows on its own thread right after decoding them,
+    so the output's write overlaps the rest of the decode, and no parallel kernel wakes numba's
+    threads after it. :meth:`rows_for` is the decoder's ``rows_for``; after a decode with
+    ``rows_consumed``, :attr:`patches` holds the image's ``output`` (into ``out`` when given),
+    equal to :func:`preprocess_decoded`'s."""
 
     def __init__(self, preset: Preset, output: PixelOutput, out: Any) -> None:
-        self.preset, self.output, self.out = preset, output, out
-        self.multiple, self.row_work, self.follows = preset.patch_size, PATCH_ROW_WORK[output], False
+        self.preset, self.out = preset, out
+        self.multiple, self.row_work = preset.patch_size, PATCH_ROW_WORK[output]
         float32 = output == "pixel_values"
         self.table = normalize_table(preset.image_mean, preset.image_std) if float32 else IDENTITY_TABLE
         self.target: TargetSize | None = None
         self.patches: np.ndarray | None = None
-        self.horizontal: HorizontalRows | None = None
 
-    def rows_for(self, width: int, height: int) -> PatchRows | HorizontalRows | None:
-        """The consumer of an RGB image's rows (numpy output), or None."""
-        target = self.target = navit_target_size(width, height, self.preset)
-        if self.out is not None and not isinstance(self.out, np.ndarray):
-            return None
-        if not target.needs_resize:
-            return self
-        self.horizontal = HorizontalRows.for_size(width, height, target.new_width, target.new_height)
-        return self.horizontal
+    def rows_for(self, width: int, height: int) -> PatchRows | None:
+        """This consumer where the image needs no resize (numpy output), else None."""
+        self.target = navit_target_size(width, height, self.preset)
+        numpy_out = self.out is None or isinstance(self.out, np.ndarray)
+        return self if numpy_out and not self.target.needs_resize else None
 
     def start(self) -> None:
         target, p = self.target, self.preset.patch_size
@@ -175,19 +167,6 @@ class PatchRows:
     def write(self, pixels: np.ndarray, row_begin: int, row_end: int) -> None:
         assert self.patches is not None and self.target is not None
         write_patch_rows(pixels, self.table, self.patches, self.target.grid_w, rows=(row_begin, row_end))
-
-    def result(self, decoded: DecodedImage) -> PreprocessResult:
-        """The result of the image decoded with this object's consumer."""
-        target = self.target
-        assert target is not None
-        if self.horizontal is None:
-            return _result(decoded, target, self.output, self.patches)
-        rgb, p = self.horizontal.resized(), self.preset.patch_size
-        if self.output == "pixel_values":
-            pixels = write_patches(rgb, self.table, target.grid_h, target.grid_w, p, out=self.out)
-        else:
-            pixels = patchify(rgb, target.grid_h, target.grid_w, p, out=self.out)
-        return _result(decoded, target, self.output, pixels)
 
 
 def pixel_values_from_patches(pixel_patches: Any, preset: str | Preset = "kimi-k2.5") -> Any:
@@ -216,7 +195,8 @@ def preprocess_bytes(
     with scratch_scope(), decoder.claim():
         decoded = decoder.decode(data, preset, rows_for=patch_rows.rows_for)
         if decoded.rows_consumed:
-            return patch_rows.result(decoded)
+            assert patch_rows.target is not None
+            return _result(decoded, patch_rows.target, output, patch_rows.patches)
         return preprocess_decoded(decoded, preset, output=output, out=out)
 
 

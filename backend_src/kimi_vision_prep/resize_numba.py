@@ -20,7 +20,6 @@ from .resample import (
     PRECISION_BITS,
     ROUNDING_BIAS,
     Resample,
-    bicubic_coefficients,
     bicubic_two_pass,
     check_image,
     nearest_indices,
@@ -173,32 +172,19 @@ def _resample_tile(tile: np.ndarray, bounds: np.ndarray, coef: np.ndarray, resul
             clipped[j] = np.uint8(min(max(acc[j] >> np.int32(PRECISION_BITS), np.int32(0)), np.int32(255)))
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _horizontal_rgb_tile(src: np.ndarray, t: int, bounds: np.ndarray, coef: np.ndarray, out: np.ndarray) -> None:
-    """Tile ``t`` of the horizontal pass: 24 rows transposed to ``(W, 72)`` (see
-    :func:`_resample_tile`), resampled and stored back."""
-    n_rows, width = src.shape[:2]
-    r0 = t * _RGB_TILE_ROWS
-    nr = min(_RGB_TILE_ROWS, n_rows - r0)
-    tile = np.empty((width, _RGB_TILE_LANES), dtype=np.uint8)  # lanes of missing rows are never stored
-    _load_rgb_tile(src, r0, nr, tile)
-    result = np.empty((out.shape[1], _RGB_TILE_LANES), dtype=np.uint8)
-    _resample_tile(tile, bounds, coef, result, _RGB_TILE_LANES)
-    _store_rgb_tile(result, r0, nr, out)
-
-
 @njit(parallel=True, cache=True, nogil=True)
 def _resample_horizontal_rgb(src: np.ndarray, bounds: np.ndarray, coef: np.ndarray, out: np.ndarray) -> None:
-    """Horizontal pass: uint8 C-contiguous ``src (rows, W, 3)`` -> ``out (rows, W_out, 3)``."""
-    for t in prange((src.shape[0] + _RGB_TILE_ROWS - 1) // _RGB_TILE_ROWS):
-        _horizontal_rgb_tile(src, t, bounds, coef, out)
-
-
-@njit(cache=True, nogil=True)
-def _resample_horizontal_rgb_here(src: np.ndarray, bounds: np.ndarray, coef: np.ndarray, out: np.ndarray) -> None:
-    """:func:`_resample_horizontal_rgb` on the calling thread alone (no threading layer entered)."""
-    for t in range((src.shape[0] + _RGB_TILE_ROWS - 1) // _RGB_TILE_ROWS):
-        _horizontal_rgb_tile(src, t, bounds, coef, out)
+    """Horizontal pass: uint8 C-contiguous ``src (rows, W, 3)`` -> ``out (rows, W_out, 3)``, in
+    tiles of 24 rows transposed to ``(W, 72)`` (see :func:`_resample_tile`) and back."""
+    n_rows, width = src.shape[:2]
+    for t in prange((n_rows + _RGB_TILE_ROWS - 1) // _RGB_TILE_ROWS):
+        r0 = t * _RGB_TILE_ROWS
+        nr = min(_RGB_TILE_ROWS, n_rows - r0)
+        tile = np.empty((width, _RGB_TILE_LANES), dtype=np.uint8)  # lanes of missing rows are never stored
+        _load_rgb_tile(src, r0, nr, tile)
+        result = np.empty((out.shape[1], _RGB_TILE_LANES), dtype=np.uint8)
+        _resample_tile(tile, bounds, coef, result, _RGB_TILE_LANES)
+        _store_rgb_tile(result, r0, nr, out)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -326,49 +312,3 @@ def resize_numpy(pixels: np.ndarray, new_width: int, new_height: int, resample: 
     if pixels.shape[2] == 4:
         return unpremultiply_numpy(bicubic_numpy(pixels, new_width, new_height, premultiply=True))
     return bicubic_numpy(pixels, new_width, new_height)
-
-
-class HorizontalRows:
-    """Pillow's horizontal bicubic pass over a JPEG's rows while it decodes: a following
-    :class:`~.jpeg_bands.RowConsumer` (the pass costs about what the decode does, so it runs on a
-    helper behind a one-band decode, on rows as they become final); :meth:`resized` then runs the
-    vertical pass. The rows are those :func:`bicubic_numpy` resamples, by the same kernel, so the
-    result is its result. Only for an RGB resize that Pillow starts horizontally (:meth:`for_size`)."""
-
-    multiple, row_work, follows = 1, 0.0, True
-
-    @classmethod
-    def for_size(cls, width: int, height: int, new_width: int, new_height: int) -> HorizontalRows | None:
-        """The consumer for this resize, or None where Pillow has no horizontal first pass."""
-        if new_width == width or vertical_pass_first(width, height, new_width, new_height):
-            return None
-        return cls(width, height, new_width, new_height)
-
-    def __init__(self, width: int, height: int, new_width: int, new_height: int) -> None:
-        self.height, self.new_height = height, new_height
-        self.bounds_h, self.coef_h = bicubic_coefficients(width, new_width)
-        bounds_v, self.coef_v = bicubic_coefficients(height, new_height)
-        # Only the source rows the vertical pass reads are resampled horizontally.
-        self.row_first, self.row_last = int(bounds_v[0, 0]), int(bounds_v[-1, 0] + bounds_v[-1, 1])
-        self.bounds_v = bounds_v - np.array([self.row_first, 0], dtype=np.int32)
-        self.rows: np.ndarray | None = None
-
-    def start(self) -> None:
-        """The pass's output, uint8 ``(row_last - row_first, new_width, 3)``, from the calling
-        thread's scratch arena."""
-        self.rows = scratch((self.row_last - self.row_first, self.bounds_h.shape[0], 3))
-
-    def write(self, pixels: np.ndarray, row_begin: int, row_end: int) -> None:
-        assert self.rows is not None
-        begin, end = max(row_begin, self.row_first), min(row_end, self.row_last)
-        if end > begin:
-            out = self.rows[begin - self.row_first : end - self.row_first]
-            source, bounds = kernel_input(pixels[begin:end]), kernel_input(self.bounds_h)
-            _resample_horizontal_rgb_here(source, bounds, self.coef_h, out)
-
-    def resized(self) -> np.ndarray:
-        """uint8 ``(new_height, new_width, 3)``: the vertical pass over the rows (parallel)."""
-        assert self.rows is not None
-        if self.new_height == self.height:
-            return self.rows
-        return _vertical_pass_numpy(self.rows, self.bounds_v, self.coef_v)
