@@ -2,12 +2,13 @@
 
     .venv/bin/python benchmarks/bench_processor.py [--preset kimi-k2.5] [--repeats 5] [--out-dir bench_results]
 
-An engine hands the checkpoint processor either PIL images it opened (``Image.open``: the pixels
-are decoded inside the processor call) or encoded bytes. Each photo of ``photos.benchmark_photos``
+An engine hands the checkpoint processor either PIL images it opened (``Image.open``: decoded
+inside the processor call) or encoded bytes. Each photo of ``photos.benchmark_photos``
 is timed four ways in interleaved rounds, each call from a fresh ``Image.open`` / the same bytes:
 the reference (``tests/reference.py``: Pillow convert + BICUBIC resize, numpy normalise and
-patchify) and ``KimiVisionProcessor.preprocess`` on a PIL image (Pillow decodes: the library's
-resize and fused normalise/patchify) and on bytes (the library's decoders too). Every output is
+patchify) and ``KimiVisionProcessor.preprocess`` on a PIL image (a JPEG opened but not loaded
+takes the library's decoders from its file's bytes, another image Pillow's decode; then the
+library's resize and fused normalise/patchify) and on bytes. Every output is
 checked bit-equal to the reference before timing. Prints per-photo medians and the ratios of the
 totals (min and median over rounds); writes ``bench_processor.json`` and ``.png``.
 """
