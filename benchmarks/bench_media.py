@@ -37,7 +37,7 @@ from make_inputs import encode_clip, iter_photo_frames
 from photos import CORPUS, plain_reference
 
 import kimi_vision_prep as kvp
-from kimi_vision_prep.video import probe_video
+from kimi_vision_prep.video_decode import probe_video
 
 
 def median(sample: dict[str, float]) -> float:

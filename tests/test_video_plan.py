@@ -1,4 +1,4 @@
-"""Videos decode only what their sampled frames need (``video.decode_plan``), and stay exact.
+"""Videos decode only what their sampled frames need (``video_decode.decode_plan``), and stay exact.
 
 Every clip here has frames that refer to others (B-frame pyramids, open and short GOPs, a
 variable frame rate, MPEG-4, MPEG-2 and HEVC B-frames); each chunk is compared with
@@ -19,7 +19,8 @@ from make_inputs import planned_clips, video_clips
 from test_media import assert_chunk_equal
 
 import kimi_vision_prep as kvp
-from kimi_vision_prep.video import PLANNED_CODECS, VideoInfo, decode_plan, probe_video, sample_frame_indices
+from kimi_vision_prep.video import sample_frame_indices
+from kimi_vision_prep.video_decode import PLANNED_CODECS, VideoInfo, decode_plan, probe_video
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,7 @@ def test_the_docs_name_the_planned_codecs() -> None:
     names = {"h264": "H.264", "hevc": "HEVC", "mpeg4": "MPEG-4", "mpeg2video": "MPEG-2"}
     listed = ", ".join(names[codec] for codec in sorted(PLANNED_CODECS, key=list(names).index))
     text = " ".join((Path(__file__).parents[1] / "docs" / "media.md").read_text().split())
-    assert f"(`video.PLANNED_CODECS`: {listed})" in text
+    assert f"(`video_decode.PLANNED_CODECS`: {listed})" in text
 
 
 def test_clips_without_a_plan_decode_every_frame() -> None:
