@@ -7,13 +7,16 @@ plus the peer a Triton user would write instead: the plain reference processor i
 bench-only repository. perf_analyzer (from the ``tritonclient==2.41.0`` wheel in its own venv,
 ``make perf-analyzer``) sends the benchmark photos (``photos.benchmark_photos``, ``kimi-prep
 perf-data``), gRPC, at ``--concurrency`` (default 4), with and without system shared memory, to
-each model. In-process: the library on 2 threads producing the same output. Each row is
+each model. In-process: the library's fastest path on the same photos, ``preprocess_batch`` with
+its defaults (every core), producing the same output. Each row is
 ``--rounds`` pairs of one in-process round and one perf_analyzer run, alternating, so that a slow
 spell of a shared host falls on both sides of a ratio (the VM this was built on moved 30-50%
 between minutes); the row reports each pair's ratio, their median and range, and the pair of the
 median ratio in full. A second ratio, in-process CPU ms per image over the server's CPU ms per
 request, says the same where both saturate the host and moves less with another tenant's load
-(it slows a process, it adds less to its CPU time). Triton's statistics of each model the request passes (the
+(it slows a process, it adds less to its CPU time). perf_analyzer shares the host's cores with
+the server: its own CPU ms per request and its share of the cores during its run say how much of
+a gap that is. Triton's statistics of each model the request passes (the
 ensemble and its steps) split the server time into queue / compute_input / compute_infer /
 compute_output per request; ``/proc`` gives the server's CPU ms and minor page faults per request,
 by process (tritonserver, each model's stubs).
@@ -31,11 +34,13 @@ import csv
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -48,7 +53,10 @@ from photos import ROOT, benchmark_photos
 from plots import saved_axes
 
 from kimi_vision_client.cli import perf_input_data
+from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.presets import get_preset
+from kimi_vision_prep import preprocess_batch
+from kimi_vision_prep.pipeline import PixelOutput
 from kimi_vision_server.cli import bench_local
 from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
@@ -207,11 +215,28 @@ def measured_run(  # noqa: PLR0917
     before = {m: model_stats(server.http_url, m) for m in steps}
     pids = server.process_tree()
     usage = process_usage(pids)
+    client_before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     served = run_perf_analyzer(perf_analyzer, server.grpc_url, model, data, concurrency, shm, seconds)
+    client_after, wall_s = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
     after = {m: model_stats(server.http_url, m) for m in steps}
     requests = after[model]["success"][0] - before[model]["success"][0]
     served["steps"] = {m: per_request_ms(before[m], after[m]) for m in steps}
+    # perf_analyzer is this process's only child that ends (the server runs on): its CPU time.
+    client_s = sum(getattr(client_after, f) - getattr(client_before, f) for f in ("ru_utime", "ru_stime"))
+    served["client_cpu_ms"] = 1e3 * client_s / max(requests, 1)
+    served["client_core_share"] = client_s / (wall_s * (os.cpu_count() or 1))
     return served | usage_per_request(usage, process_usage(pids), requests)
+
+
+def batch_round(photos: list[bytes], output: PixelOutput) -> tuple[float, float]:
+    """(images/s, CPU ms per image) of one ``preprocess_batch`` over ``photos`` with the library's
+    defaults (every core): the fastest in-process path, the denominator of every served ratio."""
+    start, cpu_start = time.perf_counter(), time.process_time()
+    results = preprocess_batch(photos, "kimi-k2.5", output=output)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    if any(isinstance(result, PreprocessError) for result in results):
+        raise RuntimeError("a benchmark photo failed in process")
+    return len(photos) / wall, 1e3 * cpu / len(photos)
 
 
 def paired_row(  # noqa: PLR0917
@@ -223,12 +248,14 @@ def paired_row(  # noqa: PLR0917
     options: RenderOptions,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """``args.rounds`` pairs of one in-process round (:func:`bench_local.timed_rounds`, 2 threads)
-    and one :func:`measured_run`, alternating: the pair of the median ratio in full, and each pair's
-    img/s, ratio and CPU ratio (in-process CPU ms per image / server CPU ms per request)."""
+    """``args.rounds`` pairs of one in-process round (:func:`batch_round`) and one
+    :func:`measured_run`, alternating: the pair of the median ratio in full, and each pair's img/s,
+    ratio and CPU ratio (in-process CPU ms per image / server CPU ms per request)."""
+    photos = [im.data for im in images]
+    batch_round(photos, MODELS[model])  # warm-up: the batch threads and their arenas
     pairs = []
     for _ in range(args.rounds):
-        ((local_img_s, local_cpu_ms),) = bench_local.timed_rounds(images, "kimi-k2.5", 2, 1, output=MODELS[model])
+        local_img_s, local_cpu_ms = batch_round(photos, MODELS[model])
         served = measured_run(
             server, args.perf_analyzer, model, data, args.concurrency, shm, args.seconds, chain(model, options)
         )
@@ -237,7 +264,10 @@ def paired_row(  # noqa: PLR0917
         pairs[-1]["cpu_ratio"] = local_cpu_ms / served["server_cpu_ms"]
     ratios = [pair["served_over_in_process"] for pair in pairs]
     median = pairs[ratios.index(statistics.median_low(ratios))]
-    keys = ("inferences_s", "in_process_img_s", "served_over_in_process", "in_process_cpu_ms", "server_cpu_ms")
+    keys = (
+        "inferences_s", "in_process_img_s", "served_over_in_process", "in_process_cpu_ms", "server_cpu_ms",
+        "client_cpu_ms", "client_core_share",
+    )  # fmt: skip
     return median | {
         "cpu_ratio": statistics.median(pair["cpu_ratio"] for pair in pairs),
         "pairs": [{key: pair[key] for key in (*keys, "cpu_ratio")} for pair in pairs],
@@ -278,16 +308,18 @@ def main() -> int:
 
 def print_tables(rows: list[dict[str, Any]]) -> None:
     print(
-        "\n| model | shm | perf_analyzer img/s | in-process img/s | served / in-process: median (each pair) "
-        "| CPU ratio | p50 / p99 ms | server CPU ms / request | in-process CPU ms / image |"
+        "\n| model | shm | perf_analyzer img/s | preprocess_batch img/s | served / in-process: median (each pair) "
+        "| CPU ratio | p50 / p99 ms | server CPU ms / request | in-process CPU ms / image "
+        "| perf_analyzer CPU ms / request (share of the cores) |"
     )
-    print("|---|---|---:|---:|---|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         each = ", ".join(f"{pair['served_over_in_process']:.2f}" for pair in r["pairs"])
         print(
             f"| {r['model']} | {'system' if r['shm'] else 'no'} | {r['inferences_s']:.1f} | "
             f"{r['in_process_img_s']:.1f} | {r['served_over_in_process']:.2f}x ({each}) | {r['cpu_ratio']:.2f}x | "
-            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} | {r['server_cpu_ms']:.1f} | {r['in_process_cpu_ms']:.1f} |"
+            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} | {r['server_cpu_ms']:.1f} | {r['in_process_cpu_ms']:.1f} | "
+            f"{r['client_cpu_ms']:.1f} ({r['client_core_share']:.0%}) |"
         )
     print("\n| model | shm | process | CPU ms / request | minor faults / request |")
     print("|---|---|---|---:|---:|")

@@ -1,23 +1,29 @@
-"""How fast a killed Python-backend stub is noticed and its model serves exactly again.
+"""How fast a killed Python-backend stub is noticed and its model serves exactly again, idle and
+under load.
 
-    .venv/bin/python benchmarks/bench_recovery.py [--rounds 3] [--out-dir bench_results]
+    .venv/bin/python benchmarks/bench_recovery.py [--rounds 3] [--load 4] [--out-dir bench_results]
 
 One embedded server (the checked-in repository, the stub watchdog, a probe port); each round
-kills the stub of ``kimi_k25_decode`` and then of ``kimi_k25_preprocess`` with SIGKILL and
-measures, from the kill: the seconds until ``kimi_k25_vision`` answers every corpus image
-bit-equal to ``preprocess_bytes`` again, and until ``/readyz`` is 200 again. Prints min/median
-per model; writes ``bench_recovery.json`` and ``.png``. tests/test_faults.py checks that recovery
-happens (under load, with the counters); this measures how long it takes.
+kills the stub of ``kimi_k25_decode`` and then of ``kimi_k25_preprocess`` with SIGKILL, first with
+the server idle, then under load (``--load`` client threads sending corpus photos and undecodable
+bytes to ``kimi_k25_vision`` over gRPC without pause), and measures, from the kill: the seconds
+until ``kimi_k25_vision`` answers every corpus image bit-equal to ``preprocess_bytes`` again, and
+until ``/readyz`` is 200 again. The load's requests are counted by outcome: exact, a typed error,
+a wrong answer, or no answer within 60 s (hung). Prints min/median per model and condition; writes
+``bench_recovery.json`` and ``.png``. tests/test_faults.py checks that recovery happens (under
+load, with the counters); this measures how long it takes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import statistics
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -58,6 +64,52 @@ def serves_exactly(url: str, cases: list[tuple[bytes, np.ndarray]]) -> bool:
         client.close()
 
 
+class Load:
+    """``threads`` clients sending a corpus photo, then undecodable bytes, in turn, without pause,
+    each answer checked; ``outcomes`` counts them (``exact``, ``typed_error``, ``wrong``, ``hung``)."""
+
+    def __init__(self, url: str, cases: list[tuple[bytes, np.ndarray]], threads: int) -> None:
+        self.url, self.cases, self.threads = url, cases, threads
+        self.outcomes = {"exact": 0, "typed_error": 0, "wrong": 0, "hung": 0}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._workers = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+
+    def __enter__(self) -> Load:
+        for worker in self._workers:
+            worker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for worker in self._workers:
+            worker.join()
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] += 1
+
+    def _run(self, index: int) -> None:
+        client = grpcclient.InferenceServerClient(self.url)
+        requests = [*self.cases, (b"\xff\xd8 not a JPEG " * 64, None)]
+        turn = index
+        try:
+            while not self._stop.is_set():
+                data, expected = requests[turn % len(requests)]
+                turn += 1
+                tensor = grpcclient.InferInput("IMAGE_BYTES", [1, 1], "BYTES")
+                tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+                try:
+                    result = client.infer(MODEL, [tensor], client_timeout=60)
+                except InferenceServerException as exc:
+                    self._count("hung" if "Deadline" in str(exc) else "typed_error")
+                    continue
+                exact = expected is not None and np.array_equal(result.as_numpy("PIXEL_VALUES")[0], expected)
+                self._count("exact" if exact else "wrong")
+        finally:
+            client.close()
+
+
 def ready(server: EmbeddedServer) -> bool:
     try:
         with urllib.request.urlopen(server.probe_url + "/readyz", timeout=30) as response:
@@ -74,54 +126,70 @@ def seconds_until(condition, started: float) -> float:
     return time.monotonic() - started
 
 
+def kill_and_time(server: EmbeddedServer, model: str, cases: list[tuple[bytes, np.ndarray]]) -> tuple[float, float]:
+    """SIGKILL ``model``'s stub once the server is ready; (seconds until exact again, until ready)."""
+    assert server.process is not None
+    seconds_until(lambda: ready(server), time.monotonic())
+    (stub,) = [s for s in stub_processes(server.process.pid) if s.instance == f"{model}_0_0" and not s.zombie]
+    killed_at = time.monotonic()
+    os.kill(stub.pid, signal.SIGKILL)
+    time.sleep(0.05)  # the stub is gone before the first check
+    exact_s = seconds_until(lambda: serves_exactly(server.grpc_url, cases), killed_at)
+    return exact_s, seconds_until(lambda: ready(server), killed_at)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--load", type=int, default=4, help="client threads of the load (0: idle only)")
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     cases = [((CORPUS / n).read_bytes(), preprocess_bytes((CORPUS / n).read_bytes()).pixel_values) for n in IMAGES]
-    results: dict[str, dict[str, list[float]]] = {m: {"exact_s": [], "ready_s": []} for m in KILLED}
+    conditions = ["idle", *(["under_load"] if args.load else [])]
+    results = {c: {m: {"exact_s": [], "ready_s": []} for m in KILLED} for c in conditions}
+    outcomes: dict[str, int] = {}
     with EmbeddedServer(probe_port=free_port()) as server:
         assert server.process is not None and serves_exactly(server.grpc_url, cases)
-        for _ in range(args.rounds):
-            for model in KILLED:
-                seconds_until(lambda: ready(server), time.monotonic())
-                (stub,) = [
-                    s for s in stub_processes(server.process.pid) if s.instance == f"{model}_0_0" and not s.zombie
-                ]
-                killed_at = time.monotonic()
-                os.kill(stub.pid, signal.SIGKILL)
-                time.sleep(0.05)  # the stub is gone before the first check
-                results[model]["exact_s"].append(
-                    seconds_until(lambda: serves_exactly(server.grpc_url, cases), killed_at)
-                )
-                results[model]["ready_s"].append(seconds_until(lambda: ready(server), killed_at))
-                print(
-                    f"{model}: exact again after {results[model]['exact_s'][-1]:.2f} s, "
-                    f"/readyz 200 after {results[model]['ready_s'][-1]:.2f} s",
-                    flush=True,
-                )
+        for condition in conditions:
+            with contextlib.ExitStack() as stack:
+                load = stack.enter_context(Load(server.grpc_url, cases, args.load)) if condition != "idle" else None
+                for _ in range(args.rounds):
+                    for model in KILLED:
+                        exact_s, ready_s = kill_and_time(server, model, cases)
+                        results[condition][model]["exact_s"].append(exact_s)
+                        results[condition][model]["ready_s"].append(ready_s)
+                        print(f"{condition} {model}: exact after {exact_s:.2f} s, ready after {ready_s:.2f} s")
+            if load is not None:
+                outcomes = load.outcomes
+                print(f"the load's requests: {outcomes}", flush=True)
     summary = {
-        model: {
-            f"{key}_{stat}": fn(values)
-            for key, values in by.items()
-            for stat, fn in (("min", min), ("median", statistics.median))
+        condition: {
+            model: {
+                f"{key}_{stat}": fn(values)
+                for key, values in by.items()
+                for stat, fn in (("min", min), ("median", statistics.median))
+            }
+            for model, by in by_model.items()
         }
-        for model, by in results.items()
+        for condition, by_model in results.items()
     }
-    for model, row in summary.items():
-        print(
-            f"{model:22s} exact again: min {row['exact_s_min']:.2f} s, median {row['exact_s_median']:.2f} s; "
-            f"/readyz: min {row['ready_s_min']:.2f} s, median {row['ready_s_median']:.2f} s"
-        )
+    for condition, by_model in summary.items():
+        for model, row in by_model.items():
+            print(
+                f"{condition:10s} {model:22s} exact again: min {row['exact_s_min']:.2f} s, median "
+                f"{row['exact_s_median']:.2f} s; /readyz: min {row['ready_s_min']:.2f} s, "
+                f"median {row['ready_s_median']:.2f} s"
+            )
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "bench_recovery.json").write_text(
-        json.dumps({"rounds": args.rounds, "cpus": os.cpu_count(), "seconds": results, "summary": summary}, indent=2)
-    )
-    with saved_axes(args.out_dir / "bench_recovery.png", (6, 3.5)) as ax:
+    report = {"rounds": args.rounds, "load_threads": args.load, "cpus": os.cpu_count(), "seconds": results}
+    report |= {"summary": summary, "load_outcomes": outcomes}
+    (args.out_dir / "bench_recovery.json").write_text(json.dumps(report, indent=2))
+    with saved_axes(args.out_dir / "bench_recovery.png", (7, 3.5)) as ax:
         x = np.arange(len(KILLED))
-        ax.bar(x - 0.2, [summary[m]["exact_s_median"] for m in KILLED], 0.4, label=f"{MODEL} exact again")
-        ax.bar(x + 0.2, [summary[m]["ready_s_median"] for m in KILLED], 0.4, label="/readyz 200 again")
+        width = 0.8 / len(conditions)
+        for i, condition in enumerate(conditions):
+            medians = [summary[condition][m]["exact_s_median"] for m in KILLED]
+            ax.bar(x - 0.4 + width * (i + 0.5), medians, width, label=f"exact again, {condition.replace('_', ' ')}")
         ax.set_xticks(x, [f"kill -9 {m}" for m in KILLED])
         ax.set_ylabel(f"seconds after the kill (median of {args.rounds})")
         ax.legend()

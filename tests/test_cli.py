@@ -453,8 +453,7 @@ def test_bench_floor_is_the_one_exact_decoder_that_takes_the_file(corpus: Path) 
 
 
 def test_timed_rounds_gives_each_rounds_rate_and_cpu_per_image(corpus: Path) -> None:
-    """bench_perf_analyzer pairs one such round with each served run: one (img/s, CPU ms per image)
-    per round, after a warm-up round."""
+    """bench-local's threaded rounds: one (img/s, CPU ms per image) per round, after a warm-up round."""
     images = bench_local.bench_images("kimi-k2.5", [(p.name, p.read_bytes()) for p in (corpus / "pil__iptc.jpg",)])
     rounds = bench_local.timed_rounds(images, "kimi-k2.5", 2, 2, output="pixel_patches")
     assert len(rounds) == 2 and all(rate > 0 and cpu_ms > 0 for rate, cpu_ms in rounds)
