@@ -196,9 +196,10 @@ def demux(data: bytes, limits: VideoLimits) -> Demuxed:
         raise
     pts = tuple(packet.pts for packet in packets)
     keyframes = tuple(bool(packet.is_keyframe) for packet in packets)
-    read = reference_reader(stream.codec_context.name, stream.codec_context.extradata)
+    codec = stream.codec_context.name
+    read = reference_reader(codec, stream.codec_context.extradata)
     references = tuple(None if read is None else read(bytes(packet)) for packet in packets)
-    info = VideoInfo(pts, keyframes, references, float(rate), width, height, stream.codec_context.name)
+    info = VideoInfo(pts, keyframes, references, float(rate), width, height, codec)
     return Demuxed(info, container, stream, packets)
 
 
@@ -243,7 +244,7 @@ def every_frame(
 
 
 class _PlanMismatch(Exception):
-    """The decoder did not give a sampled frame where the plan expects it."""
+    """The decoder's frames are not the ones the plan says (one dropped, or one more)."""
 
 
 def planned_frames(
