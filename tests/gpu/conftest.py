@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from gpu_common import CORPUS
@@ -21,10 +20,12 @@ def cuda_device() -> str:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    codec: Any = pytest.importorskip("nvidia.nvimgcodec")
-    index = torch.cuda.current_device()
-    try:
-        codec.Decoder(device_id=index, backends=[codec.Backend(codec.BackendKind.GPU_ONLY)])
+    pytest.importorskip("nvidia.nvimgcodec")
+    from kimi_vision_prep import ImageDecoder
+
+    device = f"cuda:{torch.cuda.current_device()}"
+    try:  # the decoder the library builds (its backends and options): a probe of its own could differ
+        ImageDecoder(device)._make_decoder()
     except Exception as exc:
         pytest.skip(f"nvImageCodec cannot build a CUDA decoder: {type(exc).__name__}: {exc}")
-    return f"cuda:{index}"
+    return device
