@@ -1011,8 +1011,8 @@ def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> Non
         textwrap.dedent(f"""\
         #!{sys.executable}
         import signal, sys, time
-        open({str(tmp_path / "args")!r}, "w").write("\\n".join(sys.argv[1:]))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+        open({str(tmp_path / "args")!r}, "w").write("\\n".join(sys.argv[1:]))
         while True:
             time.sleep(0.05)
     """)

@@ -350,20 +350,30 @@ def _log_to_stderr() -> None:
 
 
 def serve(spec: LaunchSpec) -> int:
-    """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit code."""
+    """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit code.
+
+    The handlers are in place before the server starts: a signal that arrives while it starts
+    is held and forwarded as soon as there is a process to forward it to."""
     _log_to_stderr()
-    with contextlib.ExitStack() as stack:
-        launched = launch(stack, spec)
-        process = launched.process
+    held: list[int] = []
+    started: list[Launched] = []
 
-        def forward(signum: int, _frame: Any) -> None:
-            launched.watchdog.stand_down()  # a shutdown on purpose: its stub exits are no faults
-            process.send_signal(signum)
+    def forward(signum: int, _frame: Any) -> None:
+        if not started:
+            held.append(signum)
+            return
+        started[0].watchdog.stand_down()  # a shutdown on purpose: its stub exits are no faults
+        started[0].process.send_signal(signum)
 
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-        threading.Thread(target=announce_ready, args=(launched, spec.host, sys.stderr), daemon=True).start()
-        try:
-            return process.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with contextlib.ExitStack() as stack:
+            launched = launch(stack, spec)
+            started.append(launched)
+            if held:
+                forward(held[0], None)
+            threading.Thread(target=announce_ready, args=(launched, spec.host, sys.stderr), daemon=True).start()
+            return launched.process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
