@@ -17,13 +17,16 @@ from fakes import torch_cuda
 from fakes.nvimgcodec import BackendKind, FakeNvImgCodec
 from PIL import Image
 
-from kimi_vision_prep import FallbackError, ImageDecoder, get_preset
+from kimi_vision_prep import FallbackError, ImageDecoder, get_preset, preprocess_decoded
 from kimi_vision_prep import decode as decode_module
 
 K25 = get_preset("kimi-k2.5")
 BASELINE_JPEG = "pil__hopper.jpg"
 EXIF_ROTATED_JPEG = "pil__orientation_rectangle.jpg"  # stored 2x1, EXIF orientation 8
 ARITHMETIC_JPEG = "ljt__testimgari.jpg"  # SOF9: nvJPEG has no arithmetic decoding
+RGB_CODED_JPEG = "imagers__rgb.jpg"  # Adobe transform 0: nvJPEG would convert it as YCbCr
+NO_DHT_JPEG = "imagers__mjpeg.jpg"  # MJPEG frame on the default Huffman tables, which nvJPEG refuses
+SOURCE_MODE_JPEG = "imagers__jpg-cmyk-2.jpg"  # K3 resizes CMYK in its own mode, with Pillow
 PNG = "pilx__hopper.png"
 
 
@@ -179,16 +182,23 @@ def test_strict_decoder_raises_instead_of_falling_back(
         ImageDecoder("cuda:0", strict=True).decode(read(corpus, BASELINE_JPEG), K25)
 
 
-def test_arithmetic_coded_jpeg_is_planned_to_pillow_on_cuda_only(
-    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+@pytest.mark.parametrize("name", [ARITHMETIC_JPEG, RGB_CODED_JPEG, NO_DHT_JPEG])
+def test_what_nvjpeg_decodes_otherwise_than_libjpeg_is_planned_to_pillow_on_cuda(
+    name: str, corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
-    data = read(corpus, ARITHMETIC_JPEG)
+    data = read(corpus, name)
     on_cuda = ImageDecoder("cuda:0").decode(data, K25)
 
     assert (on_cuda.decode_path, on_cuda.fallback_reason) == ("pillow", None)
     assert codec.decoders == []
     assert cuda.moves == ["cuda:0"]
+    np.testing.assert_array_equal(on_cuda.pixels.numpy(), pillow_rgb(data))
 
+
+def test_arithmetic_coded_jpeg_is_decoded_by_libjpeg_or_nvimgcodec_on_the_cpu(
+    corpus: Path, codec: FakeNvImgCodec
+) -> None:
+    data = read(corpus, ARITHMETIC_JPEG)
     assert ImageDecoder("cpu").decode(data, K25).decode_path == "libjpeg"  # libjpeg-turbo decodes it
     on_cpu = ImageDecoder("cpu", cpu_routes=("nvimgcodec-cpu",)).decode(data, K25)
 
@@ -196,3 +206,20 @@ def test_arithmetic_coded_jpeg_is_planned_to_pillow_on_cuda_only(
     [cpu_decoder] = codec.decoders
     assert cpu_decoder.backend_kinds == [BackendKind.CPU_ONLY]
     assert cpu_decoder.device_id == codec.NVIMGCODEC_DEVICE_CPU_ONLY
+
+
+def test_a_source_mode_image_is_resized_on_the_host_and_its_pixel_values_land_on_the_device(
+    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
+) -> None:
+    k3 = get_preset("kimi-k3")
+    data = read(corpus, SOURCE_MODE_JPEG)
+    decoded = ImageDecoder("cuda:2").decode(data, k3)
+
+    assert isinstance(decoded.pixels, Image.Image) and decoded.pixels.mode == "CMYK"
+    assert (decoded.device, cuda.moves) == ("cuda:2", [])
+    on_device = preprocess_decoded(decoded, k3)
+
+    assert cuda.moves == ["cuda:2"]  # the resized RGB, once
+    assert isinstance(on_device.pixel_values, torch.Tensor)
+    on_host = preprocess_decoded(ImageDecoder("cpu").decode(data, k3), k3)
+    np.testing.assert_array_equal(on_device.pixel_values.numpy(), on_host.pixel_values)

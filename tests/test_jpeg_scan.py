@@ -3,9 +3,12 @@ its verdict on the entropy-coded data around block edges of that search."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 from make_inputs import jpeg_rgb
+from PIL import Image
 
 from kimi_vision_prep.jpeg_scan import _FF_BLOCK, _next_ff, scan_jpeg
 
@@ -52,3 +55,60 @@ def test_scan_verdicts_do_not_depend_on_where_blocks_fall(offset: int) -> None:
     assert scan_jpeg(with_marker).reason == "unexpected marker"
     with_restart = shifted[:middle] + b"\xff\xd0" + shifted[middle:]
     assert scan_jpeg(with_restart).reason == "bad restart marker sequence"
+
+
+def _segments(data: bytes) -> list[tuple[int, bytes]]:
+    """The marker segments of a JPEG up to its SOS as ``(marker, body)``, then ``(0, rest)``: the SOS onwards."""
+    out, pos = [], 2
+    while data[pos + 1] != 0xDA:
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        out.append((data[pos + 1], data[pos + 4 : pos + 2 + length]))
+        pos += 2 + length
+    return [*out, (0, data[pos:])]
+
+
+def _join(segments: list[tuple[int, bytes]]) -> bytes:
+    out = bytearray(b"\xff\xd8")
+    for marker, body in segments:
+        out += body if marker == 0 else bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body
+    return bytes(out)
+
+
+def _recoded(segments: list[tuple[int, bytes]], *, jfif: bool, adobe: int | None, ids: bytes) -> bytes:
+    """A JPEG from ``segments`` with or without its JFIF APP0, with an Adobe APP14 of transform
+    ``adobe`` (None: none), and its three components (SOF and SOS) numbered ``ids``."""
+    out = [] if adobe is None else [(0xEE, b"Adobe" + bytes([0, 100, 0, 0, 0, 0, adobe]))]
+    for marker, body in segments:
+        if marker == 0xE0 and not jfif:
+            continue
+        numbered = bytearray(body)
+        if marker == 0xC0:  # SOF0: P, Y, X, Nf, then (id, sampling, table) per component
+            numbered[6], numbered[9], numbered[12] = ids
+        elif marker == 0:  # SOS: the marker, length, Ns, then (id, tables) per component
+            numbered[5], numbered[7], numbered[9] = ids
+        out.append((marker, bytes(numbered)))
+    return _join(out)
+
+
+@pytest.mark.parametrize("jfif", [True, False])
+@pytest.mark.parametrize("adobe", [None, 0, 1])
+@pytest.mark.parametrize("ids", [b"\x01\x02\x03", b"RGB"])
+def test_rgb_coded_is_libjpegs_reading_of_the_colour_space(jfif: bool, adobe: int | None, ids: bytes) -> None:
+    """Pillow (libjpeg) decodes each variant; where it converted nothing (RGB-coded), its pixels
+    differ from those of the same stream read as YCbCr."""
+    original = jpeg_rgb(48, 32, subsampling="4:4:4")
+    variant = _recoded(_segments(original), jfif=jfif, adobe=adobe, ids=ids)
+    as_ycbcr = np.asarray(Image.open(io.BytesIO(original)).convert("RGB"))
+    decoded = np.asarray(Image.open(io.BytesIO(variant)).convert("RGB"))
+
+    assert scan_jpeg(variant).clean
+    assert scan_jpeg(variant).rgb_coded == (not np.array_equal(decoded, as_ycbcr))
+    assert scan_jpeg(variant).nvjpeg_decodable == (not scan_jpeg(variant).rgb_coded)
+
+
+def test_a_stream_without_huffman_tables_is_noted_and_not_for_nvjpeg() -> None:
+    original = jpeg_rgb(48, 32)
+    without = _join([(m, b) for m, b in _segments(original) if m != 0xC4])
+
+    assert (scan_jpeg(original).huffman_tables, scan_jpeg(original).nvjpeg_decodable) == (True, True)
+    assert (scan_jpeg(without).huffman_tables, scan_jpeg(without).nvjpeg_decodable) == (False, False)

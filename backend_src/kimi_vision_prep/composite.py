@@ -24,6 +24,10 @@ def _board_rows(width: int, square: int, light: int, dark: int) -> tuple[np.ndar
     return even, odd
 
 
+# ``A / 255`` for every alpha, float32, rounded as numpy's true division rounds it.
+ALPHA_FRACTIONS = np.arange(256, dtype=np.float32) / np.float32(255.0)
+
+
 def chessboard(height: int, width: int, preset: Preset) -> np.ndarray:
     """uint8 ``(H, W)``: ``light`` where ``(y // square + x // square)`` is even, else ``dark``."""
     even, odd = _board_rows(width, preset.chessboard_square, preset.chessboard_light, preset.chessboard_dark)
@@ -42,7 +46,7 @@ def composite_on_chessboard(rgba: Any, preset: Preset) -> Any:
 def composite_numpy(rgba: np.ndarray, preset: Preset) -> np.ndarray:
     """:func:`composite_on_chessboard` for numpy."""
     board = chessboard(rgba.shape[0], rgba.shape[1], preset)[:, :, None]
-    a = rgba[:, :, 3:4].astype(np.float32) / np.float32(255.0)
+    a = ALPHA_FRACTIONS[rgba[:, :, 3:4]]
     out = a * rgba[:, :, :3] + (np.float32(1.0) - a) * board
     return out.astype(np.uint8)
 
@@ -53,6 +57,8 @@ def composite_torch(rgba: torch.Tensor, preset: Preset) -> torch.Tensor:
     import torch
 
     board = torch.from_numpy(chessboard(rgba.shape[0], rgba.shape[1], preset)).to(rgba.device)[:, :, None]
-    a = rgba[:, :, 3:4].to(torch.float32) / 255.0
+    # A / 255 from numpy's table: CUDA divides by a scalar as a multiply by its reciprocal, which
+    # rounds some alphas differently from numpy's true division.
+    a = torch.from_numpy(ALPHA_FRACTIONS).to(rgba.device)[rgba[:, :, 3:4].long()]
     out = a * rgba[:, :, :3].to(torch.float32) + (1.0 - a) * board.to(torch.float32)
     return out.to(torch.uint8)

@@ -56,6 +56,7 @@ from .decode_routes import (
     Plan,
     RowsFor,
     available_routes,
+    host_to_device,
     import_nvimgcodec,
 )
 from .extras import require_torch
@@ -169,6 +170,11 @@ class ImageDecoder:
         return self.cpu_decode_threads or os.cpu_count() or 1
 
     @property
+    def torch_device(self) -> str:
+        """Where this decoder's pixels live: ``"cpu"`` or ``"cuda:N"``."""
+        return "cpu" if self.device_kind == "cpu" else f"cuda:{self.device_index}"
+
+    @property
     def fast_path(self) -> DecodePath:
         return "nvimgcodec-cuda" if self.device_kind == "cuda" else "nvimgcodec-cpu"
 
@@ -220,8 +226,8 @@ class ImageDecoder:
             scan is not None
             and image.mode in ("L", "RGB")
             and scan.fast_decodable
-            # nvJPEG has no arithmetic decoding: planned to Pillow on the GPU.
-            and not (self.device_kind == "cuda" and scan.sof_marker in (0xC9, 0xCA))
+            # What nvJPEG would decode otherwise than libjpeg is planned to Pillow on the GPU.
+            and (self.device_kind == "cpu" or scan.nvjpeg_decodable)
             and (scan.width, scan.height) == image.size
         )
         return Plan(data, image, scan, fast)
@@ -271,7 +277,9 @@ class ImageDecoder:
             if pixels is None or tuple(pixels.shape) != (plan.image.height, plan.image.width, 3):
                 plan.fallback_reason = "nvImageCodec returned no image"
                 continue
-            plan.result = DecodedImage(pixels, plan.image.width, plan.image.height, "bicubic", self.fast_path)
+            plan.result = DecodedImage(
+                pixels, plan.image.width, plan.image.height, "bicubic", self.fast_path, device=self.torch_device
+            )
 
     def _threads(self) -> ThreadPoolExecutor:
         """This decoder's CPU threads (``cpu_workers``), made on first use: the JPEGs of a batch,
@@ -321,13 +329,19 @@ class ImageDecoder:
         pixels, resample = pillow_pixels(plan.image, preset)
         if plan.fallback_reason is not None and self.strict:
             raise FallbackError(f"planned {self.fast_path} decode failed ({plan.fallback_reason}) and strict=True")
+        # A source-mode Pillow image stays on the host (only Pillow can resize it): the resize
+        # step moves its result to ``device``.
         if self.device_kind == "cuda" and isinstance(pixels, np.ndarray):
-            import torch
-
-            # Pillow's arrays are read-only views; torch wants a writable host buffer to upload.
-            # (A source-mode Pillow image stays on the host: only Pillow can resize it.)
-            pixels = torch.from_numpy(np.require(pixels, requirements=["C", "W"])).to(f"cuda:{self.device_index}")
-        return DecodedImage(pixels, plan.image.width, plan.image.height, resample, "pillow", plan.fallback_reason)
+            pixels = host_to_device(pixels, self.torch_device)
+        return DecodedImage(
+            pixels,
+            plan.image.width,
+            plan.image.height,
+            resample,
+            "pillow",
+            plan.fallback_reason,
+            device=self.torch_device,
+        )
 
     # -- public API ---------------------------------------------------------------------------
 

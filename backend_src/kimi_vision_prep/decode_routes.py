@@ -50,6 +50,8 @@ class DecodedImage:
     pixels have. ``resample``: the filter the reference resizes this source with.
     ``rows_consumed``: the caller's row consumer (:meth:`ImageDecoder.decode`) took every row as
     it was decoded; the pixels are whole all the same.
+    ``device``: the decoder's device (``"cpu"``, ``"cuda:N"``); a source-mode image that only Pillow
+    can resize is resized on the host and its result moved there.
     """
 
     pixels: Any
@@ -59,6 +61,15 @@ class DecodedImage:
     decode_path: DecodePath
     fallback_reason: str | None = None
     rows_consumed: bool = False
+    device: str = "cpu"
+
+
+def host_to_device(pixels: np.ndarray, device: str) -> Any:
+    """uint8 ``pixels`` copied to a torch tensor on ``device`` (``"cuda:N"``), same shape."""
+    import torch
+
+    # Pillow's arrays are read-only views; torch wants a writable host buffer to upload.
+    return torch.from_numpy(np.require(pixels, requirements=["C", "W"])).to(device)
 
 
 @dataclass

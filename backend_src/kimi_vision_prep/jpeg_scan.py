@@ -78,11 +78,17 @@ def _next_ff(buf: np.ndarray, pos: int) -> int:
     return np.int64(at)
 
 
+# What _scan notes in its ``facts`` array (int64), by index.
+_SAW_JFIF, _ADOBE_TRANSFORM, _RGB_COMPONENT_IDS, _SAW_DHT = range(4)
+
+
 @njit(cache=True, nogil=True)
-def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
+def _scan(buf: np.ndarray, facts: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
     """Walk the marker structure of ``buf`` (uint8).
 
-    Returns ``(code, sof_marker, precision, height, width, components, scans)``.
+    Returns ``(code, sof_marker, precision, height, width, components, scans)``; notes in ``facts``
+    (int64, 4) what sets the colour space and tables: a JFIF APP0, the Adobe APP14's transform
+    plus one (0: none), component IDs ``R, G, B``, a DHT before the first scan.
     """
     n = buf.shape[0]
     sof = -1
@@ -132,6 +138,18 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
             height = (np.int64(buf[body + 1]) << 8) | np.int64(buf[body + 2])
             width = (np.int64(buf[body + 3]) << 8) | np.int64(buf[body + 4])
             comps = buf[body + 5]
+            if comps == 3 and length >= 17 and buf[body + 6] == 82 and buf[body + 9] == 71 and buf[body + 12] == 66:
+                facts[_RGB_COMPONENT_IDS] = 1
+        elif marker == 0xE0 and length >= 7:  # APP0: JFIF?
+            if buf[body] == 74 and buf[body + 1] == 70 and buf[body + 2] == 73 and buf[body + 3] == 70:
+                if buf[body + 4] == 0:
+                    facts[_SAW_JFIF] = 1
+        elif marker == 0xEE and length >= 14:  # APP14: Adobe, its colour transform in the last byte
+            if buf[body] == 65 and buf[body + 1] == 100 and buf[body + 2] == 111 and buf[body + 3] == 98:
+                facts[_ADOBE_TRANSFORM] = np.int64(buf[body + 11]) + 1
+        elif marker == 0xC4:
+            if scans == 0:
+                facts[_SAW_DHT] = 1
         elif marker == 0xDD:  # DRI
             if length < 4:
                 return SEGMENT_PAST_END, sof, precision, height, width, comps, scans
@@ -178,7 +196,7 @@ def _scan(buf: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
                 break
             continue
         elif not (
-            marker in {196, 219, 204, 254} or 224 <= marker <= 239
+            marker in {219, 204, 254} or 224 <= marker <= 239
         ):
             return UNEXPECTED_MARKER, sof, precision, height, width, comps, scans
         pos += length
@@ -195,6 +213,8 @@ class JpegScan:
     height: int
     components: int
     scans: int
+    rgb_coded: bool = False  # 3 components coded as RGB, not YCbCr (libjpeg's rule, :func:`_rgb_coded`)
+    huffman_tables: bool = True  # a DHT before the first scan (MJPEG frames rely on the default tables)
 
     @property
     def clean(self) -> bool:
@@ -206,6 +226,13 @@ class JpegScan:
         below the top skips the IDCT and colour work of the rows above it (:mod:`.jpeg_bands`).
         A progressive or multi-scan stream is entropy-decoded whole before the first row."""
         return self.scans == 1 and self.sof_marker not in (0xC2, 0xCA)
+
+    @property
+    def nvjpeg_decodable(self) -> bool:
+        """What nvJPEG decodes as libjpeg does, given :attr:`fast_decodable`: Huffman-coded (it has
+        no arithmetic decoder), with tables of its own (it refuses MJPEG's implied ones), grey or
+        YCbCr (it converts an RGB-coded frame as YCbCr)."""
+        return self.sof_marker not in (0xC9, 0xCA) and self.huffman_tables and not self.rgb_coded
 
     @property
     def fast_decodable(self) -> bool:
@@ -222,5 +249,26 @@ class JpegScan:
 
 def scan_jpeg(data: bytes) -> JpegScan:
     """Scan a JPEG byte string; never raises on malformed data."""
-    code, sof, precision, height, width, comps, scans = _scan(np.frombuffer(data, dtype=np.uint8))
-    return JpegScan(SCAN_REASONS[code], int(sof), int(precision), int(width), int(height), int(comps), int(scans))
+    facts = np.zeros(4, dtype=np.int64)
+    code, sof, precision, height, width, comps, scans = _scan(np.frombuffer(data, dtype=np.uint8), facts)
+    return JpegScan(
+        SCAN_REASONS[code],
+        int(sof),
+        int(precision),
+        int(width),
+        int(height),
+        int(comps),
+        int(scans),
+        rgb_coded=int(comps) == 3 and _rgb_coded(facts),
+        huffman_tables=bool(facts[_SAW_DHT]),
+    )
+
+
+def _rgb_coded(facts: np.ndarray) -> bool:
+    """libjpeg's guess of a 3-component frame's colour space (``default_decompress_parms``): a
+    JFIF APP0 means YCbCr; else an Adobe APP14's transform (0: RGB); else IDs ``R, G, B`` mean RGB."""
+    if facts[_SAW_JFIF]:
+        return False
+    if facts[_ADOBE_TRANSFORM]:
+        return facts[_ADOBE_TRANSFORM] == 1
+    return bool(facts[_RGB_COMPONENT_IDS])

@@ -24,6 +24,7 @@ from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST, NUM_TOKENS_D
 from .buffers import scratch_scope
 from .composite import composite_on_chessboard
 from .decode import DecodedImage, ImageDecoder, default_decoder
+from .decode_routes import host_to_device
 from .normalize import (
     IDENTITY_TABLE,
     concatenate_patches,
@@ -78,6 +79,8 @@ def resize_to_target(decoded: DecodedImage, target: TargetSize, preset: Preset) 
     """Resized RGB uint8 ``(new_h, new_w, 3)`` (numpy or torch), alpha composited onto the
     chessboard (RGBA appears only under chessboard presets)."""
     pixels = as_rgb_array(resize(decoded.pixels, target.new_width, target.new_height, decoded.resample))
+    if decoded.device != "cpu" and isinstance(pixels, np.ndarray):  # a source-mode image, resized by Pillow
+        pixels = host_to_device(pixels, decoded.device)
     if tuple(pixels.shape[:2]) != (target.new_height, target.new_width):
         raise AssertionError(f"resize produced {tuple(pixels.shape)}, expected {target.new_height}x{target.new_width}")
     return composite_on_chessboard(pixels, preset) if pixels.shape[2] == 4 else pixels

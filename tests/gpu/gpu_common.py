@@ -70,6 +70,15 @@ def pixel_diff(actual: np.ndarray, expected: np.ndarray) -> PixelDiff:
     return PixelDiff(float(diff.mean()), int(diff.max()))
 
 
+def decoded_on_host(decoded: Any) -> Any:
+    """A :class:`~kimi_vision_prep.DecodedImage` with the same pixels on the host, numpy (a
+    source-mode Pillow image, which only Pillow resizes, is there already)."""
+    import dataclasses
+
+    pixels = decoded.pixels if isinstance(decoded.pixels, Image.Image) else decoded.pixels.cpu().numpy()
+    return dataclasses.replace(decoded, pixels=pixels, device="cpu")
+
+
 def torch_antialias(tensor: Any, width: int, height: int) -> Any:
     """``interpolate(bicubic, antialias=True)`` rounded to uint8: the common torch route, close to
     Pillow but not equal (spec section 6); measured for comparison only."""

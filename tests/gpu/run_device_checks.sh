@@ -93,7 +93,7 @@ timeout 60 "$PY" -c 'import PIL, nvidia.nvimgcodec as c; print("pillow", PIL.__v
 
 echo "== pytest tests/gpu"
 # --confcutdir: only tests/gpu/conftest.py (the suite's top conftest may import what is not here).
-timeout 180 "$PY" -m pytest tests/gpu -q -ra -p no:cacheprovider --confcutdir=tests/gpu --maxfail=25 \
+timeout 180 "$PY" -m pytest tests/gpu -q -ra -p no:cacheprovider --confcutdir=tests/gpu --maxfail=200 \
     --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 

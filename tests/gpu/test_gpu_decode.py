@@ -9,7 +9,6 @@ max up to 75 on this corpus (spec section 2). ``gpu_report.py`` records the meas
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gpu_common import CORPUS, LARGE_CLEAN_JPEG, CorpusFile, accepted_files, pillow_resize, pillow_rgb, pixel_diff
+from gpu_common import (
+    CORPUS,
+    LARGE_CLEAN_JPEG,
+    CorpusFile,
+    accepted_files,
+    decoded_on_host,
+    pillow_resize,
+    pillow_rgb,
+    pixel_diff,
+)
+from PIL import Image
 
 from kimi_vision_prep import (
     DecodedImage,
@@ -28,6 +37,7 @@ from kimi_vision_prep import (
     pixel_values_from_patches,
     preprocess_decoded,
 )
+from kimi_vision_prep.jpeg_scan import scan_jpeg
 from kimi_vision_prep.resize import resize
 
 if not torch.cuda.is_available():
@@ -41,6 +51,15 @@ PRESETS = [get_preset("kimi-k2.5"), get_preset("kimi-k3")]
 ACCEPTED = accepted_files(CORPUS)
 JPEGS = [f for f in ACCEPTED if f.is_jpeg]
 CPU_DECODER = ImageDecoder("cpu", strict=True)  # the plan and the pixels the CUDA path must follow
+
+
+def libjpeg_warns(item: CorpusFile) -> bool:
+    """libjpeg decodes ``item`` only with a warning (damaged entropy-coded data it conceals): the
+    CPU's strict libjpeg route refuses it and nvImageCodec's CPU backend (libjpeg) decodes it."""
+    return CPU_DECODER.decode((CORPUS / item.name).read_bytes(), PRESETS[0]).decode_path == "nvimgcodec-cpu"
+
+
+DAMAGED = [f for f in JPEGS if libjpeg_warns(f)]
 SMALL_JPEG = "pil__hopper.jpg"
 
 
@@ -64,10 +83,6 @@ def lenient_cuda_decoder(cuda_device: str) -> ImageDecoder:
     return ImageDecoder(cuda_device)
 
 
-def on_cpu(decoded: DecodedImage) -> DecodedImage:
-    return dataclasses.replace(decoded, pixels=decoded.pixels.cpu().numpy())
-
-
 def assert_on_device(pixels: object, device: str) -> None:
     assert isinstance(pixels, torch.Tensor)
     assert pixels.device == torch.device(device)
@@ -75,7 +90,7 @@ def assert_on_device(pixels: object, device: str) -> None:
 
 
 @pytest.mark.parametrize("preset", by_preset())
-@pytest.mark.parametrize("item", by_name(ACCEPTED))
+@pytest.mark.parametrize("item", by_name([f for f in ACCEPTED if f not in DAMAGED]))
 def test_decode_on_cuda_follows_the_cpu_plan_and_pillow(
     item: CorpusFile,
     preset: Preset,
@@ -87,10 +102,18 @@ def test_decode_on_cuda_follows_the_cpu_plan_and_pillow(
     on_gpu = cuda_decoder.decode(data, preset)
     reference = CPU_DECODER.decode(data, preset)
 
+    assert on_gpu.device == cuda_decoder.torch_device
+    record_property("decode_path", on_gpu.decode_path)
+    if isinstance(reference.pixels, Image.Image):  # a source mode only Pillow resizes: on the host
+        assert on_gpu.decode_path == "pillow"
+        assert isinstance(on_gpu.pixels, Image.Image)
+        assert (on_gpu.pixels.mode, on_gpu.pixels.tobytes()) == (reference.pixels.mode, reference.pixels.tobytes())
+        return
     assert_on_device(on_gpu.pixels, cuda_decoder.device)
     assert (on_gpu.width, on_gpu.height, on_gpu.resample) == (reference.width, reference.height, reference.resample)
     assert on_gpu.fallback_reason is None
-    planned_fast = reference.decode_path != "pillow" and not item.is_arithmetic  # a fast CPU route: the GPU's
+    # A fast CPU route is the GPU's too, but for what nvJPEG decodes otherwise than libjpeg.
+    planned_fast = reference.decode_path != "pillow" and scan_jpeg(data).nvjpeg_decodable
     if not planned_fast:
         assert on_gpu.decode_path == "pillow"
         np.testing.assert_array_equal(on_gpu.pixels.cpu().numpy(), reference.pixels)
@@ -103,6 +126,27 @@ def test_decode_on_cuda_follows_the_cpu_plan_and_pillow(
     assert diff.max_abs <= MAX_ABS_DIFF_BOUND
 
 
+@pytest.mark.parametrize("item", by_name(DAMAGED))
+def test_damaged_streams_decode_on_cuda_or_fall_back_to_pillow_with_a_reason(
+    item: CorpusFile, gpu_corpus: Path, lenient_cuda_decoder: ImageDecoder, record_property: pytest.RecordProperty
+) -> None:
+    """nvJPEG conceals damaged entropy-coded data otherwise than libjpeg (or refuses it), and only
+    an entropy decode shows the damage: the GPU's pixels are its own (recorded), or Pillow's with
+    the fallback counted."""
+    data = (gpu_corpus / item.name).read_bytes()
+    on_gpu = lenient_cuda_decoder.decode(data, PRESETS[0])
+
+    assert_on_device(on_gpu.pixels, lenient_cuda_decoder.device)
+    diff = pixel_diff(on_gpu.pixels.cpu().numpy(), pillow_rgb(data))
+    record_property("decode_path", on_gpu.decode_path)
+    record_property("mean_abs_diff", diff.mean_abs)
+    if on_gpu.decode_path == "pillow":
+        assert on_gpu.fallback_reason == "nvImageCodec returned no image"
+        assert diff.exact
+    else:
+        assert on_gpu.decode_path == "nvimgcodec-cuda"
+
+
 @pytest.mark.parametrize("preset", by_preset())
 @pytest.mark.parametrize("item", by_name(ACCEPTED))
 def test_preprocess_on_cuda_equals_the_cpu_pipeline_on_the_same_pixels(
@@ -110,7 +154,7 @@ def test_preprocess_on_cuda_equals_the_cpu_pipeline_on_the_same_pixels(
 ) -> None:
     decoded = lenient_cuda_decoder.decode((gpu_corpus / item.name).read_bytes(), preset)
     on_gpu = preprocess_decoded(decoded, preset)
-    on_host = preprocess_decoded(on_cpu(decoded), preset)
+    on_host = preprocess_decoded(decoded_on_host(decoded), preset)
 
     assert isinstance(on_gpu.pixel_values, torch.Tensor)
     assert on_gpu.pixel_values.device == torch.device(cuda_device)
@@ -128,7 +172,7 @@ def test_uint8_patches_on_cuda_expand_to_the_cpu_pixel_values(
     the host's fused float32 pass on the same pixels."""
     decoded = lenient_cuda_decoder.decode((gpu_corpus / item.name).read_bytes(), preset)
     patches = preprocess_decoded(decoded, preset, output="pixel_patches").pixel_patches
-    on_host = preprocess_decoded(on_cpu(decoded), preset)
+    on_host = preprocess_decoded(decoded_on_host(decoded), preset)
 
     assert isinstance(patches, torch.Tensor) and patches.device == torch.device(cuda_device)
     assert patches.dtype == torch.uint8 and patches.is_contiguous()
@@ -183,7 +227,7 @@ def test_decoded_tensor_outlives_the_nvimgcodec_image(gpu_corpus: Path, cuda_dec
 def test_batch_decode_keeps_order_and_errors_per_item(
     gpu_corpus: Path, cuda_device: str, lenient_cuda_decoder: ImageDecoder
 ) -> None:
-    items = [(gpu_corpus / f.name).read_bytes() for f in JPEGS]
+    items = [(gpu_corpus / f.name).read_bytes() for f in JPEGS if f not in DAMAGED]
     results = lenient_cuda_decoder.decode_batch([*items[:3], b"not an image", *items[3:]], PRESETS[0])
 
     assert isinstance(results[3], InvalidImageError)
