@@ -26,6 +26,7 @@ EXIF_ROTATED_JPEG = "pil__orientation_rectangle.jpg"  # stored 2x1, EXIF orienta
 ARITHMETIC_JPEG = "ljt__testimgari.jpg"  # SOF9: nvJPEG has no arithmetic decoding
 RGB_CODED_JPEG = "imagers__rgb.jpg"  # Adobe transform 0: nvJPEG would convert it as YCbCr
 NO_DHT_JPEG = "imagers__mjpeg.jpg"  # MJPEG frame on the default Huffman tables, which nvJPEG refuses
+DC_ONLY_JPEG = "imagers__progressive-missing-ac.jpg"  # progressive, DC scans only: nvJPEG refuses it
 SOURCE_MODE_JPEG = "imagers__jpg-cmyk-2.jpg"  # K3 resizes CMYK in its own mode, with Pillow
 PNG = "pilx__hopper.png"
 
@@ -182,7 +183,7 @@ def test_strict_decoder_raises_instead_of_falling_back(
         ImageDecoder("cuda:0", strict=True).decode(read(corpus, BASELINE_JPEG), K25)
 
 
-@pytest.mark.parametrize("name", [ARITHMETIC_JPEG, RGB_CODED_JPEG, NO_DHT_JPEG])
+@pytest.mark.parametrize("name", [ARITHMETIC_JPEG, RGB_CODED_JPEG, NO_DHT_JPEG, DC_ONLY_JPEG])
 def test_what_nvjpeg_decodes_otherwise_than_libjpeg_is_planned_to_pillow_on_cuda(
     name: str, corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:

@@ -4,6 +4,7 @@ its verdict on the entropy-coded data around block edges of that search."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +113,10 @@ def test_a_stream_without_huffman_tables_is_noted_and_not_for_nvjpeg() -> None:
 
     assert (scan_jpeg(original).huffman_tables, scan_jpeg(original).nvjpeg_decodable) == (True, True)
     assert (scan_jpeg(without).huffman_tables, scan_jpeg(without).nvjpeg_decodable) == (False, False)
+
+
+def test_a_progressive_stream_of_dc_scans_only_is_not_for_nvjpeg(corpus: Path) -> None:
+    assert scan_jpeg(jpeg_rgb(48, 32, progressive=True)).ac_coded
+    dc_only = scan_jpeg((corpus / "imagers__progressive-missing-ac.jpg").read_bytes())
+
+    assert (dc_only.clean, dc_only.ac_coded, dc_only.nvjpeg_decodable) == (True, False, False)

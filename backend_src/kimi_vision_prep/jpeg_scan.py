@@ -79,7 +79,7 @@ def _next_ff(buf: np.ndarray, pos: int) -> int:
 
 
 # What _scan notes in its ``facts`` array (int64), by index.
-_SAW_JFIF, _ADOBE_TRANSFORM, _RGB_COMPONENT_IDS, _SAW_DHT = range(4)
+_SAW_JFIF, _ADOBE_TRANSFORM, _RGB_COMPONENT_IDS, _SAW_DHT, _LAST_COEFFICIENT = range(5)
 
 
 @njit(cache=True, nogil=True)
@@ -87,8 +87,9 @@ def _scan(buf: np.ndarray, facts: np.ndarray) -> tuple[int, int, int, int, int, 
     """Walk the marker structure of ``buf`` (uint8).
 
     Returns ``(code, sof_marker, precision, height, width, components, scans)``; notes in ``facts``
-    (int64, 4) what sets the colour space and tables: a JFIF APP0, the Adobe APP14's transform
-    plus one (0: none), component IDs ``R, G, B``, a DHT before the first scan.
+    (int64, 5) what sets the colour space and tables: a JFIF APP0, the Adobe APP14's transform
+    plus one (0: none), component IDs ``R, G, B``, a DHT before the first scan; and the last
+    coefficient any scan codes (its ``Se``).
     """
     n = buf.shape[0]
     sof = -1
@@ -163,6 +164,9 @@ def _scan(buf: np.ndarray, facts: np.ndarray) -> tuple[int, int, int, int, int, 
             # SOS is a fatal error (JERR_EOI_EXPECTED) that Pillow reports and nvImageCodec ignores.
             if scans == 0:
                 first_scan_components = buf[body]
+            spectral_end = body + 2 + 2 * np.int64(buf[body])  # Se, after Ns and its component pairs
+            if spectral_end < n:
+                facts[_LAST_COEFFICIENT] = max(facts[_LAST_COEFFICIENT], np.int64(buf[spectral_end]))
             elif sof not in (0xC2, 0xCA) and first_scan_components == comps:
                 return SECOND_SCAN, sof, precision, height, width, comps, scans
             pos += length
@@ -215,6 +219,7 @@ class JpegScan:
     scans: int
     rgb_coded: bool = False  # 3 components coded as RGB, not YCbCr (libjpeg's rule, :func:`_rgb_coded`)
     huffman_tables: bool = True  # a DHT before the first scan (MJPEG frames rely on the default tables)
+    ac_coded: bool = True  # some scan codes AC coefficients (a progressive stream may stop at DC)
 
     @property
     def clean(self) -> bool:
@@ -231,8 +236,11 @@ class JpegScan:
     def nvjpeg_decodable(self) -> bool:
         """What nvJPEG decodes as libjpeg does, given :attr:`fast_decodable`: Huffman-coded (it has
         no arithmetic decoder), with tables of its own (it refuses MJPEG's implied ones), grey or
-        YCbCr (it converts an RGB-coded frame as YCbCr)."""
-        return self.sof_marker not in (0xC9, 0xCA) and self.huffman_tables and not self.rgb_coded
+        YCbCr (it converts an RGB-coded frame as YCbCr), with AC coefficients (it refuses a
+        progressive stream of DC scans only)."""
+        return (
+            self.sof_marker not in (0xC9, 0xCA) and self.huffman_tables and not self.rgb_coded and self.ac_coded
+        )
 
     @property
     def fast_decodable(self) -> bool:
@@ -249,7 +257,7 @@ class JpegScan:
 
 def scan_jpeg(data: bytes) -> JpegScan:
     """Scan a JPEG byte string; never raises on malformed data."""
-    facts = np.zeros(4, dtype=np.int64)
+    facts = np.zeros(5, dtype=np.int64)
     code, sof, precision, height, width, comps, scans = _scan(np.frombuffer(data, dtype=np.uint8), facts)
     return JpegScan(
         SCAN_REASONS[code],
@@ -261,6 +269,7 @@ def scan_jpeg(data: bytes) -> JpegScan:
         int(scans),
         rgb_coded=int(comps) == 3 and _rgb_coded(facts),
         huffman_tables=bool(facts[_SAW_DHT]),
+        ac_coded=bool(facts[_LAST_COEFFICIENT] > 0),
     )
 
 
