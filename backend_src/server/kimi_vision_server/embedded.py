@@ -42,7 +42,8 @@ class EmbeddedServer:
     a model selection), else ``model_repository`` (default: the checked-in one) as it is. The server's log goes to
     ``log_path`` (kept), else into a temp dir (removed by :meth:`stop`). Ready means
     ``/v2/health/ready`` and every model of the repository ready. ``probe_port`` serves the
-    watchdog's probes (``probe_url``).
+    watchdog's probes (``probe_url``). ``response_cache_bytes``: Triton's response cache (0, the
+    default here: none, so that a test or benchmark repeating a request measures the models).
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class EmbeddedServer:
         host: str = LOOPBACK_HOST,
         admin_key: str | None = None,
         open_apis: Sequence[str] = (),
+        response_cache_bytes: int = 0,
     ) -> None:
         self.model_repository = model_repository
         self.render = render
@@ -70,6 +72,7 @@ class EmbeddedServer:
         self.host = host
         self.admin_key = admin_key
         self.open_apis = tuple(open_apis)
+        self.response_cache_bytes = response_cache_bytes
         self.startup_timeout_s = startup_timeout_s
         self._kept_log_path = Path(log_path) if log_path is not None else None
         self.log_path: Path | None = self._kept_log_path
@@ -147,7 +150,7 @@ class EmbeddedServer:
             log_file = self._stack.enter_context(self.log_path.open("wb"))
             spec = LaunchSpec(
                 self.ports, self.model_repository, self.render, self.models, self.extra_args, log_file,
-                self.host, self.admin_key, self.open_apis,
+                self.host, self.admin_key, self.open_apis, response_cache_bytes=self.response_cache_bytes,
             )  # fmt: skip
             self.launched = launch(self._stack, spec)
             self.shm_prefix = self.launched.shm_prefix

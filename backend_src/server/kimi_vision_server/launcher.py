@@ -33,10 +33,11 @@ from typing import IO, Any
 
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 
-from .access import LOOPBACK_HOST, AccessPolicy, access_args, generated_key, redacted, write_key_file
+from .access import LOOPBACK_HOST, AccessPolicy, access_args, generated_key, is_loopback, redacted, write_key_file
 from .allocator import describe_server_allocator
 from .host import cuda_device_count
 from .probes import ProbeServer
+from .render_blocks import SERVING_DEFAULTS
 from .repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
 from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver, patchify_library
@@ -99,8 +100,18 @@ class LaunchSpec:
     admin_key: str | None = None
     open_apis: tuple[str, ...] = ()
     verbose: bool = False  # tritonserver's info lines and start-up tables, relayed
+    response_cache_bytes: int | None = None  # None: ServingDefaults.response_cache_bytes on loopback, else 0
+
+    @property
+    def cache_bytes(self) -> int:
+        """The response cache's size in bytes (0: none)."""
+        if self.response_cache_bytes is not None:
+            return self.response_cache_bytes
+        return SERVING_DEFAULTS.response_cache_bytes if is_loopback(self.host) else 0
 
     def __post_init__(self) -> None:
+        if self.response_cache_bytes is not None and self.response_cache_bytes < 0:
+            raise ValueError(f"the response cache size must be >= 0, got {self.response_cache_bytes}")
         if self.model_repository is not None and (self.render is not None or self.models is not None):
             raise ValueError(
                 "--instances/--threads/--kind and the model selection render a repository from the presets: "
@@ -157,10 +168,11 @@ def server_args(
     *,
     extra_args: Sequence[str] = (),
     shm_prefix: str = "kimi_prep_",
+    cache_bytes: int = 0,
 ) -> list[str]:
     """Command line: explicit model control loading every model, the listeners and restricted APIs
-    of ``access``, Python backend shm sized for big outputs, a small gRPC response pool;
-    ``extra_args`` last (a repeated flag: the last one wins)."""
+    of ``access``, Python backend shm sized for big outputs, a small gRPC response pool, a response
+    cache of ``cache_bytes`` (0: none); ``extra_args`` last (a repeated flag: the last one wins)."""
     args = [
         str(install.binary),
         f"--model-repository={model_repository}",
@@ -181,6 +193,10 @@ def server_args(
     ]
     if install.backend_directory is not None:
         args.append(f"--backend-directory={install.backend_directory}")
+    if cache_bytes:
+        if install.cache_directory is not None:
+            args.append(f"--cache-directory={install.cache_directory}")
+        args.append(f"--cache-config=local,size={cache_bytes}")
     if not cuda_device_count():
         args.extend(CPU_ONLY_ARGS)
     return [*args, *extra_args]
@@ -262,7 +278,10 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     if spec.admin_key is None:
         key_file = write_key_file(access.key, admin_key_path(spec.ports.http))
         stack.callback(key_file.unlink, missing_ok=True)
-    args = server_args(install, repository, spec.ports, access, extra_args=spec.extra_args, shm_prefix=shm_prefix)
+    args = server_args(
+        install, repository, spec.ports, access, extra_args=spec.extra_args, shm_prefix=shm_prefix,
+        cache_bytes=spec.cache_bytes,
+    )  # fmt: skip
     log.debug("tritonserver %s", " ".join(redacted(args, access.key)))
     process = subprocess.Popen(
         args,
@@ -286,7 +305,7 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     watchdog = stack.enter_context(StubWatchdog(process, http_url, headers=access.headers("http")))
     if spec.ports.probe is not None:
         stack.enter_context(ProbeServer(watchdog, spec.ports.probe, spec.host))
-    log.info("%s", describe_listeners(spec.host, spec.ports, access, key_file))
+    log.info("%s; %s", describe_listeners(spec.host, spec.ports, access, key_file), describe_cache(spec.cache_bytes))
     return Launched(process, repository, shm_prefix, watchdog, access, spec.ports, key_file)
 
 
@@ -310,6 +329,11 @@ def describe_listeners(host: str, ports: Ports, access: AccessPolicy, key_file: 
         listening += f", probes {host}:{ports.probe}"
     key = f"admin key in {key_file}" if key_file is not None else "admin key: the operator's"
     return f"listening on {listening}; {access.describe()}; {key}"
+
+
+def describe_cache(cache_bytes: int) -> str:
+    """The response cache in a few words, for the start line."""
+    return f"response cache {cache_bytes / (1 << 20):g} MiB" if cache_bytes else "no response cache"
 
 
 def ready_lines(index: Sequence[dict[str, str]], host: str, ports: Ports) -> list[str]:

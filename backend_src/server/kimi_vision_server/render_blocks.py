@@ -74,6 +74,11 @@ class ServingDefaults:
     one request; the images a request carries (K) are unaffected. Measured: BENCHMARKS.md, "Served: memory"
     under load.
 
+    ``response_cache_bytes``: the size of tritonserver's response cache that ``kimi-prep serve``
+    starts on loopback, all it may hold (docs/serving.md, "Repeats"); beyond loopback none unless
+    the operator sizes one: Triton keys entries by a 64-bit non-cryptographic hash of the model and
+    the input bytes, which a crafted request can collide with another's (docs/security.md).
+
     ``budget_images``: a request's ``max_patches_per_request`` is this many times the preset's
     ``in_patch_limit`` (:meth:`patch_budget`): every single image the reference accepts fits (one
     image's NaViT grid is at most ~1.08x ``in_patch_limit`` after padding), and so do several
@@ -92,6 +97,7 @@ class ServingDefaults:
     queue_timeout_us: int = 30_000_000
     budget_images: int = 2
     embed_preset: str = "kimi-k2.5"
+    response_cache_bytes: int = 512 << 20
 
 
 HOST_INDEPENDENT = RenderOptions()  # the checked-in repository's options
@@ -252,7 +258,17 @@ def ensemble_step(model: str, inputs: Mapping[str, str], outputs: Mapping[str, s
     return f'    {{\n      model_name: "{model}"\n      model_version: -1\n' + "\n".join(maps) + "\n    }"
 
 
-def ensemble(name: str, summary: str, outputs: list[tuple[str, str]], steps: list[str], batch: int) -> ModelFiles:
+RESPONSE_CACHE = pbtxt.comment(
+    "A repeat of a request (this model, the same input bytes) is answered from tritonserver's response\n"
+    "cache when it has one (kimi-prep serve --response-cache-mib; docs/serving.md, \"Repeats\"); answers\n"
+    "on a GPU (CUDA tensors) are not cached."
+) + "response_cache { enable: true }\n"
+
+
+def ensemble(
+    name: str, summary: str, outputs: list[tuple[str, str]], steps: list[str], batch: int, *, cached: bool = False
+) -> ModelFiles:
+    """An ensemble of ``steps`` taking the encoded images; ``cached``: its answers go to the response cache."""
     config = (
         pbtxt.head(name, summary, batch, backend="ensemble")
         + pbtxt.tensor_list("input", ENSEMBLE_IMAGE_BYTES_INPUT)
@@ -260,6 +276,7 @@ def ensemble(name: str, summary: str, outputs: list[tuple[str, str]], steps: lis
         + "ensemble_scheduling {\n  step [\n"
         + ",\n".join(steps)
         + "\n  ]\n}\n"
+        + (RESPONSE_CACHE if cached else "")
     )
     step_models = tuple(re.findall(r'model_name: "([^"]+)"', "".join(steps)))
     return ModelFiles(name, config, None, step_models)

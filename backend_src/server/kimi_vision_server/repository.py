@@ -249,7 +249,7 @@ def vision_ensembles(served: ServedPreset) -> list[ModelFiles]:
         summary += uint8_note if wire else ""
         steps = _pixel_steps(prefix, options, {o: o for o in outputs})
         tensor_list = [("", tensors[o][1]) for o in outputs]
-        ensembles.append(ensemble(name, summary, tensor_list, steps, defaults.pixel_batch_size))
+        ensembles.append(ensemble(name, summary, tensor_list, steps, defaults.pixel_batch_size, cached=True))
     return ensembles
 
 

@@ -53,6 +53,13 @@ class TritonInstall:
     env: dict[str, str]
     embedded: bool
 
+    @property
+    def cache_directory(self) -> Path | None:
+        """Where its response caches are (``caches/local/libtritoncache_local.so`` beside ``bin/``,
+        as the wheel and the NGC image lay them out); None: its own default."""
+        caches = self.binary.parent.parent / "caches"
+        return caches if (caches / "local").is_dir() else None
+
 
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

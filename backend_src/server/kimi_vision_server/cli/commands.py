@@ -36,6 +36,7 @@ from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.presets import PRESETS
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 
+from ..render_blocks import SERVING_DEFAULTS
 from ..repository import RenderOptions, model_presets
 
 
@@ -143,6 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         spec = LaunchSpec(
             ports, args.model_repository, options, models, args.tritonserver_args,
             host=args.host, admin_key=key, open_apis=tuple(args.open_api), verbose=args.verbose,
+            response_cache_bytes=None if args.response_cache_mib is None else args.response_cache_mib << 20,
         )  # fmt: skip
     except (ValueError, OSError) as exc:
         print(f"kimi-prep serve: {exc}", file=sys.stderr)
@@ -291,6 +293,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         default=[],
         choices=("shared-memory",),
         help="open a restricted API to clients without the key (shared-memory: for a trusted network; default: none)",
+    )
+    srv.add_argument(
+        "--response-cache-mib",
+        type=int,
+        default=None,
+        help="Triton's response cache, which answers repeats of a request to the image ensembles (default: "
+        f"{SERVING_DEFAULTS.response_cache_bytes >> 20} on loopback, none beyond it; docs/serving.md, Repeats)",
     )
     srv.add_argument("--verbose", action="store_true", help="relay tritonserver's info lines and start-up tables too")
     srv.set_defaults(run=with_codec_env(cmd_serve))

@@ -1,0 +1,372 @@
+"""Repeated images from Triton's response cache: a multi-turn chat trace against the same trace made
+unique, on the uint8 and float32 image ensembles, with the cache as ``kimi-prep serve`` sets it up
+and without one, in one run.
+
+The trace: ``--photos`` camera photos (``photos.camera_photos``), each sent ``--repeats`` times,
+interleaved with new ones as a chat resends its earlier images with each new turn (request order:
+photo 0; 1, 0; 2, 1, 0; ...). Its unique twin sends the same requests with a 4-byte JPEG comment
+that differs per request (the same pixels and work, a different cache key). Every round tags its
+requests with its own comment too, so each round starts with nothing of its own in the cache.
+Requests go over gRPC at ``--concurrency``; every answer is compared with the in-process pipeline
+(bit-equal or counted as wrong). Reported per model and configuration: requests/s (min/median of
+``--rounds``), the repeated/unique ratio, the hit rate from Triton's metrics, and the peak PSS of
+tritonserver and its stubs (``/proc/PID/smaps_rollup``) sampled throughout.
+
+    .venv/bin/python benchmarks/bench_response_cache.py [--rounds 3] [--out-dir bench_results]
+
+Writes ``bench_response_cache.json`` and ``.png`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_idle_memory import pss_kib
+from photos import camera_photos
+from plots import saved_axes
+
+from kimi_vision_prep import preprocess_bytes
+from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.host import host_layout
+from kimi_vision_server.render_blocks import SERVING_DEFAULTS
+from kimi_vision_server.repository import RenderOptions
+
+MIB = 1 << 20
+# model -> (output compared, the in-process output it equals)
+MODELS = {"kimi_k25_vision_u8": ("PIXEL_PATCHES", "pixel_patches"), "kimi_k25_vision": ("PIXEL_VALUES", "pixel_values")}
+PRESET = "kimi-k2.5"
+
+
+def chat_trace(photos: int, repeats: int) -> list[int]:
+    """Photo indices in request order: each new turn adds a photo and resends the ``repeats - 1``
+    before it, so every photo is sent ``repeats`` times, the repeats interleaved with new ones."""
+    return [i - k for i in range(photos + repeats - 1) for k in range(repeats) if 0 <= i - k < photos]
+
+
+def with_comment(data: bytes, tag: int) -> bytes:
+    """``data`` (a JPEG) with a COM segment holding ``tag`` (4 bytes) after SOI: same pixels."""
+    return data[:2] + b"\xff\xfe\x00\x06" + tag.to_bytes(4, "big") + data[2:]
+
+
+@dataclass
+class Tally:
+    exact: int = 0
+    wrong: int = 0
+    failed: int = 0
+
+
+def replay(
+    url: str, model: str, chats: list[list[tuple[bytes, int]]], expected: list[np.ndarray]
+) -> tuple[float, Tally]:
+    """Run the ``chats`` at once, each on its own gRPC connection and thread, its requests
+    ((bytes, photo index)) one after the other as a chat's turns are; seconds and outcomes. Each
+    chat sends and receives through two system shared-memory regions of its own, as a client on the
+    server's host does (``kimi-prep infer --shm``): a hit then costs what the server does for it, not
+    gRPC's copies of a 1-3 MB photo and a 9.6 or 38 MB answer."""
+    output = MODELS[model][0]
+    in_bytes = max(len(data) for chat in chats for data, _ in chat) + 4  # + its length prefix
+    out_bytes = max(e.nbytes for e in expected)
+    tally = Tally()
+    lock = threading.Lock()
+
+    def chat(index: int, items: list[tuple[bytes, int]]) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        names = [f"bench_cache_{os.getpid()}_{index}_{part}" for part in ("in", "out")]
+        regions = [
+            shm.create_shared_memory_region(name, f"/{name}", size)
+            for name, size in zip(names, (in_bytes, out_bytes), strict=True)
+        ]
+        for name, size in zip(names, (in_bytes, out_bytes), strict=True):
+            client.register_system_shared_memory(name, f"/{name}", size)
+        try:
+            for data, photo in items:
+                serialized = serialize_byte_tensor(np.array([[data]], dtype=np.object_))
+                shm.set_shared_memory_region(regions[0], [serialized])
+                tensor = grpcclient.InferInput("IMAGE_BYTES", [1, 1], "BYTES")
+                tensor.set_shared_memory(names[0], serialized_byte_size(serialized))
+                wanted = grpcclient.InferRequestedOutput(output)
+                wanted.set_shared_memory(names[1], out_bytes)
+                try:
+                    result = client.infer(model, [tensor], outputs=[wanted])
+                except InferenceServerException:
+                    with lock:
+                        tally.failed += 1
+                    continue
+                shape = result.get_output(output).shape
+                equal = np.array_equal(
+                    shm.get_contents_as_numpy(regions[1], expected[photo].dtype, shape)[0], expected[photo]
+                )
+                with lock:
+                    tally.exact += equal
+                    tally.wrong += not equal
+        finally:
+            for name in names:
+                for _ in range(100):  # Triton lets go of a region shortly after the last response
+                    try:
+                        client.unregister_system_shared_memory(name)
+                        break
+                    except InferenceServerException:
+                        time.sleep(0.05)
+            for region in regions:
+                shm.destroy_shared_memory_region(region)
+            client.close()
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(chats)) as pool:
+        list(pool.map(chat, range(len(chats)), chats))
+    return time.perf_counter() - start, tally
+
+
+CACHE_METRICS = {
+    "hits": "nv_cache_num_hits_per_model",
+    "misses": "nv_cache_num_misses_per_model",
+    "hit_us": "nv_cache_hit_duration_per_model",
+    "miss_us": "nv_cache_miss_duration_per_model",
+}
+
+
+def cache_counts(metrics_url: str) -> dict[str, dict[str, float]]:
+    """Triton's cache counters per model (absent without a cache): hits, misses, and the
+    microseconds spent on them (a miss: the lookup plus the insertion)."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    counts: dict[str, dict[str, float]] = {}
+    for key, name in CACHE_METRICS.items():
+        for model, value in re.findall(rf'^{name}{{model="([^"]*)",version="1"}} (\S+)', text, re.M):
+            counts.setdefault(model, dict.fromkeys(CACHE_METRICS, 0.0))[key] = float(value)
+    return counts
+
+
+def counts_between(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    return {m: {k: v - before.get(m, {}).get(k, 0.0) for k, v in c.items()} for m, c in after.items()}
+
+
+class PeakPss:
+    """The peak PSS (MiB) of tritonserver and its stubs, sampled every ``every_s`` while open."""
+
+    def __init__(self, pids: Callable[[], list[int]], every_s: float = 0.2) -> None:
+        self.pids, self.every_s, self.peak_mib = pids, every_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every_s):
+            total = 0
+            for pid in self.pids():
+                try:
+                    total += pss_kib(pid)
+                except OSError:
+                    pass
+            self.peak_mib = max(self.peak_mib, total / 1024)
+
+    def __enter__(self) -> PeakPss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def server_pids(server: EmbeddedServer) -> list[int]:
+    root = server.launched.process.pid
+    children = Path(f"/proc/{root}/task/{root}/children")
+    try:
+        return [root, *(int(p) for p in children.read_text().split())]
+    except OSError:
+        return [root]
+
+
+def serve(cache_bytes: int) -> EmbeddedServer:
+    """The two image ensembles as ``kimi-prep serve`` renders them on this host, with a response
+    cache of ``cache_bytes`` (0: none)."""
+    layout = host_layout()
+    options = RenderOptions(instances=layout.instances, threads=layout.threads, kind=layout.kind)
+    return EmbeddedServer(render=options, models=tuple(MODELS), response_cache_bytes=cache_bytes)
+
+
+class Tags:
+    """Fresh 4-byte comment tags: a round's repeated requests share one per photo, unique ones get one each."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def next(self) -> int:
+        self.last += 1
+        return self.last
+
+
+def chat_requests(
+    photos: list[bytes], chats: int, repeats: int, unique: bool, tags: Tags
+) -> list[list[tuple[bytes, int]]]:
+    """The chats' requests: photo i belongs to chat ``i % chats``, and each chat sends its photos as
+    :func:`chat_trace` says; tagged fresh per photo (repeated) or per request (unique)."""
+    per_photo = [tags.next() for _ in photos]
+    out = []
+    for c in range(chats):
+        mine = list(range(c, len(photos), chats))
+        requests = []
+        for local in chat_trace(len(mine), repeats):
+            photo = mine[local]
+            tag = tags.next() if unique else per_photo[photo]
+            requests.append((with_comment(photos[photo], tag), photo))
+        out.append(requests)
+    return out
+
+
+@dataclass
+class Runs:
+    """Requests/s of every round of one (configuration, model, trace), outcomes, cache counts."""
+
+    rates: list[float]
+    tally: Tally
+    hits: float = 0.0
+    misses: float = 0.0
+
+    def add(self, rate: float, tally: Tally, cache: dict[str, float] | None) -> None:
+        self.rates.append(rate)
+        for field in vars(tally):
+            setattr(self.tally, field, getattr(self.tally, field) + getattr(tally, field))
+        if cache:
+            self.hits += cache["hits"]
+            self.misses += cache["misses"]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "rps_min": min(self.rates),
+            "rps_median": statistics.median(self.rates),
+            "rounds": self.rates,
+            **vars(self.tally),
+            "hits": self.hits,
+            "misses": self.misses,
+        }
+
+
+def one_round(
+    server: EmbeddedServer,
+    photos: list[bytes],
+    expected: dict[str, list[np.ndarray]],
+    *,
+    runs: dict[tuple[str, str], Runs],
+    args: argparse.Namespace,
+    tags: Tags,
+) -> None:
+    """Both traces on both models against ``server``, after a warm-up pass of unique requests."""
+    for model, (_, out) in MODELS.items():
+        # Warm-up: every page of the cache's arena touched once (a long-running server's state).
+        replay(server.grpc_url, model, chat_requests(photos, args.chats, args.repeats, True, tags), expected[out])
+        for kind in ("unique", "repeated"):
+            chats = chat_requests(photos, args.chats, args.repeats, kind == "unique", tags)
+            before = cache_counts(server.metrics_url)
+            seconds, tally = replay(server.grpc_url, model, chats, expected[out])
+            cache = counts_between(before, cache_counts(server.metrics_url)).get(model)
+            runs.setdefault((model, kind), Runs([], Tally())).add(sum(map(len, chats)) / seconds, tally, cache)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--photos", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--chats", type=int, default=4, help="chats at once (the requests in flight)")
+    parser.add_argument("--rounds", type=int, default=3, help="server starts per configuration, alternating")
+    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    args = parser.parse_args()
+
+    photos = [data for _, data in camera_photos()[: args.photos]]
+    expected = {
+        out: [getattr(preprocess_bytes(p, PRESET, output=out), out) for p in photos] for _, out in MODELS.values()
+    }
+    configurations = {"no cache": 0, "cache": SERVING_DEFAULTS.response_cache_bytes}
+    runs: dict[str, dict[tuple[str, str], Runs]] = {c: {} for c in configurations}
+    peak_pss = dict.fromkeys(configurations, 0.0)
+    tags = Tags()
+    for _ in range(args.rounds):
+        for name, cache_bytes in configurations.items():
+            with serve(cache_bytes) as server, PeakPss(lambda server=server: server_pids(server)) as pss:
+                one_round(server, photos, expected, runs=runs[name], args=args, tags=tags)
+            peak_pss[name] = max(peak_pss[name], pss.peak_mib)
+    rows = []
+    for model in MODELS:
+        cached, plain = runs["cache"], runs["no cache"]
+        repeated, unique = cached[(model, "repeated")], cached[(model, "unique")]
+        unique_plain = plain[(model, "unique")]
+        rows.append({
+            "model": model,
+            "repeated_over_unique": statistics.median(repeated.rates) / statistics.median(unique.rates),
+            "unique_cache_over_no_cache": statistics.median(unique.rates) / statistics.median(unique_plain.rates),
+            "hit_rate": repeated.hits / max(1.0, repeated.hits + repeated.misses),
+            "runs": {f"{c} {k}": r.summary() for c in configurations for (m, k), r in runs[c].items() if m == model},
+        })  # fmt: skip
+    report = {
+        "photos": args.photos, "repeats": args.repeats, "chats": args.chats, "rounds": args.rounds,
+        "cache_bytes": SERVING_DEFAULTS.response_cache_bytes, "peak_pss_mib": peak_pss, "rows": rows,
+    }  # fmt: skip
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "bench_response_cache.json").write_text(json.dumps(report, indent=1))
+    print(markdown(report))
+    plot(report, args.out_dir / "bench_response_cache.png")
+    return 0
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "| model | trace | no cache req/s (min / median) | cache req/s (min / median) | hit rate "
+        "| exact / wrong / failed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        for kind in ("unique", "repeated"):
+            plain, cached = row["runs"][f"no cache {kind}"], row["runs"][f"cache {kind}"]
+            hit_rate = cached["hits"] / max(1.0, cached["hits"] + cached["misses"])
+            outcome = "/".join(str(plain[f] + cached[f]) for f in ("exact", "wrong", "failed"))
+            lines.append(
+                f"| {row['model']} | {kind} | {plain['rps_min']:.1f} / {plain['rps_median']:.1f} | "
+                f"{cached['rps_min']:.1f} / {cached['rps_median']:.1f} | {hit_rate:.0%} | {outcome} |"
+            )
+    lines.append("")
+    for row in report["rows"]:
+        lines.append(
+            f"{row['model']}: repeated / unique with the cache {row['repeated_over_unique']:.2f}x; "
+            f"unique with / without it {row['unique_cache_over_no_cache']:.2f}x"
+        )
+    pss = ", ".join(f"{name} {mib:.0f} MiB" for name, mib in report["peak_pss_mib"].items())
+    lines.append(f"peak PSS of tritonserver and its stubs: {pss}")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    with saved_axes(path, (7, 4)) as ax:
+        labels, values = [], []
+        for row in report["rows"]:
+            for key in ("no cache unique", "no cache repeated", "cache unique", "cache repeated"):
+                labels.append(f"{row['model'].removeprefix('kimi_k25_')}\n{key}")
+                values.append(row["runs"][key]["rps_median"])
+        ax.bar(range(len(values)), values)
+        ax.set_xticks(range(len(values)), labels, fontsize=6)
+        ax.set_ylabel("requests/s (median of rounds)")
+        ax.set_title(f"chat trace: {report['photos']} photos x {report['repeats']}, {report['chats']} chats at once")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
