@@ -76,7 +76,7 @@ doors: $(LIB_VENV)/.installed $(CLIENT_VENV)/.installed
 # door's test (tests/test_doors.py) included.
 CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.py tests/test_sizing.py \
 	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py tests/test_processor_interfaces.py \
-	tests/test_video_plan.py
+	tests/test_video_plan.py tests/test_repeat_cache.py
 
 test: setup doors $(PEER_VENV)/.installed
 	$(call say,ruff)

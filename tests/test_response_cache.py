@@ -130,3 +130,10 @@ def test_an_answer_larger_than_the_cache_is_served_and_not_kept() -> None:
     assert hits == 0
     for answer in answers:
         np.testing.assert_array_equal(answer, expected)
+
+
+def test_the_documents_state_the_default_size() -> None:
+    mib = f"{SERVING_DEFAULTS.response_cache_bytes >> 20} MiB"
+    root = Path(__file__).resolve().parents[1]
+    for doc in ("docs/serving.md", "docs/memory.md", "docs/security.md"):
+        assert mib in (root / doc).read_text(), doc

@@ -47,6 +47,7 @@ from kimi_vision_prep import (
     preset_from_parameters,
 )
 from kimi_vision_prep.kernels import register_kernel, type_key
+from kimi_vision_prep.repeat_cache import RepeatCache
 from kimi_vision_server import components, embedded, launcher, tensors, triton_install
 from kimi_vision_server import requests as request_tensors
 from kimi_vision_server.access import AccessPolicy, access_args
@@ -113,13 +114,16 @@ def test_decode_preprocess_and_fused_configs_carry_the_same_preset(family: str, 
 @pytest.mark.parametrize("family", [f for f, _ in FAMILIES])
 def test_fused_config_carries_the_decode_and_preprocess_settings(family: str, kind: str, pixels: str) -> None:
     """The fused models' parameters are the decode model's (preset block and decoder settings, as
-    the settings schema renders them) plus the preprocess model's numba_threads and scratch cap (both
-    return pixels), nothing else; their input
+    the settings schema renders them; not the GPU repeat cache) plus the preprocess model's
+    numba_threads and scratch cap (both return pixels), nothing else; their input
     and queue policy are the decode model's, their outputs the preprocess model's less the other
     pixel output (float32 for ``_vision_fused``, uint8 for ``_vision_fused_u8``)."""
     decode, prep, fused = (load_config(f"kimi_{family}_{k}") for k in ("decode", "preprocess", kind))
     decode_params, prep_params, fused_params = (model_parameters(config_dict(c.name)) for c in (decode, prep, fused))
-    assert fused_params == decode_params | {key: prep_params[key] for key in ("numba_threads", "scratch_cap_bytes")}
+    decode_only = {"repeat_cache_bytes"}  # a GPU decode step's: the fused models serve CPU hosts
+    assert fused_params == {k: v for k, v in decode_params.items() if k not in decode_only} | {
+        key: prep_params[key] for key in ("numba_threads", "scratch_cap_bytes")
+    }
     assert DECODER_KEYS <= decode_params.keys(), f"missing decoder settings: {DECODER_KEYS - decode_params.keys()}"
     budget = SERVING_DEFAULTS.patch_budget(dict(FAMILIES)[family])
     expected = decoder_settings(rendered_parameters(Rendering("decode", 0, budget)))
@@ -417,6 +421,29 @@ def test_decode_model_frees_stored_size_pixels_before_the_next_batch_call(
     width, height = Image.open(io.BytesIO(photo)).size
     (shape,) = outputs_of(responses[0])["IMAGE_SHAPES"][0]
     assert shape[0] * shape[1] < width * height  # resized: the stored-size pixels were another array
+
+
+def test_a_decode_step_with_a_repeat_cache_decodes_a_repeat_once(
+    pb: SimpleNamespace, images: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repeat cache a GPU decode instance keeps (forced on here, on the host): a repeat is not
+    decoded again and answers the same outputs; other bytes and a bad image are looked up and
+    missed; the lookups are counted."""
+    model = DecodeModel(pb, model_args("kimi_k25_decode"))
+    assert model.decoding.repeats is None  # a CPU instance: tritonserver's response cache serves repeats
+    model.decoding.repeats = RepeatCache(64 << 20)
+    calls = count_batch_decodes(model, monkeypatch, at_once=8)
+    photo, other = images["pil__hopper.jpg"], images["imagers__large_image.jpg"]
+    first = outputs_of(model.execute([bytes_request(photo)])[0])
+    truncated = photo[: len(photo) // 2]  # its header reads, its decode fails
+    (again, different, bad) = model.execute([bytes_request(photo), bytes_request(other), bytes_request(truncated)])
+
+    assert calls == [1, 2]
+    assert {k: v.tolist() for k, v in outputs_of(again).items()} == {k: v.tolist() for k, v in first.items()}
+    assert outputs_of(different)["STORED_SIZES"].tolist() != first["STORED_SIZES"].tolist()
+    assert bad.error is not None and len(model.decoding.repeats) == 2
+    lookups = [counter("kimi_prep_repeat_cache_total", outcome=outcome) for outcome in ("hit", "miss")]
+    assert lookups == [1, 3]
 
 
 def test_execute_never_raises(pb: SimpleNamespace, images: dict[str, bytes]) -> None:

@@ -38,6 +38,8 @@ from kimi_vision_prep import (
     preprocess_decoded,
 )
 from kimi_vision_prep.jpeg_scan import scan_jpeg
+from kimi_vision_prep.pipeline import resized_decoded
+from kimi_vision_prep.repeat_cache import RepeatCache, repeat_key
 from kimi_vision_prep.resize import resize
 
 if not torch.cuda.is_available():
@@ -269,3 +271,24 @@ def test_concurrent_callers_get_their_own_decoders_and_the_same_pixels(gpu_corpu
     assert mismatches == set()
     assert decoder.pool.created <= 2
     assert decoder.pool.discarded == 0
+
+
+def test_the_repeat_cache_keeps_resized_cuda_images_within_its_cap(
+    gpu_corpus: Path, cuda_device: str, cuda_decoder: ImageDecoder
+) -> None:
+    """What a GPU decode step does with repeats (tritonserver caches no CUDA answer): the resized
+    CUDA tensor is kept under the SHA-256 of the bytes and handed out again, counted in device bytes."""
+    data = (gpu_corpus / LARGE_CLEAN_JPEG).read_bytes()
+    image = resized_decoded(cuda_decoder.decode(data, PRESETS[0]), PRESETS[0])
+    size = image.pixels.numel()
+    cache = RepeatCache(size)
+    cache.put(repeat_key(data, PRESETS[0]), image)
+    again = cache.get(repeat_key(data, PRESETS[0]))
+
+    assert_on_device(again.pixels, cuda_device)
+    assert again.pixels.data_ptr() == image.pixels.data_ptr() and cache.held_bytes == size
+    assert cache.get(repeat_key(data, PRESETS[1])) is None
+    on_host = preprocess_decoded(decoded_on_host(again), PRESETS[0])
+    assert torch.equal(preprocess_decoded(again, PRESETS[0]).pixel_values.cpu(), torch.from_numpy(on_host.pixel_values))
+    cache.put(repeat_key(b"other", PRESETS[0]), resized_decoded(cuda_decoder.decode(data, PRESETS[0]), PRESETS[0]))
+    assert len(cache) == 1 and cache.held_bytes <= cache.cap_bytes

@@ -12,11 +12,13 @@ from kimi_vision_common.wire import IMAGE_BYTES
 from kimi_vision_prep.decode import DecodedImage, DecodeStats, ImageDecoder
 from kimi_vision_prep.numba_runtime import set_num_threads
 from kimi_vision_prep.pipeline import resized_decoded, with_index
+from kimi_vision_prep.repeat_cache import RepeatCache, RepeatKey, repeat_key
 from kimi_vision_prep.tokens import check_patch_budget
 
 from .config import DecoderSettings, decoder_settings, numba_threads
 from .contract import ServingModel
 from .requests import PIXEL_SELECTIONS, Outputs, images_from_input, preprocess_outputs
+from .settings import setting
 from .warmup import warmup_images
 
 
@@ -35,6 +37,9 @@ class ImageDecoding:
         self.settings = settings = decoder_settings(model.parameters)
         warn = lambda message: model.io.log("warn", f"{model.name}: {message}")  # noqa: E731
         self.decoder = settings_decoder(settings, model.device, DecodeStats(warn=warn, on_decode=self._count))
+        # A GPU instance keeps its own resized images of repeats: tritonserver caches no CUDA answer.
+        repeat_bytes = setting("repeat_cache_bytes").parse(model.parameters)
+        self.repeats = RepeatCache(repeat_bytes) if repeat_bytes and self.decoder.device_kind == "cuda" else None
         self.warmup: list[DecodedImage] = []
         self._warming_up = True
         images = warmup_images()
@@ -72,19 +77,43 @@ class ImageDecoding:
         model = self.model
         items = model.per_request(requests, self.request_images)
         flat = [image for item in items if not isinstance(item, BaseException) for image in item]
-        at_once = self.decoder.cpu_workers if resize and self.decoder.device_kind == "cpu" else len(flat)
+        repeats = self.repeats if resize else None
+        keys = [repeat_key(data, self.preset) for data in flat] if repeats is not None else []
+        kept = [repeats.get(key) for key in keys] if repeats is not None else [None] * len(flat)
+        todo = [data for data, image in zip(flat, kept, strict=True) if image is None]
+        at_once = self.decoder.cpu_workers if resize and self.decoder.device_kind == "cpu" else len(todo)
         keep = lambda result: not resize or isinstance(result, BaseException)  # noqa: E731
-        results: list[DecodedImage | BaseException] = []
-        for start in range(0, len(flat), max(at_once, 1)):
+        fresh: list[DecodedImage | BaseException] = []
+        for start in range(0, len(todo), max(at_once, 1)):
             # A comprehension: no name outlives it to keep a stored-size image through the next call.
-            results += [
+            fresh += [
                 result if keep(result) else model.attempt(resized_decoded, result, self.preset)
-                for result in self.decoder.decode_batch(flat[start : start + at_once], self.preset)
+                for result in self.decoder.decode_batch(todo[start : start + at_once], self.preset)
             ]
+        new = iter(fresh)
+        results = [image if image is not None else next(new) for image in kept]
+        if repeats is not None:
+            self._keep_repeats(repeats, keys, kept, results)
         decoded = iter(results)
         return [
             item if isinstance(item, BaseException) else _first_error([next(decoded) for _ in item]) for item in items
         ]
+
+
+    def _keep_repeats(
+        self,
+        repeats: RepeatCache,
+        keys: list[RepeatKey],
+        kept: list[DecodedImage | None],
+        results: list[DecodedImage | BaseException],
+    ) -> None:
+        """Count the lookups and keep what was decoded now (errors are not kept: a bad input fails again)."""
+        hits = sum(image is not None for image in kept)
+        self.model.metrics.count_repeat("hit", hits)
+        self.model.metrics.count_repeat("miss", len(kept) - hits)
+        for key, image, result in zip(keys, kept, results, strict=True):
+            if image is None and isinstance(result, DecodedImage):
+                repeats.put(key, result)
 
 
 def settings_decoder(settings: DecoderSettings, device: str, stats: DecodeStats | None = None) -> ImageDecoder:

@@ -16,6 +16,7 @@ Exposed on the metrics endpoint (``:8002/metrics``):
 - ``kimi_prep_image_inputs_total{device}``: decoded images a preprocess model received, by the memory
   they arrived in (``cpu``, ``cuda:N``): ``cuda`` means the decode step's tensor came through
   DLPack without a host copy (the GPU check asserts it).
+- ``kimi_prep_repeat_cache_total{outcome}``: a GPU decode step's repeat cache lookups (hit, miss).
 - ``kimi_prep_stage_seconds_total{stage}``: wall time spent per stage (decode, preprocess, vision: the fused
   decode + preprocess models, patch_embed).
 """
@@ -32,6 +33,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "stage_seconds": ("kimi_prep_stage_seconds_total", "Cumulative wall time per stage in seconds"),
     "video_frames": ("kimi_prep_video_frames_decoded_total", "Video frames decoded (stops when a stream is cancelled)"),
     "image_inputs": ("kimi_prep_image_inputs_total", "Decoded images a preprocess model received, by memory"),
+    "repeats": ("kimi_prep_repeat_cache_total", "A GPU decode step's lookups of repeated images, by outcome"),
 }
 
 
@@ -86,6 +88,9 @@ class ModelMetrics:
 
     def count_image_input(self, device: str) -> None:
         self._increment("image_inputs", "device", device, 1)
+
+    def count_repeat(self, outcome: str, amount: int = 1) -> None:
+        self._increment("repeats", "outcome", outcome, amount)
 
     def add_stage_seconds(self, stage: str, seconds: float) -> None:
         self._increment("stage_seconds", "stage", stage, seconds)

@@ -138,6 +138,13 @@ SETTINGS: tuple[Setting, ...] = (
         DECODERS, 0, served=lambda r: r.threads, why="the host's layout: threads per instance",
     ),
     Setting(
+        "repeat_cache_bytes",
+        "GPU memory a decode instance keeps for resized images of repeated inputs (0: none; on a CPU tritonserver's "
+        "response cache answers repeats)", frozenset({"decode"}), 0, served=lambda r: 256 << 20,
+        why="tritonserver caches no answer held on a GPU (docs/serving.md, Repeats): 256 MiB holds 26 K2.5 images "
+        "at the patch cap",
+    ),
+    Setting(
         "numba_threads", "threads of the CPU kernels (0: all cores)", KERNEL_MODELS, 0,
         served=lambda r: r.threads, why="the host's layout: threads per instance",
     ),
