@@ -135,5 +135,5 @@ def test_an_answer_larger_than_the_cache_is_served_and_not_kept() -> None:
 def test_the_documents_state_the_default_size() -> None:
     mib = f"{SERVING_DEFAULTS.response_cache_bytes >> 20} MiB"
     root = Path(__file__).resolve().parents[1]
-    for doc in ("docs/serving.md", "docs/memory.md", "docs/security.md"):
+    for doc in ("README.md", "docs/serving.md", "docs/memory.md", "docs/security.md"):
         assert mib in (root / doc).read_text(), doc
