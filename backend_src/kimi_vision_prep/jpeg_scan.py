@@ -164,11 +164,11 @@ def _scan(buf: np.ndarray, facts: np.ndarray) -> tuple[int, int, int, int, int, 
             # SOS is a fatal error (JERR_EOI_EXPECTED) that Pillow reports and nvImageCodec ignores.
             if scans == 0:
                 first_scan_components = buf[body]
+            elif sof not in (0xC2, 0xCA) and first_scan_components == comps:
+                return SECOND_SCAN, sof, precision, height, width, comps, scans
             spectral_end = body + 2 + 2 * np.int64(buf[body])  # Se, after Ns and its component pairs
             if spectral_end < n:
                 facts[_LAST_COEFFICIENT] = max(facts[_LAST_COEFFICIENT], np.int64(buf[spectral_end]))
-            elif sof not in (0xC2, 0xCA) and first_scan_components == comps:
-                return SECOND_SCAN, sof, precision, height, width, comps, scans
             pos += length
             scans += 1
             next_rst = 0
