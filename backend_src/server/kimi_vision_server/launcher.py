@@ -180,6 +180,10 @@ def server_args(
         "--load-model=*",
         # A model that fails to load is reported (ready_line) while the others serve.
         "--exit-on-error=false",
+        # The rendered configs are complete: without this flag the Python backend starts a stub of
+        # its own for every model load only to ask it for config changes, 1.4 s of a stub's reload
+        # after a crash (docs/faults.md).
+        "--disable-auto-complete-config",
         f"--http-port={ports.http}",
         f"--grpc-port={ports.grpc}",
         f"--metrics-port={ports.metrics}",

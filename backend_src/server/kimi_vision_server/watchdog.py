@@ -115,7 +115,8 @@ def death_cause(pid: int) -> str:
 def stub_from_argv(pid: int, fields: list[str], argv: list[str]) -> StubProcess | None:
     """A model instance's stub from its argv: ``stub <repo>/<model>/<version>/model.py <shm region> ...
     <instance name> ...``. None for other processes and for the short-lived stub that completes a
-    model's config while it loads (its instance name is the model's name)."""
+    model's config while it loads (its instance name is the model's name), which a tritonserver
+    started without the launcher's ``--disable-auto-complete-config`` runs."""
     if len(argv) < 9 or not argv[0].endswith(STUB_BINARY):
         return None
     model, instance = Path(argv[1]).parents[1].name, argv[8]
