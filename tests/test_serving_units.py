@@ -1010,6 +1010,7 @@ def test_server_args_and_embedded_layout(monkeypatch: pytest.MonkeyPatch, tmp_pa
     args = launcher.server_args(install, tmp_path, launcher.Ports(1, 2, 3), access)
     assert set(access_args(access)) <= set(args)  # loopback listeners, restricted admin APIs
     assert "--model-control-mode=explicit" in args and "--load-model=*" in args
+    assert "--disable-auto-complete-config" in args  # no config-completing stub on every (re)load
     assert f"--backend-directory={install.backend_directory}" in args
     shm = next(a for a in args if "shm-default-byte-size" in a)
     assert int(shm.rsplit("=", 1)[1]) > 24 << 20  # a 1920x1080 PIXEL_VALUES (~25 MiB) fits the first region
