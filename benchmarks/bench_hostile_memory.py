@@ -5,7 +5,10 @@ host's layout). For ``--seconds`` it receives at once, from threads that never s
 
 - ``--heavy`` clients each sending the largest request the defaults accept to ``kimi_k3_vision``,
   asking for float32 PIXEL_VALUES: K solid-colour JPEGs at Pillow's bomb limit's edge, as many as
-  the patch budget allows (a few KB each on the wire, ~2.6 GB of pixels decoded a request), over gRPC;
+  the patch budget allows (a few KB each on the wire, ~2.6 GB of pixels decoded a request), over
+  gRPC, each request's bytes made new by a comment, so that none is answered from tritonserver's
+  response cache (``--response-cache-mib``, as `kimi-prep serve` starts it on loopback) and every
+  answer goes into it;
 - ``--over`` clients sending requests over the budget (K = 16 of them) and aliasing layouts to the
   patchify steps (refused; they must stay cheap);
 - ``--slow`` raw HTTP connections that each send a heavy request and never read the answer.
@@ -20,13 +23,16 @@ Prints one JSON row and a Markdown line, writes ``bench_hostile_memory.json`` / 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
+import itertools
 import json
 import socket
 import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +76,25 @@ def image_bytes_input(module: Any, images: list[bytes]) -> Any:
     return tensor
 
 
-def keep_sending(url: str, stop: threading.Event, tally: Counter[str], requests: list[tuple[str, list[Any]]]) -> None:
+def with_comment(data: bytes, tag: int) -> bytes:
+    """``data`` (a JPEG) with a COM segment holding ``tag`` after SOI: the same pixels, other bytes."""
+    return data[:2] + b"\xff\xfe\x00\x0a" + tag.to_bytes(8, "big") + data[2:]
+
+
+def heavy_request(images: list[bytes], tags: Iterator[int]) -> list[tuple[str, list[Any]]]:
+    """The heaviest request with other bytes each time (a comment in its first image), so that every
+    one misses the response cache, is decoded, and its 308 MB answer goes into the cache."""
+    return [(MODEL, [image_bytes_input(grpcclient, [with_comment(images[0], next(tags)), *images[1:]])])]
+
+
+def keep_sending(
+    url: str, stop: threading.Event, tally: Counter[str], requests: Callable[[], list[tuple[str, list[Any]]]]
+) -> None:
+    """Send ``requests()`` (model, inputs) after one another until ``stop``; tallies outcomes."""
     client = grpcclient.InferenceServerClient(url)
     try:
         while not stop.is_set():
-            for model, inputs in requests:
+            for model, inputs in requests():
                 outputs = [grpcclient.InferRequestedOutput("PIXEL_VALUES")]
                 try:
                     client.infer(model, inputs, outputs=outputs, client_timeout=600)
@@ -121,15 +141,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     layout = host_layout()
     options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
     heavy = heaviest_request()
-    with EmbeddedServer(render=options, models=default_model_names()) as server:
+    cache_bytes = args.response_cache_mib << 20
+    with EmbeddedServer(render=options, models=default_model_names(), response_cache_bytes=cache_bytes) as server:
         idle = sum(pss_kib(pid) for pid in server.process_tree()) / KIB
         stop, tally = threading.Event(), Counter[str]()
-        heavy_inputs = [(MODEL, [image_bytes_input(grpcclient, heavy)])]
+        tags = itertools.count()  # shared by the heavy clients (next() on a count is atomic under the GIL)
+        refused = hostile_requests()
         threads = [
-            threading.Thread(target=keep_sending, args=(server.grpc_url, stop, tally, heavy_inputs))
+            threading.Thread(
+                target=keep_sending, args=(server.grpc_url, stop, tally, functools.partial(heavy_request, heavy, tags))
+            )
             for _ in range(args.heavy)
         ] + [
-            threading.Thread(target=keep_sending, args=(server.grpc_url, stop, tally, hostile_requests()))
+            threading.Thread(target=keep_sending, args=(server.grpc_url, stop, tally, lambda: refused))
             for _ in range(args.over)
         ]
         for thread in threads:
@@ -163,6 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "median_pss_mib": statistics.median(samples),
             "after_pss_mib": after,
             "bound_mib": BOUND_MIB,
+            "response_cache_mib": args.response_cache_mib,
             "exact_after": exact,
             "alive_after": server.is_ready(),
             "outcomes": dict(tally),
@@ -179,6 +204,12 @@ def main() -> int:
     parser.add_argument("--heavy", type=int, default=4, help="clients sending the heaviest accepted request")
     parser.add_argument("--over", type=int, default=2, help="clients sending refused requests")
     parser.add_argument("--slow", type=int, default=2, help="connections that never read their answer")
+    parser.add_argument(
+        "--response-cache-mib",
+        type=int,
+        default=SERVING_DEFAULTS.response_cache_bytes >> 20,
+        help="tritonserver's response cache, as kimi-prep serve starts it on loopback (0: none)",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     row = run(args)
