@@ -29,6 +29,7 @@ import itertools
 import json
 import socket
 import statistics
+import sys
 import threading
 import time
 from collections import Counter
@@ -39,7 +40,11 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
 from bench_idle_memory import KIB, pss_kib
+from make_inputs import with_comment
 from PIL import Image
 from plots import saved_axes
 from tritonclient.utils import InferenceServerException
@@ -76,15 +81,12 @@ def image_bytes_input(module: Any, images: list[bytes]) -> Any:
     return tensor
 
 
-def with_comment(data: bytes, tag: int) -> bytes:
-    """``data`` (a JPEG) with a COM segment holding ``tag`` after SOI: the same pixels, other bytes."""
-    return data[:2] + b"\xff\xfe\x00\x0a" + tag.to_bytes(8, "big") + data[2:]
-
-
 def heavy_request(images: list[bytes], tags: Iterator[int]) -> list[tuple[str, list[Any]]]:
     """The heaviest request with other bytes each time (a comment in its first image), so that every
     one misses the response cache, is decoded, and its 308 MB answer goes into the cache."""
-    return [(MODEL, [image_bytes_input(grpcclient, [with_comment(images[0], next(tags)), *images[1:]])])]
+    return [
+        (MODEL, [image_bytes_input(grpcclient, [with_comment(images[0], next(tags).to_bytes(8, "big")), *images[1:]])])
+    ]
 
 
 def keep_sending(

@@ -230,19 +230,18 @@ def measured_run(  # noqa: PLR0917
     return served | usage_per_request(usage, process_usage(pids), requests)
 
 
-def settle(pids: list[int], quiet_cpu_s: float = 0.02, timeout_s: float = 30.0) -> float:
+def settle(pids: list[int], quiet_cpu_s: float = 0.02, timeout_s: float = 30.0) -> None:
     """Wait until the server's processes use less than ``quiet_cpu_s`` CPU seconds in a second (the
-    last requests of a perf_analyzer run, a stub's start, done), at most ``timeout_s``; the seconds
-    waited. An in-process round that overlaps the server's work measures neither side."""
+    last requests of a perf_analyzer run, a stub's start, done), at most ``timeout_s``. An
+    in-process round that overlaps the server's work measures neither side."""
     start = time.perf_counter()
     before = sum(cpu for cpu, _ in process_usage(pids).values())
     while time.perf_counter() - start < timeout_s:
         time.sleep(1.0)
         now = sum(cpu for cpu, _ in process_usage(pids).values())
         if now - before < quiet_cpu_s:
-            break
+            return
         before = now
-    return time.perf_counter() - start
 
 
 def batch_round(photos: list[bytes], output: PixelOutput) -> tuple[float, float]:

@@ -40,8 +40,10 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from bench_idle_memory import pss_kib
+from make_inputs import with_comment
 from photos import camera_photos
 from plots import saved_axes
 
@@ -61,11 +63,6 @@ def chat_trace(photos: int, repeats: int) -> list[int]:
     """Photo indices in request order: each new turn adds a photo and resends the ``repeats - 1``
     before it, so every photo is sent ``repeats`` times, the repeats interleaved with new ones."""
     return [i - k for i in range(photos + repeats - 1) for k in range(repeats) if 0 <= i - k < photos]
-
-
-def with_comment(data: bytes, tag: int) -> bytes:
-    """``data`` (a JPEG) with a COM segment holding ``tag`` (4 bytes) after SOI: same pixels."""
-    return data[:2] + b"\xff\xfe\x00\x06" + tag.to_bytes(4, "big") + data[2:]
 
 
 @dataclass
@@ -172,8 +169,12 @@ class PeakPss:
 
     def _sample(self) -> None:
         while not self._stop.wait(self.every_s):
+            try:
+                pids = self.pids()
+            except OSError:  # a process left while the tree was read: the next sample
+                continue
             total = 0
-            for pid in self.pids():
+            for pid in pids:
                 try:
                     total += pss_kib(pid)
                 except OSError:
@@ -187,15 +188,6 @@ class PeakPss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def server_pids(server: EmbeddedServer) -> list[int]:
-    root = server.launched.process.pid
-    children = Path(f"/proc/{root}/task/{root}/children")
-    try:
-        return [root, *(int(p) for p in children.read_text().split())]
-    except OSError:
-        return [root]
 
 
 def serve(cache_bytes: int) -> EmbeddedServer:
@@ -230,7 +222,7 @@ def chat_requests(
         for local in chat_trace(len(mine), repeats):
             photo = mine[local]
             tag = tags.next() if unique else per_photo[photo]
-            requests.append((with_comment(photos[photo], tag), photo))
+            requests.append((with_comment(photos[photo], tag.to_bytes(4, "big")), photo))
         out.append(requests)
     return out
 
@@ -303,7 +295,7 @@ def main() -> int:
     tags = Tags()
     for _ in range(args.rounds):
         for name, cache_bytes in configurations.items():
-            with serve(cache_bytes) as server, PeakPss(lambda server=server: server_pids(server)) as pss:
+            with serve(cache_bytes) as server, PeakPss(server.process_tree) as pss:
                 one_round(server, photos, expected, runs=runs[name], args=args, tags=tags)
             peak_pss[name] = max(peak_pss[name], pss.peak_mib)
     rows = []

@@ -84,6 +84,12 @@ def jpeg_rgb(width: int, height: int, subsampling: str = "4:2:0", progressive: b
     return encode(image, "JPEG", quality=90, subsampling=subsampling, progressive=progressive)
 
 
+def with_comment(data: bytes, text: bytes) -> bytes:
+    """``data`` (a JPEG) with a COM segment holding ``text`` right after SOI: other bytes, the same
+    pixels (a repeat made unique, or two requests no cache may take for one another)."""
+    return data[:2] + b"\xff\xfe" + (len(text) + 2).to_bytes(2, "big") + text + data[2:]
+
+
 def jpeg_grey(width: int, height: int, progressive: bool = False) -> bytes:
     image = Image.fromarray(rgb_pattern(width, height), "RGB").convert("L")
     return encode(image, "JPEG", quality=90, progressive=progressive)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from make_inputs import jpeg_rgb
+from make_inputs import jpeg_rgb, with_comment
 
 from kimi_vision_prep import get_preset, preprocess_bytes, preprocess_decoded
 from kimi_vision_prep.decode import ImageDecoder
@@ -21,7 +21,7 @@ def resized(data: bytes) -> object:
 
 def test_keys_differ_with_the_bytes_and_the_preset_only() -> None:
     data = jpeg_rgb(64, 48, seed=1)
-    same_pixels = data[:2] + b"\xff\xfe\x00\x04ab" + data[2:]
+    same_pixels = with_comment(data, b"ab")
 
     assert repeat_key(data, K25) == repeat_key(bytes(data), get_preset("kimi-k2.5"))
     assert len({repeat_key(data, K25), repeat_key(same_pixels, K25), repeat_key(data, K3)}) == 3

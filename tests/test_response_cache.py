@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from make_inputs import jpeg_rgb
+from make_inputs import jpeg_rgb, with_comment
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import preprocess_bytes
@@ -71,11 +71,6 @@ def patches(server: EmbeddedServer, data: bytes) -> np.ndarray:
         return client.infer(MODEL, [tensor]).as_numpy("PIXEL_PATCHES")[0]
     finally:
         client.close()
-
-
-def with_comment(data: bytes, text: bytes) -> bytes:
-    """``data`` (a JPEG) with a COM segment after SOI: other bytes, the same pixels."""
-    return data[:2] + b"\xff\xfe" + (len(text) + 2).to_bytes(2, "big") + text + data[2:]
 
 
 @pytest.fixture(scope="module")

@@ -142,9 +142,9 @@ def _scan(buf: np.ndarray, facts: np.ndarray) -> tuple[int, int, int, int, int, 
             if comps == 3 and length >= 17 and buf[body + 6] == 82 and buf[body + 9] == 71 and buf[body + 12] == 66:
                 facts[_RGB_COMPONENT_IDS] = 1
         elif marker == 0xE0 and length >= 7:  # APP0: JFIF?
-            if buf[body] == 74 and buf[body + 1] == 70 and buf[body + 2] == 73 and buf[body + 3] == 70:
-                if buf[body + 4] == 0:
-                    facts[_SAW_JFIF] = 1
+            jfif = buf[body] == 74 and buf[body + 1] == 70 and buf[body + 2] == 73 and buf[body + 3] == 70
+            if jfif and buf[body + 4] == 0:
+                facts[_SAW_JFIF] = 1
         elif marker == 0xEE and length >= 14:  # APP14: Adobe, its colour transform in the last byte
             if buf[body] == 65 and buf[body + 1] == 100 and buf[body + 2] == 111 and buf[body + 3] == 98:
                 facts[_ADOBE_TRANSFORM] = np.int64(buf[body + 11]) + 1

@@ -7,6 +7,7 @@ work tree.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import sys
 from dataclasses import dataclass
@@ -73,8 +74,6 @@ def pixel_diff(actual: np.ndarray, expected: np.ndarray) -> PixelDiff:
 def decoded_on_host(decoded: Any) -> Any:
     """A :class:`~kimi_vision_prep.DecodedImage` with the same pixels on the host, numpy (a
     source-mode Pillow image, which only Pillow resizes, is there already)."""
-    import dataclasses
-
     pixels = decoded.pixels if isinstance(decoded.pixels, Image.Image) else decoded.pixels.cpu().numpy()
     return dataclasses.replace(decoded, pixels=pixels, device="cpu")
 

@@ -99,7 +99,6 @@ class ImageDecoding:
             item if isinstance(item, BaseException) else _first_error([next(decoded) for _ in item]) for item in items
         ]
 
-
     def _keep_repeats(
         self,
         repeats: RepeatCache,
