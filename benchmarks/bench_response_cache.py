@@ -1,18 +1,21 @@
 """Repeated images from Triton's response cache: a multi-turn chat trace against the same trace made
 unique, on the uint8 and float32 image ensembles, with the cache as ``kimi-prep serve`` sets it up
-and without one, in one run.
+and without one, the two servers running side by side and serving in turn, in one run.
 
 The trace: ``--photos`` camera photos (``photos.camera_photos``), each sent ``--repeats`` times,
 interleaved with new ones as a chat resends its earlier images with each new turn (request order:
 photo 0; 1, 0; 2, 1, 0; ...). Its unique twin sends the same requests with a 4-byte JPEG comment
 that differs per request (the same pixels and work, a different cache key). Every round tags its
 requests with its own comment too, so each round starts with nothing of its own in the cache.
-Requests go over gRPC at ``--concurrency``; every answer is compared with the in-process pipeline
-(bit-equal or counted as wrong). Reported per model and configuration: requests/s (min/median of
-``--rounds``), the repeated/unique ratio, the hit rate from Triton's metrics, and the peak PSS of
-tritonserver and its stubs (``/proc/PID/smaps_rollup``) sampled throughout.
+Requests go over gRPC, ``--chats`` at once; every answer is compared with the in-process pipeline
+(bit-equal or counted as wrong). Each of ``--rounds`` starts both servers, warms them (see
+:func:`warm_up_passes`) and runs each trace ``--passes`` times on each model, the servers taking
+turns. Reported per model and configuration: requests/s (min/median of the passes), the ratios
+(median of the ratios within a pass), the hit rate and tritonserver's own milliseconds a hit and
+a miss from its metrics, and the peak PSS of each server's processes (``/proc/PID/smaps_rollup``)
+sampled throughout.
 
-    .venv/bin/python benchmarks/bench_response_cache.py [--rounds 3] [--out-dir bench_results]
+    .venv/bin/python benchmarks/bench_response_cache.py [--rounds 3] [--passes 3] [--out-dir bench_results]
 
 Writes ``bench_response_cache.json`` and ``.png`` and prints a Markdown table.
 """
@@ -20,6 +23,7 @@ Writes ``bench_response_cache.json`` and ``.png`` and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -30,7 +34,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from bench_idle_memory import pss_kib
+from bench_perf_analyzer import process_usage
 from make_inputs import with_comment
 from photos import camera_photos
 from plots import saved_axes
@@ -74,17 +79,23 @@ class Tally:
 
 def replay(
     url: str, model: str, chats: list[list[tuple[bytes, int]]], expected: list[np.ndarray]
-) -> tuple[float, Tally]:
+) -> tuple[float, Tally, float]:
     """Run the ``chats`` at once, each on its own gRPC connection and thread, its requests
-    ((bytes, photo index)) one after the other as a chat's turns are; seconds and outcomes. Each
+    ((bytes, photo index)) one after the other as a chat's turns are; seconds, outcomes and the CPU
+    seconds of the chats' threads. Each
     chat sends and receives through two system shared-memory regions of its own, as a client on the
     server's host does (``kimi-prep infer --shm``): a hit then costs what the server does for it, not
-    gRPC's copies of a 1-3 MB photo and a 9.6 or 38 MB answer."""
+    gRPC's copies of a 1-3 MB photo and a 9.6 or 38 MB answer. The clock runs from the moment
+    every chat is connected with its regions registered until the last answer is checked, as for
+    clients that keep their connection and regions from turn to turn."""
     output = MODELS[model][0]
     in_bytes = max(len(data) for chat in chats for data, _ in chat) + 4  # + its length prefix
     out_bytes = max(e.nbytes for e in expected)
     tally = Tally()
     lock = threading.Lock()
+    ready = threading.Barrier(len(chats) + 1)
+    finished: list[float] = []
+    cpu: list[float] = []
 
     def chat(index: int, items: list[tuple[bytes, int]]) -> None:
         client = grpcclient.InferenceServerClient(url)
@@ -96,6 +107,8 @@ def replay(
         for name, size in zip(names, (in_bytes, out_bytes), strict=True):
             client.register_system_shared_memory(name, f"/{name}", size)
         try:
+            ready.wait()
+            cpu_start = time.thread_time()
             for data, photo in items:
                 serialized = serialize_byte_tensor(np.array([[data]], dtype=np.object_))
                 shm.set_shared_memory_region(regions[0], [serialized])
@@ -110,12 +123,13 @@ def replay(
                         tally.failed += 1
                     continue
                 shape = result.get_output(output).shape
-                equal = np.array_equal(
-                    shm.get_contents_as_numpy(regions[1], expected[photo].dtype, shape)[0], expected[photo]
-                )
+                answer = shm.get_contents_as_numpy(regions[1], expected[photo].dtype, shape)[0]
+                equal = bit_equal(answer, expected[photo])
                 with lock:
                     tally.exact += equal
                     tally.wrong += not equal
+            finished.append(time.perf_counter())
+            cpu.append(time.thread_time() - cpu_start)
         finally:
             for name in names:
                 for _ in range(100):  # Triton lets go of a region shortly after the last response
@@ -128,10 +142,23 @@ def replay(
                 shm.destroy_shared_memory_region(region)
             client.close()
 
-    start = time.perf_counter()
     with ThreadPoolExecutor(len(chats)) as pool:
-        list(pool.map(chat, range(len(chats)), chats))
-    return time.perf_counter() - start, tally
+        done = [pool.submit(chat, index, items) for index, items in enumerate(chats)]
+        ready.wait()
+        start = time.perf_counter()
+        for future in done:
+            future.result()
+    return max(finished) - start, tally, sum(cpu)
+
+
+def bit_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays hold the same bytes: compared eight at a time (the client's check shares
+    the server's cores, so it is kept cheap)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
+    whole = a.size - a.size % 8
+    return np.array_equal(a[:whole].view(np.uint64), b[:whole].view(np.uint64)) and np.array_equal(a[whole:], b[whole:])
 
 
 CACHE_METRICS = {
@@ -233,47 +260,84 @@ class Runs:
 
     rates: list[float]
     tally: Tally
+    server_cpu_ms: list[float] = field(default_factory=list)  # per request, each pass
+    client_cpu_ms: list[float] = field(default_factory=list)
     hits: float = 0.0
     misses: float = 0.0
+    hit_us: float = 0.0
+    miss_us: float = 0.0
 
     def add(self, rate: float, tally: Tally, cache: dict[str, float] | None) -> None:
         self.rates.append(rate)
-        for field in vars(tally):
-            setattr(self.tally, field, getattr(self.tally, field) + getattr(tally, field))
+        for outcome in vars(tally):
+            setattr(self.tally, outcome, getattr(self.tally, outcome) + getattr(tally, outcome))
         if cache:
-            self.hits += cache["hits"]
-            self.misses += cache["misses"]
+            for key in CACHE_METRICS:
+                setattr(self, key, getattr(self, key) + cache[key])
 
     def summary(self) -> dict[str, Any]:
         return {
             "rps_min": min(self.rates),
             "rps_median": statistics.median(self.rates),
+            "server_cpu_ms_median": statistics.median(self.server_cpu_ms),
+            "client_cpu_ms_median": statistics.median(self.client_cpu_ms),
             "rounds": self.rates,
             **vars(self.tally),
             "hits": self.hits,
             "misses": self.misses,
+            "ms_per_hit": self.hit_us / 1e3 / max(1.0, self.hits),
+            "ms_per_miss": self.miss_us / 1e3 / max(1.0, self.misses),
         }
 
 
 def one_round(
-    server: EmbeddedServer,
+    servers: dict[str, EmbeddedServer],
     photos: list[bytes],
     expected: dict[str, list[np.ndarray]],
     *,
-    runs: dict[tuple[str, str], Runs],
+    runs: dict[str, dict[tuple[str, str], Runs]],
     args: argparse.Namespace,
     tags: Tags,
 ) -> None:
-    """Both traces on both models against ``server``, after a warm-up pass of unique requests."""
+    """Both traces on both models, ``args.passes`` times, against each of ``servers`` (running
+    side by side, one serving at a time) in turn, after warm-up passes of unique requests."""
     for model, (_, out) in MODELS.items():
-        # Warm-up: every page of the cache's arena touched once (a long-running server's state).
-        replay(server.grpc_url, model, chat_requests(photos, args.chats, args.repeats, True, tags), expected[out])
-        for kind in ("unique", "repeated"):
-            chats = chat_requests(photos, args.chats, args.repeats, kind == "unique", tags)
-            before = cache_counts(server.metrics_url)
-            seconds, tally = replay(server.grpc_url, model, chats, expected[out])
-            cache = counts_between(before, cache_counts(server.metrics_url)).get(model)
-            runs.setdefault((model, kind), Runs([], Tally())).add(sum(map(len, chats)) / seconds, tally, cache)
+        for server in servers.values():
+            for _ in range(warm_up_passes(expected[out], args.repeats)):
+                chats = chat_requests(photos, args.chats, args.repeats, True, tags)
+                replay(server.grpc_url, model, chats, expected[out])
+        for _ in range(args.passes):
+            for kind in ("unique", "repeated"):
+                for name, server in servers.items():
+                    chats = chat_requests(photos, args.chats, args.repeats, kind == "unique", tags)
+                    requests = sum(map(len, chats))
+                    before, server_cpu = cache_counts(server.metrics_url), cpu_s(server)
+                    seconds, tally, client_cpu = replay(server.grpc_url, model, chats, expected[out])
+                    server_ms = 1e3 * (cpu_s(server) - server_cpu) / requests
+                    cache = counts_between(before, cache_counts(server.metrics_url)).get(model)
+                    run = runs[name].setdefault((model, kind), Runs([], Tally()))
+                    run.add(requests / seconds, tally, cache)
+                    run.server_cpu_ms.append(server_ms)
+                    run.client_cpu_ms.append(1e3 * client_cpu / requests)
+
+
+def cpu_s(server: EmbeddedServer) -> float:
+    """CPU seconds so far of tritonserver and its stubs."""
+    return sum(seconds for seconds, _ in process_usage(server.process_tree()).values())
+
+
+def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
+    """The median of the ratios of rates measured in the same pass (side by side in time)."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
+
+
+def warm_up_passes(expected: list[np.ndarray], repeats: int) -> int:
+    """Unique passes whose answers fill the default cache at least once, plus one: each page of its
+    arena is then touched, as on a long-running server. (A fresh arena's first touch costs a miss
+    several milliseconds of page faults; measured, that is the first hours of a server, not its
+    state.) The server without a cache gets the same passes."""
+    pass_bytes = repeats * sum(e.nbytes for e in expected)
+    return -(-SERVING_DEFAULTS.response_cache_bytes // pass_bytes) + 1
 
 
 def main() -> int:
@@ -281,7 +345,8 @@ def main() -> int:
     parser.add_argument("--photos", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--chats", type=int, default=4, help="chats at once (the requests in flight)")
-    parser.add_argument("--rounds", type=int, default=3, help="server starts per configuration, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="starts of the two servers")
+    parser.add_argument("--passes", type=int, default=3, help="passes of each trace per start, alternating servers")
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
 
@@ -294,10 +359,12 @@ def main() -> int:
     peak_pss = dict.fromkeys(configurations, 0.0)
     tags = Tags()
     for _ in range(args.rounds):
-        for name, cache_bytes in configurations.items():
-            with serve(cache_bytes) as server, PeakPss(server.process_tree) as pss:
-                one_round(server, photos, expected, runs=runs[name], args=args, tags=tags)
-            peak_pss[name] = max(peak_pss[name], pss.peak_mib)
+        with contextlib.ExitStack() as stack:
+            servers = {name: stack.enter_context(serve(size)) for name, size in configurations.items()}
+            samplers = {name: stack.enter_context(PeakPss(s.process_tree)) for name, s in servers.items()}
+            one_round(servers, photos, expected, runs=runs, args=args, tags=tags)
+        for name, sampler in samplers.items():
+            peak_pss[name] = max(peak_pss[name], sampler.peak_mib)
     rows = []
     for model in MODELS:
         cached, plain = runs["cache"], runs["no cache"]
@@ -305,13 +372,15 @@ def main() -> int:
         unique_plain = plain[(model, "unique")]
         rows.append({
             "model": model,
-            "repeated_over_unique": statistics.median(repeated.rates) / statistics.median(unique.rates),
-            "unique_cache_over_no_cache": statistics.median(unique.rates) / statistics.median(unique_plain.rates),
+            "repeated_over_unique": paired_ratio(repeated.rates, unique.rates),
+            "unique_cache_over_no_cache": paired_ratio(unique.rates, unique_plain.rates),
+            "server_cpu_unique_over_repeated": paired_ratio(unique.server_cpu_ms, repeated.server_cpu_ms),
             "hit_rate": repeated.hits / max(1.0, repeated.hits + repeated.misses),
             "runs": {f"{c} {k}": r.summary() for c in configurations for (m, k), r in runs[c].items() if m == model},
         })  # fmt: skip
     report = {
-        "photos": args.photos, "repeats": args.repeats, "chats": args.chats, "rounds": args.rounds,
+        "photos": args.photos, "repeats": args.repeats, "chats": args.chats,
+        "rounds": args.rounds, "passes": args.passes,
         "cache_bytes": SERVING_DEFAULTS.response_cache_bytes, "peak_pss_mib": peak_pss, "rows": rows,
     }  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -338,9 +407,14 @@ def markdown(report: dict[str, Any]) -> str:
             )
     lines.append("")
     for row in report["rows"]:
+        repeated, unique = row["runs"]["cache repeated"], row["runs"]["cache unique"]
         lines.append(
             f"{row['model']}: repeated / unique with the cache {row['repeated_over_unique']:.2f}x; "
-            f"unique with / without it {row['unique_cache_over_no_cache']:.2f}x"
+            f"unique with / without it {row['unique_cache_over_no_cache']:.2f}x; tritonserver's cache "
+            f"{repeated['ms_per_hit']:.2f} ms a hit, {unique['ms_per_miss']:.2f} ms a miss; server CPU ms a request "
+            f"unique {unique['server_cpu_ms_median']:.1f}, repeated {repeated['server_cpu_ms_median']:.1f} "
+            f"({row['server_cpu_unique_over_repeated']:.2f}x), client CPU ms a request "
+            f"{unique['client_cpu_ms_median']:.1f} / {repeated['client_cpu_ms_median']:.1f}"
         )
     pss = ", ".join(f"{name} {mib:.0f} MiB" for name, mib in report["peak_pss_mib"].items())
     lines.append(f"peak PSS of tritonserver and its stubs: {pss}")
