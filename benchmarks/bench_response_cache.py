@@ -82,10 +82,10 @@ def replay(
 ) -> tuple[float, Tally, float]:
     """Run the ``chats`` at once, each on its own gRPC connection and thread, its requests
     ((bytes, photo index)) one after the other as a chat's turns are; seconds, outcomes and the CPU
-    seconds of the chats' threads. Each
-    chat sends and receives through two system shared-memory regions of its own, as a client on the
-    server's host does (``kimi-prep infer --shm``): a hit then costs what the server does for it, not
-    gRPC's copies of a 1-3 MB photo and a 9.6 or 38 MB answer. The clock runs from the moment
+    seconds of the chats' threads. Each chat sends and receives through two system shared-memory
+    regions of its own, as a client on the server's host does (``kimi-prep infer --shm``): a hit
+    then costs what the server does for it, not gRPC's copies of a 1-3 MB photo and a 9.6 or 38 MB
+    answer. The clock runs from the moment
     every chat is connected with its regions registered until the last answer is checked, as for
     clients that keep their connection and regions from turn to turn."""
     output = MODELS[model][0]
