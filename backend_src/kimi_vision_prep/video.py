@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -184,20 +185,30 @@ def preprocess_video(
 
     The container is validated and its frames counted here (errors raise now); decoding happens as
     the iterator is consumed and stops when it is closed. ``threads``: FFmpeg decoder threads (0:
-    its default); ``on_frame`` is called once per decoded frame (e.g. a metric).
+    :func:`ffmpeg_threads`); ``on_frame`` is called once per decoded frame (e.g. a metric).
     """
     if output not in PIXEL_OUTPUTS:
         raise ValueError(f"output must be one of {PIXEL_OUTPUTS}, got {output!r}")
     preset = get_preset(preset)
     demuxed, indices = _sampling(data, preset, limits)
     # Each frame is written into its chunk as it comes, while the next ones decode: its kernels
-    # take half the numba threads, FFmpeg's decoder threads the other half of the cores.
+    # take half the numba threads, FFmpeg's decoder threads the cores they leave.
     threads_per_frame = max(1, numba.get_num_threads() // 2)
+    threads = threads or ffmpeg_threads(threads_per_frame)
 
     def new_chunk(frames: int) -> _FrameSink:
         return _KernelThreads(ChunkWriter(frames, preset, output), threads_per_frame)
 
     return _chunk_results(_stream(demuxed, preset, indices, limits, threads, on_frame, new_chunk))
+
+
+def ffmpeg_threads(kernel_threads: int) -> int:
+    """FFmpeg decoder threads beside ``kernel_threads`` threads writing sampled frames: the cores
+    those leave, at least one. FFmpeg's own choice (a thread a core, plus one) oversubscribes the
+    cores; on the 2-core host one decoder thread took 0.82-0.96x the time on the H.264 clips of
+    ``benchmarks/bench_media.py`` (paired runs), about 0.77x on the corpus's 1 s clips, and 1.16x
+    on the MPEG-4 clip."""
+    return max(1, (os.cpu_count() or 1) - kernel_threads)
 
 
 def _chunk_results(chunks: Iterator[_Sampled]) -> Iterator[VideoChunkResult]:

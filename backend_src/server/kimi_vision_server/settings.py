@@ -158,7 +158,7 @@ SETTINGS: tuple[Setting, ...] = (
         )
     ),
     Setting(
-        "ffmpeg_threads", "FFmpeg decoder threads (0: FFmpeg's choice)", frozenset({"video"}), 0,
+        "ffmpeg_threads", "FFmpeg decoder threads (0: the cores the frame kernels leave)", frozenset({"video"}), 0,
         served=lambda r: r.threads, why="the host's layout: threads per instance",
     ),
     Setting(
