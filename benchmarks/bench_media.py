@@ -147,6 +147,8 @@ def streaming_rss() -> dict[str, Any]:
         samples.append(rss_mib())
     result = {"chunks": len(samples) - 1, "rss_mib_first_chunk": samples[1], "rss_mib_max": max(samples)}
     result["rss_mib_growth_after_first_chunk"] = max(samples[1:]) - samples[1]
+    # The second chunk is written while the caller holds the first, by both frame writers.
+    result["rss_mib_growth_after_second_chunk"] = max(samples[2:]) - samples[2]
     print(f"streaming RSS: {result}", flush=True)
     return result
 
