@@ -203,7 +203,8 @@ def preprocess_video(
     preset = get_preset(preset)
     demuxed, indices = _sampling(data, preset, limits)
     # Each frame is written into its chunk as it comes, while the next ones decode: the frame
-    # writers take half the numba threads, FFmpeg's decoder threads the cores they leave.
+    # writers share half the numba threads (at least one each), FFmpeg's decoder threads the
+    # cores that half leaves.
     frame_threads = max(1, numba.get_num_threads() // 2)
     threads = threads or ffmpeg_threads(frame_threads)
     workers = batch_workers()
