@@ -218,9 +218,9 @@ def preprocess_video(
 def ffmpeg_threads(kernel_threads: int) -> int:
     """FFmpeg decoder threads beside ``kernel_threads`` threads writing sampled frames: the cores
     those leave, at least one. FFmpeg's own choice (a thread a core, plus one) oversubscribes the
-    cores; on the 2-core host one decoder thread took 0.82-0.96x the time on the H.264 clips of
-    ``benchmarks/bench_media.py`` (paired runs), about 0.77x on the corpus's 1 s clips, and 1.16x
-    on the MPEG-4 clip."""
+    cores; on the 2-core host one decoder thread against its three took 0.82-0.98x the time on six
+    of the seven clips of ``benchmarks/bench_media.py`` and 1.05x on the seventh (720p H.264;
+    median of 9 paired runs, with two frame writers)."""
     return max(1, (os.cpu_count() or 1) - kernel_threads)
 
 
