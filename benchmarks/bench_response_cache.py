@@ -85,9 +85,9 @@ def replay(
     seconds of the chats' threads. Each chat sends and receives through two system shared-memory
     regions of its own, as a client on the server's host does (``kimi-prep infer --shm``): a hit
     then costs what the server does for it, not gRPC's copies of a 1-3 MB photo and a 9.6 or 38 MB
-    answer. The clock runs from the moment
-    every chat is connected with its regions registered until the last answer is checked, as for
-    clients that keep their connection and regions from turn to turn."""
+    answer. The clock runs from the moment every chat is connected with its regions registered
+    until the last answer is checked, as for clients that keep their connection and regions from
+    turn to turn."""
     output = MODELS[model][0]
     in_bytes = max(len(data) for chat in chats for data, _ in chat) + 4  # + its length prefix
     out_bytes = max(e.nbytes for e in expected)
@@ -267,8 +267,12 @@ class Runs:
     hit_us: float = 0.0
     miss_us: float = 0.0
 
-    def add(self, rate: float, tally: Tally, cache: dict[str, float] | None) -> None:
+    def add(
+        self, rate: float, tally: Tally, cache: dict[str, float] | None, server_cpu_ms: float, client_cpu_ms: float
+    ) -> None:
         self.rates.append(rate)
+        self.server_cpu_ms.append(server_cpu_ms)
+        self.client_cpu_ms.append(client_cpu_ms)
         for outcome in vars(tally):
             setattr(self.tally, outcome, getattr(self.tally, outcome) + getattr(tally, outcome))
         if cache:
@@ -316,9 +320,7 @@ def one_round(
                     server_ms = 1e3 * (cpu_s(server) - server_cpu) / requests
                     cache = counts_between(before, cache_counts(server.metrics_url)).get(model)
                     run = runs[name].setdefault((model, kind), Runs([], Tally()))
-                    run.add(requests / seconds, tally, cache)
-                    run.server_cpu_ms.append(server_ms)
-                    run.client_cpu_ms.append(1e3 * client_cpu / requests)
+                    run.add(requests / seconds, tally, cache, server_ms, 1e3 * client_cpu / requests)
 
 
 def cpu_s(server: EmbeddedServer) -> float:
