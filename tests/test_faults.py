@@ -10,6 +10,7 @@ waits here only keep a broken recovery from hanging the suite.
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -31,7 +32,8 @@ from tritonclient.utils import InferenceServerException
 from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server import shm_regions
 from kimi_vision_server.embedded import EmbeddedServer, free_port
-from kimi_vision_server.watchdog import stub_processes
+from kimi_vision_server.render_blocks import RenderOptions
+from kimi_vision_server.watchdog import StubWatchdog, stub_processes
 
 pytestmark = pytest.mark.server
 
@@ -42,6 +44,7 @@ OUTPUTS = ["PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"]
 CLIENT_TIMEOUT_S = 60.0  # a request that hangs fails the test instead of the test hanging
 HANG_GUARD_S = 300.0  # a wait that never ends fails the test instead; not a performance bound
 LOAD_THREADS = 3
+STUB_SCAN_S = inspect.signature(StubWatchdog).parameters["interval_s"].default  # the launcher's
 
 
 @dataclass
@@ -230,6 +233,28 @@ def test_killed_decode_stub_is_reloaded_under_load(server: EmbeddedServer, image
 
 def test_killed_preprocess_stub_is_reloaded_under_load(server: EmbeddedServer, images: list) -> None:
     kill_under_load_and_recover(server, images, "kimi_k25_preprocess")
+
+
+def test_each_kill_of_a_two_instance_models_stub_is_one_death_and_one_recovery(images: list) -> None:
+    """`kimi-prep serve`'s layout on a host of several cores: two instances a model. A reload
+    replaces both; the old version's surviving stub ends as that version unloads, which is no
+    death (taken for one it set off a second reload, during which the next kill went unrecovered).
+    Three kills in a row, each of a stub of the version the last recovery loaded."""
+    require_tritonserver()
+    model = "kimi_k25_decode"
+    render = RenderOptions(instances=2, threads=1, kind="cpu")
+    with EmbeddedServer(render=render, models=(MODEL,), probe_port=free_port()) as server:
+        for kills in (1, 2, 3):
+            wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the kill")
+            kill_stub(server, f"{model}_0_0")
+            wait_for(serves_exactly(server, images), f"{MODEL} served exactly again after kill {kills}")
+            wait_for(lambda n=kills: counter(server, "kimi_prep_recoveries_total", model) >= n, f"recovery {kills}")
+            wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 after the recovery")
+            # The replaced version unloads within a few scans (its surviving stub ends then): an
+            # exit taken for a death would be counted by now, or by the next round's check.
+            time.sleep(4 * STUB_SCAN_S)
+            assert counter(server, "kimi_prep_stub_deaths_total", model) == kills
+            assert counter(server, "kimi_prep_recoveries_total", model) == kills
 
 
 def test_killed_server_is_not_live_and_leaves_no_shared_memory() -> None:

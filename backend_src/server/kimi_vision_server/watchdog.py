@@ -17,7 +17,8 @@ starts a fresh stub; Triton reloads the ensembles composing the model with it.
   model that was ready before and is not now), one reload at a time, retried with exponential
   backoff until it succeeds. The load does not wait for the unload to finish: the old version
   stays ``UNLOADING`` behind the new one (its dead instance never finalizes) and is dropped when
-  the server stops;
+  the server stops. Every stub of the old version is retired when the reload begins: the stubs
+  of its live instances (a model with several) end as it unloads, and that is not a death;
 - ``kimi_prep_stub_deaths_total{model}`` and ``kimi_prep_recoveries_total{model}`` count deaths
   and completed recoveries; :meth:`StubWatchdog.readiness` is false while a stub is known dead or
   its recovery is in progress.
@@ -213,7 +214,7 @@ class PendingRecovery:
 @dataclass
 class WatchdogState:
     known: dict[tuple[int, int], StubProcess] = field(default_factory=dict)  # live stubs seen
-    handled: set[tuple[int, int]] = field(default_factory=set)  # dead stubs already acted upon
+    handled: set[tuple[int, int]] = field(default_factory=set)  # dead or retired stubs, not watched
     pending: dict[str, PendingRecovery] = field(default_factory=dict)
     recovering: str | None = None
     deaths: Counter[str] = field(default_factory=Counter)
@@ -320,8 +321,9 @@ class StubWatchdog:
         """Stubs that died since the last round (zombies, or known live ones gone); learns new live ones."""
         seen = {stub.identity for stub in stubs}
         with self._lock:
+            self._state.handled &= seen  # a stub gone for good needs no remembering
             for stub in stubs:
-                if not stub.zombie:
+                if not stub.zombie and stub.identity not in self._state.handled:
                     self._state.known[stub.identity] = stub
             zombies = [stub for stub in stubs if stub.zombie and stub.identity not in self._state.handled]
             vanished = [stub for identity, stub in self._state.known.items() if identity not in seen]
@@ -367,7 +369,6 @@ class StubWatchdog:
                 self._state.recovering = None
             return
         elapsed = time.monotonic() - pending.detected_at
-        self._forget_stubs_of(model)
         with self._lock:
             del self._state.pending[model]
             self._state.recoveries[model] += 1
@@ -375,8 +376,10 @@ class StubWatchdog:
         log.warning("%s recovered %.1f s after its stub died (attempt %d)", model, elapsed, pending.attempts)
 
     def _reload(self, model: str) -> None:
-        """Unload, load; then load every model that was ready before and is not now (ensembles)."""
+        """Unload, load; then load every model that was ready before and is not now (ensembles).
+        The model's stubs from before, dead or alive, are retired first (:meth:`_retire_stubs_of`)."""
         ready_before = {name for name, state in self.repository.model_states().items() if state == READY}
+        self._retire_stubs_of(model)
         self.repository.unload(model)
         self.repository.wait_not_ready(model)
         self.repository.load(model)
@@ -386,13 +389,14 @@ class StubWatchdog:
                 log.warning("loading %s again (it composes %s)", name, model)
                 self.repository.load(name)
 
-    def _forget_stubs_of(self, model: str) -> None:
-        """After a reload: the model's old stubs are gone or zombies; learn the new ones next round."""
+    def _retire_stubs_of(self, model: str) -> None:
+        """Before a reload: ``model``'s stubs now belong to the version being replaced, and none is
+        watched from here on. Its live instances' stubs exit when that version is unloaded, which
+        is not a death (taken for one, it set off a second reload, and a death seen during that
+        reload was left unrecovered)."""
+        retired = {stub.identity for stub in stub_processes(self.process.pid) if stub.model == model}
         with self._lock:
             for identity, stub in list(self._state.known.items()):
                 if stub.model == model:
                     del self._state.known[identity]
-        for stub in stub_processes(self.process.pid):
-            if stub.model == model and stub.zombie:
-                with self._lock:
-                    self._state.handled.add(stub.identity)
+            self._state.handled |= retired

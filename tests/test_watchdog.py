@@ -1,0 +1,109 @@
+"""The stub watchdog's bookkeeping, one scan at a time: which stub exits are deaths.
+
+tests/test_faults.py kills real stubs of a real tritonserver; whether the replaced version's
+surviving stub ends before or after the watchdog's next scan is up to tritonserver's timing there.
+Here the scans and tritonserver's answers are scripted, so each order is taken for certain.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from kimi_vision_server import watchdog
+from kimi_vision_server.watchdog import READY, StubProcess, StubWatchdog
+
+MODEL = "kimi_k25_decode"
+
+
+class ScriptedServer:
+    """What the watchdog reads of tritonserver: its stub processes and its repository API. A load
+    starts ``instances`` stubs of the model; nothing else changes unless a test says so."""
+
+    def __init__(self, instances: int) -> None:
+        self.instances = instances
+        self.pids = itertools.count(4_000_000)  # beyond pid_max: /proc has none of them
+        self.stubs: dict[int, StubProcess] = {}
+        self.states = {MODEL: READY}
+        self.loads: list[str] = []
+        self.pid = 1  # the process the watchdog watches: always running
+        self.start()
+
+    def start(self) -> list[int]:
+        pids = [next(self.pids) for _ in range(self.instances)]
+        for index, pid in enumerate(pids):
+            self.stubs[pid] = StubProcess(pid, pid, MODEL, f"{MODEL}_0_{index}", zombie=False)
+        return pids
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL: tritonserver does not reap its dead stub, a zombie stays."""
+        stub = self.stubs[pid]
+        self.stubs[pid] = StubProcess(stub.pid, stub.start_ticks, stub.model, stub.instance, zombie=True)
+
+    def end(self, pid: int) -> None:
+        """A stub that exits and is reaped (its version unloaded)."""
+        del self.stubs[pid]
+
+    # -- the process and repository API the watchdog calls --
+
+    def poll(self) -> None:
+        return None
+
+    def model_states(self) -> dict[str, str]:
+        return dict(self.states)
+
+    def unload(self, model: str) -> None:
+        self.states[model] = "UNLOADING"
+
+    def wait_not_ready(self, model: str) -> None:
+        assert self.states[model] != READY
+
+    def load(self, model: str) -> None:
+        self.loads.append(model)
+        self.start()
+        self.states[model] = READY
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> tuple[ScriptedServer, StubWatchdog]:
+    server = ScriptedServer(instances=2)
+    monkeypatch.setattr(watchdog, "stub_processes", lambda pid: list(server.stubs.values()))
+    guard = StubWatchdog(server, "127.0.0.1:1")  # type: ignore[arg-type]
+    guard.repository = server  # type: ignore[assignment]
+    return server, guard
+
+
+def counts(guard: StubWatchdog) -> dict[str, Any]:
+    return {name: values.get(MODEL, 0) for name, values in guard.counters().items()}
+
+
+def test_the_replaced_versions_surviving_stub_ending_after_a_scan_is_no_death(scripted) -> None:
+    server, guard = scripted
+    first, survivor = sorted(server.stubs)
+    guard.poll_once()  # both learned
+    server.kill(first)
+    guard.poll_once()  # the death, and its reload: two new stubs
+    assert counts(guard) == {"stub_deaths": 1, "recoveries": 1}
+    guard.poll_once()  # the old version still unloading: its survivor still runs
+    server.end(survivor)  # it unloads
+    guard.poll_once()
+    assert counts(guard) == {"stub_deaths": 1, "recoveries": 1}
+    assert server.loads == [MODEL]
+    assert guard.readiness()[1] != f"recovering from a dead stub: {MODEL}"
+
+
+def test_a_stub_of_the_reloaded_version_killed_next_is_recovered(scripted) -> None:
+    server, guard = scripted
+    first, survivor = sorted(server.stubs)
+    guard.poll_once()
+    server.kill(first)
+    guard.poll_once()
+    new_first = min(pid for pid, stub in server.stubs.items() if pid not in (first, survivor))
+    guard.poll_once()
+    server.end(survivor)
+    server.kill(new_first)
+    guard.poll_once()
+    assert counts(guard) == {"stub_deaths": 2, "recoveries": 2}
+    assert server.loads == [MODEL, MODEL]
