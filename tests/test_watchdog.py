@@ -107,3 +107,15 @@ def test_a_stub_of_the_reloaded_version_killed_next_is_recovered(scripted) -> No
     guard.poll_once()
     assert counts(guard) == {"stub_deaths": 2, "recoveries": 2}
     assert server.loads == [MODEL, MODEL]
+
+
+def test_a_new_stub_killed_and_reaped_before_the_next_scan_is_a_death(scripted) -> None:
+    server, guard = scripted
+    first, survivor = sorted(server.stubs)
+    guard.poll_once()
+    server.kill(first)
+    guard.poll_once()  # the reload; readiness may say ready before the watchdog scans again
+    new_first = min(pid for pid in server.stubs if pid not in (first, survivor))
+    server.end(new_first)  # killed and reaped before that scan
+    guard.poll_once()
+    assert counts(guard) == {"stub_deaths": 2, "recoveries": 2}

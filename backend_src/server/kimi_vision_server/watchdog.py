@@ -322,12 +322,16 @@ class StubWatchdog:
         seen = {stub.identity for stub in stubs}
         with self._lock:
             self._state.handled &= seen  # a stub gone for good needs no remembering
-            for stub in stubs:
-                if not stub.zombie and stub.identity not in self._state.handled:
-                    self._state.known[stub.identity] = stub
+            self._learn(stubs)
             zombies = [stub for stub in stubs if stub.zombie and stub.identity not in self._state.handled]
             vanished = [stub for identity, stub in self._state.known.items() if identity not in seen]
         return zombies + vanished
+
+    def _learn(self, stubs: list[StubProcess]) -> None:
+        """Watch the live stubs not watched yet, but retired ones (the caller holds the lock)."""
+        for stub in stubs:
+            if not stub.zombie and stub.identity not in self._state.handled:
+                self._state.known[stub.identity] = stub
 
     def _record_deaths(self, stubs: list[StubProcess]) -> None:
         dead = self._dead_stubs(stubs)
@@ -369,7 +373,11 @@ class StubWatchdog:
                 self._state.recovering = None
             return
         elapsed = time.monotonic() - pending.detected_at
+        # The new version's stubs are watched before readiness says ready: one killed before the
+        # next scan and reaped by then would otherwise never be seen (a recovery measured 574 s).
+        stubs = stub_processes(self.process.pid)
         with self._lock:
+            self._learn(stubs)
             del self._state.pending[model]
             self._state.recoveries[model] += 1
             self._state.recovering = None
