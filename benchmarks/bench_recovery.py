@@ -1,15 +1,20 @@
 """How fast a killed Python-backend stub is noticed and its model serves exactly again, idle and
 under load.
 
-    .venv/bin/python benchmarks/bench_recovery.py [--rounds 3] [--load 4] [--out-dir bench_results]
+    .venv/bin/python benchmarks/bench_recovery.py [--serve repository|default] [--rounds 3] [--load 4]
+        [--out-dir bench_results]
 
-One embedded server (the checked-in repository, the stub watchdog, a probe port); each round
-kills the stub of ``kimi_k25_decode`` and then of ``kimi_k25_preprocess`` with SIGKILL, first with
-the server idle, then under load (``--load`` client threads sending corpus photos and undecodable
-bytes to ``kimi_k25_vision`` over gRPC without pause), and measures, from the kill: the seconds
-until ``kimi_k25_vision`` answers every corpus image bit-equal to ``preprocess_bytes`` again, and
-until ``/readyz`` is 200 again. The load's requests are counted by outcome: exact, a typed error,
-a wrong answer, or no answer within 60 s (hung). Prints min/median per model and condition; writes
+One embedded server with the stub watchdog and a probe port: ``--serve repository`` (the default)
+serves the checked-in repository as it is (an instance a model; ``kimi_k25_vision`` is
+``kimi_k25_decode`` then the Python ``kimi_k25_preprocess``), ``--serve default`` what `kimi-prep
+serve` renders on this host (its layout; on a CPU host the ensemble ends with the C patchify step,
+which runs inside tritonserver and has no stub). Each round kills the first stub of each Python
+step of ``kimi_k25_vision`` in turn with SIGKILL, first with the server idle, then under load
+(``--load`` client threads, in a process of their own, sending corpus photos and undecodable bytes
+to ``kimi_k25_vision`` over gRPC without pause), and measures, from the kill: the seconds until
+``kimi_k25_vision`` answers every corpus image bit-equal to ``preprocess_bytes`` again, and until
+``/readyz`` is 200 again. The load's requests are counted by outcome: exact, a typed error, a wrong
+answer, or no answer within 60 s (hung). Prints min/median per model and condition; writes
 ``bench_recovery.json`` and ``.png``. tests/test_faults.py checks that recovery happens (under
 load, with the counters); this measures how long it takes.
 """
@@ -42,6 +47,9 @@ from plots import saved_axes
 
 from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server.embedded import EmbeddedServer, free_port
+from kimi_vision_server.host import host_layout
+from kimi_vision_server.render_blocks import RenderOptions
+from kimi_vision_server.repository import default_model_names, repository_models, select_models
 from kimi_vision_server.watchdog import stub_processes
 
 MODEL = "kimi_k25_vision"
@@ -155,23 +163,47 @@ def kill_and_time(server: EmbeddedServer, model: str, cases: list[tuple[bytes, n
     return exact_s, seconds_until(lambda: ready(server), killed_at)
 
 
+def default_rendering() -> RenderOptions:
+    """What `kimi-prep serve` renders on this host (:func:`host_layout`, no flags)."""
+    layout = host_layout()
+    return RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
+
+
+def served_models(serve: str) -> tuple[str, ...] | None:
+    """The models `kimi-prep serve` serves by default (``serve="default"``); None: the repository's."""
+    if serve == "repository":
+        return None
+    rendered = repository_models(default_rendering())
+    return tuple(model.name for model in select_models(rendered, default_model_names()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--load", type=int, default=4, help="client threads of the load (0: idle only)")
+    parser.add_argument(
+        "--serve",
+        choices=("repository", "default"),
+        default="repository",
+        help="the checked-in repository as it is (an instance a model, the Python preprocess step), or "
+        "what `kimi-prep serve` renders on this host (its layout; a CPU host ends with the C patchify step)",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     cases = [((CORPUS / n).read_bytes(), preprocess_bytes((CORPUS / n).read_bytes()).pixel_values) for n in IMAGES]
     conditions = ["idle", *(["under_load"] if args.load else [])]
-    results = {c: {m: {"exact_s": [], "ready_s": []} for m in KILLED} for c in conditions}
+    served = served_models(args.serve)
+    killed = [model for model in KILLED if served is None or model in served]
+    results = {c: {m: {"exact_s": [], "ready_s": []} for m in killed} for c in conditions}
     outcomes: dict[str, int] = {}
-    with EmbeddedServer(probe_port=free_port()) as server:
+    render = None if args.serve == "repository" else default_rendering()
+    with EmbeddedServer(render=render, models=served, probe_port=free_port()) as server:
         assert server.process is not None and serves_exactly(server.grpc_url, cases)
         for condition in conditions:
             with contextlib.ExitStack() as stack:
                 load = stack.enter_context(Load(server.grpc_url, cases, args.load)) if condition != "idle" else None
                 for _ in range(args.rounds):
-                    for model in KILLED:
+                    for model in killed:
                         exact_s, ready_s = kill_and_time(server, model, cases)
                         results[condition][model]["exact_s"].append(exact_s)
                         results[condition][model]["ready_s"].append(ready_s)
@@ -198,16 +230,23 @@ def main() -> int:
                 f"median {row['ready_s_median']:.2f} s"
             )
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    report = {"rounds": args.rounds, "load_threads": args.load, "cpus": os.cpu_count(), "seconds": results}
+    report = {
+        "serve": args.serve,
+        "layout": repr(render or RenderOptions()),
+        "rounds": args.rounds,
+        "load_threads": args.load,
+        "cpus": os.cpu_count(),
+        "seconds": results,
+    }
     report |= {"summary": summary, "load_outcomes": outcomes}
     (args.out_dir / "bench_recovery.json").write_text(json.dumps(report, indent=2))
     with saved_axes(args.out_dir / "bench_recovery.png", (7, 3.5)) as ax:
-        x = np.arange(len(KILLED))
+        x = np.arange(len(killed))
         width = 0.8 / len(conditions)
         for i, condition in enumerate(conditions):
-            medians = [summary[condition][m]["exact_s_median"] for m in KILLED]
+            medians = [summary[condition][m]["exact_s_median"] for m in killed]
             ax.bar(x - 0.4 + width * (i + 0.5), medians, width, label=f"exact again, {condition.replace('_', ' ')}")
-        ax.set_xticks(x, [f"kill -9 {m}" for m in KILLED])
+        ax.set_xticks(x, [f"kill -9 {m}" for m in killed])
         ax.set_ylabel(f"seconds after the kill (median of {args.rounds})")
         ax.legend()
     return 0
