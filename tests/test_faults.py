@@ -237,9 +237,10 @@ def test_killed_preprocess_stub_is_reloaded_under_load(server: EmbeddedServer, i
 
 def test_each_kill_of_a_two_instance_models_stub_is_one_death_and_one_recovery(images: list) -> None:
     """`kimi-prep serve`'s layout on a host of several cores: two instances a model. A reload
-    replaces both; the old version's surviving stub ends as that version unloads, which is no
-    death (taken for one it set off a second reload, during which the next kill went unrecovered).
-    Three kills in a row, each of a stub of the version the last recovery loaded."""
+    replaces both; the old version's surviving stub ends if that version unloads (tritonserver
+    never finishes unloading it when a request reached the dead stub), and that is no death (taken
+    for one it set off a second reload). Three kills in a row, each of a stub of the version the
+    last recovery loaded, each of them seen and recovered once."""
     require_tritonserver()
     model = "kimi_k25_decode"
     render = RenderOptions(instances=2, threads=1, kind="cpu")
@@ -250,8 +251,8 @@ def test_each_kill_of_a_two_instance_models_stub_is_one_death_and_one_recovery(i
             wait_for(serves_exactly(server, images), f"{MODEL} served exactly again after kill {kills}")
             wait_for(lambda n=kills: counter(server, "kimi_prep_recoveries_total", model) >= n, f"recovery {kills}")
             wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 after the recovery")
-            # The replaced version unloads within a few scans (its surviving stub ends then): an
-            # exit taken for a death would be counted by now, or by the next round's check.
+            # A replaced version that unloads does so within a few scans (its surviving stub ends
+            # then): an exit taken for a death would be counted by now, or by the next round's check.
             time.sleep(4 * STUB_SCAN_S)
             assert counter(server, "kimi_prep_stub_deaths_total", model) == kills
             assert counter(server, "kimi_prep_recoveries_total", model) == kills
