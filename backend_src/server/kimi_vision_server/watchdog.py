@@ -374,7 +374,7 @@ class StubWatchdog:
             return
         elapsed = time.monotonic() - pending.detected_at
         # The new version's stubs are watched before readiness says ready: one killed before the
-        # next scan and reaped by then would otherwise never be seen (a recovery measured 574 s).
+        # next scan and reaped by then would otherwise never be seen, its model left half-served.
         stubs = stub_processes(self.process.pid)
         with self._lock:
             self._learn(stubs)
@@ -400,8 +400,7 @@ class StubWatchdog:
     def _retire_stubs_of(self, model: str) -> None:
         """Before a reload: ``model``'s stubs now belong to the version being replaced, and none is
         watched from here on. Its live instances' stubs exit when that version is unloaded, which
-        is not a death (taken for one, it set off a second reload, and a death seen during that
-        reload was left unrecovered)."""
+        is not a death (taken for one, it would set off a second reload)."""
         retired = {stub.identity for stub in stub_processes(self.process.pid) if stub.model == model}
         with self._lock:
             for identity, stub in list(self._state.known.items()):
