@@ -55,7 +55,7 @@ from kimi_vision_prep.limits import PILLOW_MAX_PIXELS
 from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
 from kimi_vision_server.render_blocks import SERVING_DEFAULTS
-from kimi_vision_server.repository import RenderOptions, default_model_names
+from kimi_vision_server.repository import default_model_names, host_rendering
 
 MODEL = "kimi_k3_vision"
 BOUND_MIB = 4096  # docs/security.md: the default serve on a 2-core, 24 GB host
@@ -141,7 +141,7 @@ def hostile_requests() -> list[tuple[str, list[Any]]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     layout = host_layout()
-    options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
+    options = host_rendering(layout)
     heavy = heaviest_request()
     cache_bytes = args.response_cache_mib << 20
     with EmbeddedServer(render=options, models=default_model_names(), response_cache_bytes=cache_bytes) as server:

@@ -54,7 +54,7 @@ from plots import saved_axes
 from kimi_vision_server.allocator import allocator_env
 from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
-from kimi_vision_server.repository import RenderOptions, default_model_names
+from kimi_vision_server.repository import RenderOptions, default_model_names, host_rendering
 
 KIB = 1024
 LOADED_MODEL = "kimi_k25_vision"
@@ -163,7 +163,7 @@ def main() -> int:
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     layout = host_layout()
-    options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
+    options = host_rendering(layout)
     print(f"{layout.describe()}; concurrency {args.concurrency} on {LOADED_MODEL}", flush=True)
     runs = [(selection, "launcher's") for selection in args.selections]
     runs[1:1] = [(args.selections[0], "glibc"), (args.selections[0], "glibc retention")]

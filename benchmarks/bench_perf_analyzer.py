@@ -63,7 +63,13 @@ from kimi_vision_server.cli import bench_local
 from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
 from kimi_vision_server.render_blocks import IMAGE_BYTES_INPUT, SERVING_DEFAULTS, pixel_outputs, python_model
-from kimi_vision_server.repository import RenderOptions, default_model_names, render_repository, repository_models
+from kimi_vision_server.repository import (
+    RenderOptions,
+    default_model_names,
+    host_rendering,
+    render_repository,
+    repository_models,
+)
 
 PEER = "reference_k25_vision"
 # model -> the in-process output it is compared with (the peer: with ours producing the same float32).
@@ -305,7 +311,7 @@ def main() -> int:
     args = parser.parse_args()
     images = bench_local.bench_images("kimi-k2.5", benchmark_photos())
     layout = host_layout()
-    options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
+    options = host_rendering(layout)
     print(f"{layout.describe()}; {len(images)} photos", flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -48,9 +48,7 @@ from plots import saved_axes
 
 from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server.embedded import EmbeddedServer, free_port
-from kimi_vision_server.host import host_layout
-from kimi_vision_server.render_blocks import RenderOptions
-from kimi_vision_server.repository import default_model_names, repository_models, select_models
+from kimi_vision_server.repository import RenderOptions, default_model_names, host_rendering
 from kimi_vision_server.watchdog import stub_processes
 
 MODEL = "kimi_k25_vision"
@@ -165,20 +163,6 @@ def kill_and_time(server: EmbeddedServer, model: str, cases: list[tuple[bytes, n
     return exact_s, seconds_until(lambda: ready(server), killed_at)
 
 
-def default_rendering() -> RenderOptions:
-    """What `kimi-prep serve` renders on this host (:func:`host_layout`, no flags)."""
-    layout = host_layout()
-    return RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
-
-
-def served_models(serve: str) -> tuple[str, ...] | None:
-    """The models `kimi-prep serve` serves by default (``serve="default"``); None: the repository's."""
-    if serve == "repository":
-        return None
-    rendered = repository_models(default_rendering())
-    return tuple(model.name for model in select_models(rendered, default_model_names()))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -194,13 +178,13 @@ def main() -> int:
     args = parser.parse_args()
     cases = [((CORPUS / n).read_bytes(), preprocess_bytes((CORPUS / n).read_bytes()).pixel_values) for n in IMAGES]
     conditions = ["idle", *(["under_load"] if args.load else [])]
-    served = served_models(args.serve)
-    killed = [model for model in KILLED if served is None or model in served]
-    results = {c: {m: {"exact_s": [], "ready_s": []} for m in killed} for c in conditions}
     outcomes: dict[str, int] = {}
-    render = None if args.serve == "repository" else default_rendering()
-    with EmbeddedServer(render=render, models=served, probe_port=free_port()) as server:
+    render, models = (None, None) if args.serve == "repository" else (host_rendering(), default_model_names())
+    with EmbeddedServer(render=render, models=models, probe_port=free_port()) as server:
         assert server.process is not None and serves_exactly(server.grpc_url, cases)
+        stubbed = {stub.model for stub in stub_processes(server.process.pid)}
+        killed = [model for model in KILLED if model in stubbed]  # a C step has no stub to kill
+        results = {c: {m: {"exact_s": [], "ready_s": []} for m in killed} for c in conditions}
         for condition in conditions:
             with contextlib.ExitStack() as stack:
                 load = stack.enter_context(Load(server.grpc_url, cases, args.load)) if condition != "idle" else None

@@ -54,9 +54,8 @@ from plots import saved_axes
 
 from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server.embedded import EmbeddedServer
-from kimi_vision_server.host import host_layout
 from kimi_vision_server.render_blocks import SERVING_DEFAULTS
-from kimi_vision_server.repository import RenderOptions
+from kimi_vision_server.repository import host_rendering
 
 MIB = 1 << 20
 # model -> (output compared, the in-process output it equals)
@@ -220,8 +219,7 @@ class PeakPss:
 def serve(cache_bytes: int) -> EmbeddedServer:
     """The two image ensembles as ``kimi-prep serve`` renders them on this host, with a response
     cache of ``cache_bytes`` (0: none)."""
-    layout = host_layout()
-    options = RenderOptions(instances=layout.instances, threads=layout.threads, kind=layout.kind)
+    options = host_rendering()
     return EmbeddedServer(render=options, models=tuple(MODELS), response_cache_bytes=cache_bytes)
 
 

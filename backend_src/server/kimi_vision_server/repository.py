@@ -42,6 +42,7 @@ from kimi_vision_common.wire import (
 )
 
 from . import pbtxt
+from .host import HostLayout, host_layout
 from .media_kinds import media_models
 from .render_blocks import (
     HOST_INDEPENDENT,
@@ -77,6 +78,7 @@ __all__ = [
     "RenderOptions",
     "ServingDefaults",
     "default_model_names",
+    "host_rendering",
     "render_repository",
     "repository_models",
     "select_models",
@@ -292,6 +294,13 @@ def embed_ensemble(served: ServedPreset) -> ModelFiles:
     ]
     summary = f"{name}: chaining example: decode -> preprocess -> patch_embed (pixel_values never leave the server)."
     return ensemble(name, summary, outputs, steps, defaults.pixel_batch_size)
+
+
+def host_rendering(layout: HostLayout | None = None) -> RenderOptions:
+    """The rendering `kimi-prep serve` starts with no flags: ``layout`` (default: this host's,
+    :func:`~.host.host_layout`) as :class:`RenderOptions`."""
+    layout = layout or host_layout()
+    return RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
 
 
 def repository_models(
