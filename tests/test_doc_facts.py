@@ -92,3 +92,19 @@ def test_the_ports_the_readme_gives_are_the_defaults() -> None:
     assert int(probe) == DEFAULT_PROBE_PORT
     assert f"http://127.0.0.1:{probe}/readyz" in readme
     assert defaults["host"] == "127.0.0.1"
+
+
+def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
+    import inspect
+
+    from kimi_vision_server.probes import METRIC_FAMILIES
+    from kimi_vision_server.watchdog import StubWatchdog
+
+    defaults = {name: p.default for name, p in inspect.signature(StubWatchdog).parameters.items()}
+    text = one_line("faults.md")
+    assert f"Every {defaults['interval_s']:g} s it lists the stub children" in text
+    assert f"has not grown for {defaults['replaced_idle_s']:g} s (`replaced_idle_s`)" in text
+    assert f"(1 s, 2 s, ... at most {defaults['max_backoff_s']:g} s)" in text
+    assert defaults["initial_backoff_s"] == 1.0
+    for name, _ in METRIC_FAMILIES.values():
+        assert f"`{name}{{model}}`" in text

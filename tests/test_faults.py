@@ -224,6 +224,7 @@ def test_probes_answer_on_a_healthy_server(server: EmbeddedServer) -> None:
     assert status == 200
     assert "# TYPE kimi_prep_recoveries_total counter" in text
     assert "# TYPE kimi_prep_stub_deaths_total counter" in text
+    assert "# TYPE kimi_prep_replaced_stubs_ended_total counter" in text
     assert probe(server, "/nothing")[0] == 404
 
 
@@ -256,6 +257,48 @@ def test_each_kill_of_a_two_instance_models_stub_is_one_death_and_one_recovery(i
             time.sleep(4 * STUB_SCAN_S)
             assert counter(server, "kimi_prep_stub_deaths_total", model) == kills
             assert counter(server, "kimi_prep_recoveries_total", model) == kills
+
+
+def test_the_surviving_stub_of_a_version_that_never_unloads_is_ended_once_idle(images: list) -> None:
+    """A two-instance model's stub killed while requests flow: one of them reaches the dead stub,
+    so tritonserver never unloads the replaced version (the Python backend leaks that request's
+    response factory, docs/faults.md) and the version's surviving stub would run until the server
+    stops. The watchdog ends it once idle: the new version's two stubs are left, serving exactly,
+    and that end is no death."""
+    require_tritonserver()
+    model = "kimi_k25_decode"
+    render = RenderOptions(instances=2, threads=1, kind="cpu")
+    with EmbeddedServer(render=render, models=(MODEL,), probe_port=free_port()) as server:
+        assert server.process is not None
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the kill")
+        before = {s.identity for s in stub_processes(server.process.pid) if s.model == model}
+        outcomes, stop = Outcomes(), threading.Event()
+        threads = [
+            threading.Thread(target=send_until, args=(stop, server, images, outcomes), daemon=True)
+            for _ in range(LOAD_THREADS)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_for(lambda: outcomes.exact >= LOAD_THREADS, "exact results under load before the kill")
+            kill_stub(server, f"{model}_0_0")
+            wait_for(lambda: counter(server, "kimi_prep_recoveries_total", model) >= 1, "the recovery")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=CLIENT_TIMEOUT_S + 10)
+        assert any("is not healthy" in message for message in outcomes.errors), (
+            f"no request reached the dead stub, the case this test is about: {dict(outcomes.errors)}"
+        )
+        wait_for(
+            lambda: counter(server, "kimi_prep_replaced_stubs_ended_total", model) == 1,
+            "the replaced version's surviving stub ended",
+        )
+        live = [s for s in stub_processes(server.process.pid) if s.model == model and not s.zombie]
+        assert len(live) == 2 and not {s.identity for s in live} & before, live
+        assert serves_exactly(server, images)()
+        assert counter(server, "kimi_prep_stub_deaths_total", model) == 1
+        assert counter(server, "kimi_prep_recoveries_total", model) == 1
 
 
 def test_killed_server_is_not_live_and_leaves_no_shared_memory() -> None:

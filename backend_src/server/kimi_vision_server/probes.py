@@ -3,8 +3,8 @@
 - ``GET /livez``: 200 while tritonserver runs (the launcher answers, so it runs too), else 503.
 - ``GET /readyz``: 200 when :meth:`StubWatchdog.readiness` holds (server ready, every model
   ``READY``, no stub known dead, no reload in progress), else 503 with the reason as the body.
-- ``GET /metrics``: ``kimi_prep_stub_deaths_total{model}`` and ``kimi_prep_recoveries_total{model}``
-  in the Prometheus text format.
+- ``GET /metrics``: ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}``
+  and ``kimi_prep_replaced_stubs_ended_total{model}`` in the Prometheus text format.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ METRIC_FAMILIES = {
     # counters() key: (metric family name, help)
     "stub_deaths": ("kimi_prep_stub_deaths_total", "Python backend stub processes found dead, by model"),
     "recoveries": ("kimi_prep_recoveries_total", "Models reloaded after a stub death, by model"),
+    "replaced_stubs_ended": (
+        "kimi_prep_replaced_stubs_ended_total",
+        "Stubs of a replaced model version that never unloaded, ended once idle, by model",
+    ),
 }
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

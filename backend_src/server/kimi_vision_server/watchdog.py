@@ -15,13 +15,20 @@ starts a fresh stub; Triton reloads the ensembles composing the model with it.
   are left alone;
 - a model with a dead stub is reloaded (unload, load once it left ``READY``, then load again any
   model that was ready before and is not now), one reload at a time, retried with exponential
-  backoff until it succeeds. The load does not wait for the unload to finish: the old version
-  stays ``UNLOADING`` behind the new one (its dead instance never finalizes) and is dropped when
-  the server stops. Every stub of the old version is retired when the reload begins: the stubs
-  of its live instances (a model with several) end as it unloads, and that is not a death;
-- ``kimi_prep_stub_deaths_total{model}`` and ``kimi_prep_recoveries_total{model}`` count deaths
-  and completed recoveries; :meth:`StubWatchdog.readiness` is false while a stub is known dead or
-  its recovery is in progress.
+  backoff until it succeeds. Every stub of the old version is retired when the reload begins:
+  the stubs of its live instances (a model with several) end as it unloads, and that is not a
+  death;
+- the old version does not always unload: each request the Python backend hands to a stub gets a
+  response factory (``TRITONBACKEND_ResponseFactoryNew`` in ``python_be.cc``), which keeps its
+  model loaded while it lives, and when the stub is dead ``ProcessRequests`` returns on the
+  failed receive before deleting it. So once a request reached the dead stub the old version
+  stays ``UNLOADING`` for good, and its live instances' stubs would run until the server stops.
+  After a recovery, each such stub is ended once it has used no CPU for ``replaced_idle_s`` (it
+  finishes the requests it had first; no new one reaches a version being unloaded);
+- ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}`` and
+  ``kimi_prep_replaced_stubs_ended_total{model}`` count deaths, completed recoveries and the
+  stubs ended so; :meth:`StubWatchdog.readiness` is false while a stub is known dead or its
+  recovery is in progress.
 
 Process scanning is used instead of canary requests: it sees every crash within one interval,
 costs nothing per request and never mistakes a slow or overloaded model for a dead one.
@@ -29,6 +36,7 @@ costs nothing per request and never mistakes a slow or overloaded model for a de
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -73,6 +81,7 @@ class StubProcess:
     model: str
     instance: str
     zombie: bool
+    cpu_ticks: int = 0  # user + system CPU time so far, in clock ticks
 
     @property
     def identity(self) -> tuple[int, int]:
@@ -80,7 +89,8 @@ class StubProcess:
 
 
 def _stat_fields(pid_dir: Path) -> list[str]:
-    """Fields of ``/proc/<pid>/stat`` after the command name: state is [0], ppid [1], starttime [19]."""
+    """Fields of ``/proc/<pid>/stat`` after the command name: state is [0], ppid [1], utime [11],
+    stime [12], starttime [19]."""
     stat = (pid_dir / "stat").read_text()
     return stat.rsplit(")", 1)[1].split()
 
@@ -123,7 +133,14 @@ def stub_from_argv(pid: int, fields: list[str], argv: list[str]) -> StubProcess 
     model, instance = Path(argv[1]).parents[1].name, argv[8]
     if instance == model:
         return None
-    return StubProcess(pid, int(fields[19]), model, instance, zombie=fields[0] == "Z")
+    cpu_ticks = int(fields[11]) + int(fields[12])
+    return StubProcess(pid, int(fields[19]), model, instance, zombie=fields[0] == "Z", cpu_ticks=cpu_ticks)
+
+
+def end_process(pid: int) -> None:
+    """SIGKILL ``pid``; nothing if it has gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def stub_processes(server_pid: int) -> list[StubProcess]:
@@ -204,11 +221,28 @@ class TritonRepository:
 
 @dataclass
 class PendingRecovery:
-    """A model with a dead stub, waiting for (another attempt at) its reload."""
+    """A model with a dead stub, waiting for (another attempt at) its reload; ``replaced``: the
+    live stubs its reloads retired."""
 
     detected_at: float
     attempts: int = 0
     next_attempt_at: float = 0.0
+    replaced: dict[tuple[int, int], StubProcess] = field(default_factory=dict)
+
+
+@dataclass
+class ReplacedStub:
+    """A live stub of a version a completed recovery replaced: its CPU time at ``busy_at``, the
+    last scan that saw it grow."""
+
+    stub: StubProcess
+    cpu_ticks: int
+    busy_at: float
+
+
+# CPU a replaced stub may use in one scan and still count as idle: its health thread wakes every
+# 300 ms, and a clock tick (10 ms) is charged now and then to whatever runs when it fires.
+IDLE_TICKS_PER_SCAN = 1
 
 
 @dataclass
@@ -217,8 +251,10 @@ class WatchdogState:
     handled: set[tuple[int, int]] = field(default_factory=set)  # dead or retired stubs, not watched
     pending: dict[str, PendingRecovery] = field(default_factory=dict)
     recovering: str | None = None
+    replaced: dict[tuple[int, int], ReplacedStub] = field(default_factory=dict)  # ended once idle
     deaths: Counter[str] = field(default_factory=Counter)
     recoveries: Counter[str] = field(default_factory=Counter)
+    replaced_ended: Counter[str] = field(default_factory=Counter)
     last_round_at: float | None = None
 
 
@@ -233,6 +269,7 @@ class StubWatchdog:
         interval_s: float = 0.5,
         initial_backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
+        replaced_idle_s: float = 10.0,
         headers: dict[str, str] | None = None,
     ) -> None:
         self.process = process
@@ -240,6 +277,7 @@ class StubWatchdog:
         self.interval_s = interval_s
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
+        self.replaced_idle_s = replaced_idle_s
         self._state = WatchdogState()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -268,9 +306,13 @@ class StubWatchdog:
     # -- what the probes read --
 
     def counters(self) -> dict[str, dict[str, int]]:
-        """``{"stub_deaths": {model: n}, "recoveries": {model: n}}``."""
+        """``{"stub_deaths": {model: n}, "recoveries": {model: n}, "replaced_stubs_ended": {model: n}}``."""
         with self._lock:
-            return {"stub_deaths": dict(self._state.deaths), "recoveries": dict(self._state.recoveries)}
+            return {
+                "stub_deaths": dict(self._state.deaths),
+                "recoveries": dict(self._state.recoveries),
+                "replaced_stubs_ended": dict(self._state.replaced_ended),
+            }
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why not): watching, no stub known dead, no reload in progress, every model READY."""
@@ -307,8 +349,11 @@ class StubWatchdog:
             self._stopped.wait(self.interval_s)
 
     def poll_once(self) -> None:
-        """One round: scan the stubs, record deaths, run the reloads that are due."""
-        self._record_deaths(stub_processes(self.process.pid))
+        """One round: scan the stubs, record deaths, end replaced stubs that are idle, run the
+        reloads that are due."""
+        stubs = stub_processes(self.process.pid)
+        self._record_deaths(stubs)
+        self._end_idle_replaced(stubs)
         now = time.monotonic()
         with self._lock:
             due = [model for model, pending in self._state.pending.items() if pending.next_attempt_at <= now]
@@ -376,9 +421,12 @@ class StubWatchdog:
         # The new version's stubs are watched before readiness says ready: one killed before the
         # next scan and reaped by then would otherwise never be seen, its model left half-served.
         stubs = stub_processes(self.process.pid)
+        now = time.monotonic()
         with self._lock:
             self._learn(stubs)
             del self._state.pending[model]
+            for identity, stub in pending.replaced.items():
+                self._state.replaced[identity] = ReplacedStub(stub, stub.cpu_ticks, busy_at=now)
             self._state.recoveries[model] += 1
             self._state.recovering = None
         log.warning("%s recovered %.1f s after its stub died (attempt %d)", model, elapsed, pending.attempts)
@@ -401,9 +449,37 @@ class StubWatchdog:
         """Before a reload: ``model``'s stubs now belong to the version being replaced, and none is
         watched from here on. Its live instances' stubs exit when that version is unloaded, which
         is not a death (taken for one, it would set off a second reload)."""
-        retired = {stub.identity for stub in stub_processes(self.process.pid) if stub.model == model}
+        retired = [stub for stub in stub_processes(self.process.pid) if stub.model == model]
         with self._lock:
             for identity, stub in list(self._state.known.items()):
                 if stub.model == model:
                     del self._state.known[identity]
-            self._state.handled |= retired
+            self._state.handled |= {stub.identity for stub in retired}
+            self._state.pending[model].replaced.update({stub.identity: stub for stub in retired if not stub.zombie})
+
+    def _end_idle_replaced(self, stubs: list[StubProcess]) -> None:
+        """End each stub of a replaced version still running ``replaced_idle_s`` after its CPU time
+        last grew (its version never unloads, see the module's docstring); forget those that ended."""
+        now = time.monotonic()
+        current = {stub.identity: stub for stub in stubs}
+        idle: list[StubProcess] = []
+        with self._lock:
+            for identity, replaced in list(self._state.replaced.items()):
+                stub = current.get(identity)
+                if stub is None or stub.zombie:  # its version unloaded after all
+                    del self._state.replaced[identity]
+                elif stub.cpu_ticks - replaced.cpu_ticks > IDLE_TICKS_PER_SCAN:
+                    replaced.cpu_ticks, replaced.busy_at = stub.cpu_ticks, now
+                else:
+                    replaced.cpu_ticks = stub.cpu_ticks
+                    if now - replaced.busy_at >= self.replaced_idle_s:
+                        del self._state.replaced[identity]
+                        self._state.replaced_ended[stub.model] += 1
+                        idle.append(stub)
+        for stub in idle:
+            log.warning(
+                "ending %s (pid %d) of a replaced version of %s: idle %.0f s after the recovery, and that "
+                "version never unloads (a request reached its dead stub)",
+                stub.instance, stub.pid, stub.model, self.replaced_idle_s,
+            )
+            end_process(stub.pid)
