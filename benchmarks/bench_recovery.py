@@ -15,8 +15,11 @@ to ``kimi_k25_vision`` over gRPC without pause), and measures, from the kill: th
 ``kimi_k25_vision`` answers every corpus image bit-equal to ``preprocess_bytes`` again once
 ``/readyz`` has said the server is not ready (the death noticed), and until ``/readyz`` is 200
 again. The load's requests are counted by outcome: exact, a typed error, a wrong
-answer, or no answer within 60 s (hung). Prints min/median per model and condition; writes
-``bench_recovery.json`` and ``.png``. tests/test_faults.py checks that recovery happens (under
+answer, or no answer within 60 s (hung). After the rounds: the live stubs of each killed step
+against their count before the first kill (a replaced version that never unloads keeps its
+surviving stubs until the watchdog ends them, idle) and the PSS of tritonserver and its stubs
+then and before. Prints min/median per model and condition; writes ``bench_recovery.json`` and
+``.png``. tests/test_faults.py checks that recovery happens (under
 load, with the counters); this measures how long it takes.
 """
 
@@ -43,6 +46,7 @@ from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_idle_memory import KIB, pss_kib
 from photos import CORPUS
 from plots import saved_axes
 
@@ -163,6 +167,38 @@ def kill_and_time(server: EmbeddedServer, model: str, cases: list[tuple[bytes, n
     return exact_s, seconds_until(lambda: ready(server), killed_at)
 
 
+def live_stubs(server: EmbeddedServer, models: list[str]) -> dict[str, int]:
+    assert server.process is not None
+    stubs = [s for s in stub_processes(server.process.pid) if not s.zombie]
+    return {model: sum(s.model == model for s in stubs) for model in models}
+
+
+def pss_mib(server: EmbeddedServer) -> float:
+    total = 0
+    for pid in server.process_tree():
+        with contextlib.suppress(OSError):  # exited while we looked
+            total += pss_kib(pid)
+    return total / KIB
+
+
+def leftover(server: EmbeddedServer, killed: list[str], before: dict[str, int]) -> dict[str, Any]:
+    """The killed steps' live stubs after the rounds, once they are back to ``before`` or the
+    watchdog's idle wait for replaced stubs has passed twice over."""
+    assert server.watchdog is not None
+    started = time.monotonic()
+    deadline = started + 2 * server.watchdog.replaced_idle_s + 10
+    while live_stubs(server, killed) != before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    after = live_stubs(server, killed)
+    ended = server.watchdog.counters()["replaced_stubs_ended"]
+    return {
+        "live_stubs_before": before,
+        "live_stubs_after": after,
+        "waited_s": time.monotonic() - started,
+        "replaced_stubs_ended": ended,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -185,6 +221,7 @@ def main() -> int:
         stubbed = {stub.model for stub in stub_processes(server.process.pid)}
         killed = [model for model in KILLED if model in stubbed]  # a C step has no stub to kill
         results = {c: {m: {"exact_s": [], "ready_s": []} for m in killed} for c in conditions}
+        stubs_before, pss_before = live_stubs(server, killed), pss_mib(server)
         for condition in conditions:
             with contextlib.ExitStack() as stack:
                 load = stack.enter_context(Load(server.grpc_url, cases, args.load)) if condition != "idle" else None
@@ -197,6 +234,15 @@ def main() -> int:
             if load is not None:
                 outcomes = load.outcomes
                 print(f"the load's requests: {outcomes}", flush=True)
+        after = leftover(server, killed, stubs_before)
+        after |= {"pss_mib_before": pss_before, "pss_mib_after": pss_mib(server)}
+        print(
+            f"live stubs of the killed steps: {after['live_stubs_before']} before the kills, "
+            f"{after['live_stubs_after']} {after['waited_s']:.0f} s after the rounds "
+            f"(replaced stubs ended: {after['replaced_stubs_ended']}); PSS of tritonserver and its stubs "
+            f"{after['pss_mib_before']:.0f} MiB before, {after['pss_mib_after']:.0f} MiB after",
+            flush=True,
+        )
     summary = {
         condition: {
             model: {
@@ -224,7 +270,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "seconds": results,
     }
-    report |= {"summary": summary, "load_outcomes": outcomes}
+    report |= {"summary": summary, "load_outcomes": outcomes, "after_the_rounds": after}
     (args.out_dir / "bench_recovery.json").write_text(json.dumps(report, indent=2))
     with saved_axes(args.out_dir / "bench_recovery.png", (7, 3.5)) as ax:
         x = np.arange(len(killed))

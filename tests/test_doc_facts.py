@@ -103,7 +103,7 @@ def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     defaults = {name: p.default for name, p in inspect.signature(StubWatchdog).parameters.items()}
     text = one_line("faults.md")
     assert f"Every {defaults['interval_s']:g} s it lists the stub children" in text
-    assert f"has not grown for {defaults['replaced_idle_s']:g} s (`replaced_idle_s`)" in text
+    assert f"has not grown for {defaults['replaced_idle_s']:g} s (`replaced_idle_s`;" in text
     assert f"(1 s, 2 s, ... at most {defaults['max_backoff_s']:g} s)" in text
     assert defaults["initial_backoff_s"] == 1.0
     for name, _ in METRIC_FAMILIES.values():

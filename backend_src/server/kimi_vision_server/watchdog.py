@@ -23,8 +23,9 @@ starts a fresh stub; Triton reloads the ensembles composing the model with it.
   model loaded while it lives, and when the stub is dead ``ProcessRequests`` returns on the
   failed receive before deleting it. So once a request reached the dead stub the old version
   stays ``UNLOADING`` for good, and its live instances' stubs would run until the server stops.
-  After a recovery, each such stub is ended once it has used no CPU for ``replaced_idle_s`` (it
-  finishes the requests it had first; no new one reaches a version being unloaded);
+  After a recovery, each such stub is ended once it has been idle for ``replaced_idle_s`` (no
+  more than a clock tick of CPU a scan: it finishes the requests it had first, and no new one
+  reaches a version being unloaded);
 - ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}`` and
   ``kimi_prep_replaced_stubs_ended_total{model}`` count deaths, completed recoveries and the
   stubs ended so; :meth:`StubWatchdog.readiness` is false while a stub is known dead or its
@@ -232,10 +233,9 @@ class PendingRecovery:
 
 @dataclass
 class ReplacedStub:
-    """A live stub of a version a completed recovery replaced: its CPU time at ``busy_at``, the
-    last scan that saw it grow."""
+    """A live stub of a version a completed recovery replaced: its CPU time at the last scan, and
+    when a scan last saw it grow by more than :data:`IDLE_TICKS_PER_SCAN`."""
 
-    stub: StubProcess
     cpu_ticks: int
     busy_at: float
 
@@ -426,7 +426,7 @@ class StubWatchdog:
             self._learn(stubs)
             del self._state.pending[model]
             for identity, stub in pending.replaced.items():
-                self._state.replaced[identity] = ReplacedStub(stub, stub.cpu_ticks, busy_at=now)
+                self._state.replaced[identity] = ReplacedStub(stub.cpu_ticks, busy_at=now)
             self._state.recoveries[model] += 1
             self._state.recovering = None
         log.warning("%s recovered %.1f s after its stub died (attempt %d)", model, elapsed, pending.attempts)
@@ -478,8 +478,11 @@ class StubWatchdog:
                         idle.append(stub)
         for stub in idle:
             log.warning(
-                "ending %s (pid %d) of a replaced version of %s: idle %.0f s after the recovery, and that "
-                "version never unloads (a request reached its dead stub)",
-                stub.instance, stub.pid, stub.model, self.replaced_idle_s,
+                "ending %s (pid %d) of a replaced version of %s: idle for %g s after the recovery, and "
+                "that version never unloads (a request reached its dead stub)",
+                stub.instance,
+                stub.pid,
+                stub.model,
+                self.replaced_idle_s,
             )
             end_process(stub.pid)
