@@ -92,12 +92,19 @@ def ended(guard: StubWatchdog) -> int:
     return guard.counters()["replaced_stubs_ended"].get(MODEL, 0)
 
 
+def kill_the_first_stub(server: ScriptedServer, guard: StubWatchdog) -> tuple[int, int]:
+    """Both stubs learned, the first killed, a scan: its death and its model's reload (two new
+    stubs, unless the reload fails). Returns (the killed stub's pid, the survivor's)."""
+    first, survivor = sorted(server.stubs)
+    guard.poll_once()
+    server.kill(first)
+    guard.poll_once()
+    return first, survivor
+
+
 def test_the_replaced_versions_surviving_stub_ending_after_a_scan_is_no_death(scripted) -> None:
     server, guard = scripted
-    first, survivor = sorted(server.stubs)
-    guard.poll_once()  # both learned
-    server.kill(first)
-    guard.poll_once()  # the death, and its reload: two new stubs
+    _, survivor = kill_the_first_stub(server, guard)
     assert counts(guard) == {"stub_deaths": 1, "recoveries": 1}
     guard.poll_once()  # the old version still unloading: its survivor still runs
     server.end(survivor)  # it unloads
@@ -109,10 +116,7 @@ def test_the_replaced_versions_surviving_stub_ending_after_a_scan_is_no_death(sc
 
 def test_a_stub_of_the_reloaded_version_killed_next_is_recovered(scripted) -> None:
     server, guard = scripted
-    first, survivor = sorted(server.stubs)
-    guard.poll_once()
-    server.kill(first)
-    guard.poll_once()
+    first, survivor = kill_the_first_stub(server, guard)
     new_first = min(pid for pid, stub in server.stubs.items() if pid not in (first, survivor))
     guard.poll_once()
     server.end(survivor)
@@ -124,10 +128,7 @@ def test_a_stub_of_the_reloaded_version_killed_next_is_recovered(scripted) -> No
 
 def test_a_new_stub_killed_and_reaped_before_the_next_scan_is_a_death(scripted) -> None:
     server, guard = scripted
-    first, survivor = sorted(server.stubs)
-    guard.poll_once()
-    server.kill(first)
-    guard.poll_once()  # the reload; readiness may say ready before the watchdog scans again
+    first, survivor = kill_the_first_stub(server, guard)
     new_first = min(pid for pid in server.stubs if pid not in (first, survivor))
     server.end(new_first)  # killed and reaped before that scan
     guard.poll_once()
@@ -139,10 +140,7 @@ def test_a_replaced_versions_stub_that_never_ends_is_ended_once_idle(scripted) -
     on. It finishes what it had (its CPU time grows), then, idle for ``replaced_idle_s``, it is
     ended; that is neither a death nor a reload, and the new version's stubs are left alone."""
     server, guard = scripted
-    first, survivor = sorted(server.stubs)
-    guard.poll_once()
-    server.kill(first)
-    guard.poll_once()  # the death and its reload
+    first, survivor = kill_the_first_stub(server, guard)
     new = sorted(pid for pid in server.stubs if pid not in (first, survivor))
     for _ in range(3):  # still busy with the requests it had: not ended however long
         server.work(survivor, ticks=20)
@@ -163,10 +161,7 @@ def test_a_replaced_versions_stub_that_never_ends_is_ended_once_idle(scripted) -
 
 def test_a_replaced_versions_stub_that_ends_by_itself_is_not_ended_again(scripted) -> None:
     server, guard = scripted
-    first, survivor = sorted(server.stubs)
-    guard.poll_once()
-    server.kill(first)
-    guard.poll_once()
+    _, survivor = kill_the_first_stub(server, guard)
     server.end(survivor)  # its version unloaded
     guard.poll_once()
     time.sleep(REPLACED_IDLE_S)
@@ -179,15 +174,12 @@ def test_a_stub_retired_by_a_failed_reload_is_left_alone(scripted, monkeypatch) 
     """The unload was refused: the old version still serves, and its stubs are not ended while the
     recovery has not completed."""
     server, guard = scripted
-    first, survivor = sorted(server.stubs)
-    guard.poll_once()
 
     def refused(model: str) -> None:
         raise watchdog.RepositoryError("POST unload: HTTP 503")
 
     monkeypatch.setattr(server, "unload", refused)
-    server.kill(first)
-    guard.poll_once()  # the death; its reload fails
+    _, survivor = kill_the_first_stub(server, guard)  # the death; its reload fails
     time.sleep(REPLACED_IDLE_S)
     guard.poll_once()
     assert not server.stubs[survivor].zombie
