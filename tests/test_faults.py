@@ -259,12 +259,13 @@ def test_each_kill_of_a_two_instance_models_stub_is_one_death_and_one_recovery(i
             assert counter(server, "kimi_prep_recoveries_total", model) == kills
 
 
-def test_the_surviving_stub_of_a_version_that_never_unloads_is_ended_once_idle(images: list) -> None:
-    """A two-instance model's stub killed while requests flow: one of them reaches the dead stub,
-    so tritonserver never unloads the replaced version (the Python backend leaks that request's
-    response factory, docs/faults.md) and the version's surviving stub would run until the server
-    stops. The watchdog ends it once idle: the new version's two stubs are left, serving exactly,
-    and that end is no death."""
+def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_survivor_is_ended(images: list) -> None:
+    """A two-instance model's stub killed while requests flow. The new version loads in the
+    background while the other instance serves: no request meets an unloaded model (NOT_FOUND).
+    A request reached the dead stub, so tritonserver never unloads the replaced version (the
+    Python backend leaks that request's response factory, docs/faults.md) and its surviving stub
+    would run until the server stops; the watchdog ends it once idle: the new version's two stubs
+    are left, serving exactly, and that end is no death."""
     require_tritonserver()
     model = "kimi_k25_decode"
     render = RenderOptions(instances=2, threads=1, kind="cpu")
@@ -290,6 +291,8 @@ def test_the_surviving_stub_of_a_version_that_never_unloads_is_ended_once_idle(i
         assert any("is not healthy" in message for message in outcomes.errors), (
             f"no request reached the dead stub, the case this test is about: {dict(outcomes.errors)}"
         )
+        assert not [message for message in outcomes.errors if "NOT_FOUND" in message], outcomes.errors
+        assert not outcomes.wrong, outcomes.wrong
         wait_for(
             lambda: counter(server, "kimi_prep_replaced_stubs_ended_total", model) == 1,
             "the replaced version's surviving stub ended",

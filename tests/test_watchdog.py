@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,16 +24,24 @@ MODEL = "kimi_k25_decode"
 
 class ScriptedServer:
     """What the watchdog reads of tritonserver: its stub processes and its repository API. A load
-    starts ``instances`` stubs of the model; nothing else changes unless a test says so."""
+    starts ``instances`` stubs of the model, as tritonserver does: after an unload, or where the
+    model's version folder in ``repository`` is newer than at the last load (else it keeps the
+    instances); nothing else changes unless a test says so."""
 
-    def __init__(self, instances: int) -> None:
+    def __init__(self, instances: int, repository: Path | None = None) -> None:
         self.instances = instances
+        self.repository = repository
         self.pids = itertools.count(4_000_000)  # beyond pid_max: /proc has none of them
         self.stubs: dict[int, StubProcess] = {}
         self.states = {MODEL: READY}
         self.loads: list[str] = []
+        self.unloads: list[str] = []
         self.pid = 1  # the process the watchdog watches: always running
+        self.loaded_mtime = self.version_mtime()
         self.start()
+
+    def version_mtime(self) -> int:
+        return 0 if self.repository is None else (self.repository / MODEL / "1").stat().st_mtime_ns
 
     def start(self) -> list[int]:
         pids = [next(self.pids) for _ in range(self.instances)]
@@ -60,6 +70,7 @@ class ScriptedServer:
         return dict(self.states)
 
     def unload(self, model: str) -> None:
+        self.unloads.append(model)
         self.states[model] = "UNLOADING"
 
     def wait_not_ready(self, model: str) -> None:
@@ -67,21 +78,39 @@ class ScriptedServer:
 
     def load(self, model: str) -> None:
         self.loads.append(model)
-        self.start()
+        if self.states[model] != READY or self.version_mtime() > self.loaded_mtime:
+            self.start()
+        self.loaded_mtime = self.version_mtime()
         self.states[model] = READY
 
 
 REPLACED_IDLE_S = 0.2
 
 
+def watched(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> StubWatchdog:
+    """A watchdog of ``server``: its scans, kills and repository calls go to the script."""
+    monkeypatch.setattr(watchdog, "stub_processes", lambda pid: list(server.stubs.values()))
+    monkeypatch.setattr(watchdog, "end_process", server.kill)
+    guard = StubWatchdog(
+        server,  # type: ignore[arg-type]
+        "127.0.0.1:1",
+        model_repository=server.repository,
+        replaced_idle_s=REPLACED_IDLE_S,
+    )
+    guard.repository = server  # type: ignore[assignment]
+    return guard
+
+
+def repository_of(folder: Path) -> Path:
+    """A model repository holding :data:`MODEL` with a version folder ``1``."""
+    (folder / MODEL / "1").mkdir(parents=True)
+    return folder
+
+
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch) -> tuple[ScriptedServer, StubWatchdog]:
     server = ScriptedServer(instances=2)
-    monkeypatch.setattr(watchdog, "stub_processes", lambda pid: list(server.stubs.values()))
-    monkeypatch.setattr(watchdog, "end_process", server.kill)
-    guard = StubWatchdog(server, "127.0.0.1:1", replaced_idle_s=REPLACED_IDLE_S)  # type: ignore[arg-type]
-    guard.repository = server  # type: ignore[assignment]
-    return server, guard
+    return server, watched(server, monkeypatch)
 
 
 def counts(guard: StubWatchdog) -> dict[str, Any]:
@@ -185,3 +214,71 @@ def test_a_stub_retired_by_a_failed_reload_is_left_alone(scripted, monkeypatch) 
     assert not server.stubs[survivor].zombie
     assert ended(guard) == 0
     assert counts(guard) == {"stub_deaths": 1, "recoveries": 0}
+
+
+@pytest.fixture
+def with_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ScriptedServer, StubWatchdog]:
+    server = ScriptedServer(instances=2, repository=repository_of(tmp_path))
+    return server, watched(server, monkeypatch)
+
+
+def new_stubs(server: ScriptedServer, old: tuple[int, int]) -> list[int]:
+    return [pid for pid, stub in server.stubs.items() if pid not in old and not stub.zombie]
+
+
+def test_a_model_whose_version_folder_can_be_marked_is_reloaded_without_an_unload(with_repository) -> None:
+    """Another instance lives: the version folder marked changed, one load starts a new version
+    while the old one serves, no unload (during which the model and its ensembles would answer
+    NOT_FOUND)."""
+    server, guard = with_repository
+    old = kill_the_first_stub(server, guard)
+    assert server.unloads == [] and server.loads == [MODEL]
+    assert len(new_stubs(server, old)) == 2
+    assert counts(guard) == {"stub_deaths": 1, "recoveries": 1}
+
+
+def test_a_read_only_repository_is_reloaded_by_unload_and_load(with_repository, monkeypatch) -> None:
+    server, guard = with_repository
+
+    def read_only(folders: list[Path]) -> None:
+        raise PermissionError(30, "Read-only file system", str(folders[0]))
+
+    monkeypatch.setattr(watchdog, "mark_changed", read_only)
+    old = kill_the_first_stub(server, guard)
+    assert server.unloads == [MODEL] and server.loads == [MODEL]
+    assert len(new_stubs(server, old)) == 2
+    assert counts(guard) == {"stub_deaths": 1, "recoveries": 1}
+
+
+def test_a_load_that_keeps_the_dead_instance_is_followed_by_unload_and_load(with_repository, monkeypatch) -> None:
+    """Where tritonserver does not see the folders' change (its load keeps the instances, the dead
+    one too), the recovery does not stop there."""
+    server, guard = with_repository
+    monkeypatch.setattr(watchdog, "mark_changed", lambda folders: None)
+    old = kill_the_first_stub(server, guard)
+    assert server.unloads == [MODEL] and server.loads == [MODEL, MODEL]
+    assert len(new_stubs(server, old)) == 2
+    assert counts(guard) == {"stub_deaths": 1, "recoveries": 1}
+
+
+def test_marking_a_folder_changed_moves_its_mtime_past_the_last_one(tmp_path: Path) -> None:
+    folder = tmp_path / "1"
+    folder.mkdir()
+    future = time.time_ns() + 3_600 * 10**9
+    os.utime(folder, ns=(future, future))  # a clock that went back since, or a coarse one
+    watchdog.mark_changed([folder])
+    assert folder.stat().st_mtime_ns > future
+    assert watchdog.version_folders(tmp_path) == [folder]
+
+
+def test_a_model_with_no_other_live_instance_is_reloaded_by_unload_and_load(tmp_path: Path, monkeypatch) -> None:
+    """With one instance, dead, nothing would serve while a new version loads in the background,
+    and each request would wait 1 s at the dead stub: unload (NOT_FOUND at once) and load."""
+    server = ScriptedServer(instances=1, repository=repository_of(tmp_path))
+    guard = watched(server, monkeypatch)
+    (only,) = server.stubs
+    guard.poll_once()
+    server.kill(only)
+    guard.poll_once()
+    assert server.unloads == [MODEL] and server.loads == [MODEL]
+    assert counts(guard) == {"stub_deaths": 1, "recoveries": 1}

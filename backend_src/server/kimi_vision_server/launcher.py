@@ -306,7 +306,9 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
         stack.callback(relay.join, 10)
     stack.callback(stop_process, process)
     http_url = f"{access.connect_host}:{spec.ports.http}"
-    watchdog = stack.enter_context(StubWatchdog(process, http_url, headers=access.headers("http")))
+    watchdog = stack.enter_context(
+        StubWatchdog(process, http_url, model_repository=repository, headers=access.headers("http"))
+    )
     if spec.ports.probe is not None:
         stack.enter_context(ProbeServer(watchdog, spec.ports.probe, spec.host))
     log.info("%s; %s", describe_listeners(spec.host, spec.ports, access, key_file), describe_cache(spec.cache_bytes))

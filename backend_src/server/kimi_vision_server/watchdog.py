@@ -2,9 +2,12 @@
 
 tritonserver 2.51 does not restart a Python backend stub that died (segfault, OOM kill,
 ``kill -9``): the model stays ``READY`` in every health endpoint while each request to it fails
-with ``Stub process '<instance>' is not healthy``, and a ``load`` with an unchanged config does
-nothing. Only an ``unload`` then ``load`` through the repository API (explicit model control)
-starts a fresh stub; Triton reloads the ensembles composing the model with it.
+with ``Stub process '<instance>' is not healthy``, and a ``load`` of an unchanged model keeps its
+instances, the dead one too. A ``load`` after the model's version folder changed (its mtime, which
+Triton compares with the one it read at the last load) loads a new version in the background
+while the old one serves, then swaps them and the ensembles composing the model; an ``unload``
+then ``load`` also starts fresh stubs, but the model and its ensembles answer ``NOT_FOUND`` until
+the load completes.
 
 :class:`StubWatchdog` runs in the launcher process, next to the tritonserver it started:
 
@@ -13,11 +16,15 @@ starts a fresh stub; Triton reloads the ensembles composing the model with it.
   a zombie (the server does not reap it) or vanished while its model is still ``READY`` is dead;
   stubs of a model the repository reports as not ``READY`` are being (un)loaded on purpose and
   are left alone;
-- a model with a dead stub is reloaded (unload, load once it left ``READY``, then load again any
-  model that was ready before and is not now), one reload at a time, retried with exponential
-  backoff until it succeeds. Every stub of the old version is retired when the reload begins:
-  the stubs of its live instances (a model with several) end as it unloads, and that is not a
-  death;
+- a model with a dead stub is reloaded, one reload at a time, retried with exponential backoff
+  until it succeeds. Where another of its instances lives: its version folders' mtime set to now
+  and a ``load``, so that instance goes on serving until the new version is ready (where the
+  folders cannot be changed, a read-only repository, or the load started no new stub: logged, and
+  as below). Where none does, an ``unload`` and a ``load``: requests then fail at once with
+  ``NOT_FOUND``, where in a background load each would wait 1 s at the dead stub, and the model
+  heals later (docs/faults.md). Then a load of any model that was ready before and is not now.
+  Every stub of the old version is retired when the reload begins: the stubs of its live
+  instances (a model with several) end as it unloads, and that is not a death;
 - the old version does not always unload: each request the Python backend hands to a stub gets a
   response factory (``TRITONBACKEND_ResponseFactoryNew`` in ``python_be.cc``), which keeps its
   model loaded while it lives, and when the stub is dead ``ProcessRequests`` returns on the
@@ -136,6 +143,19 @@ def stub_from_argv(pid: int, fields: list[str], argv: list[str]) -> StubProcess 
         return None
     cpu_ticks = int(fields[11]) + int(fields[12])
     return StubProcess(pid, int(fields[19]), model, instance, zombie=fields[0] == "Z", cpu_ticks=cpu_ticks)
+
+
+def version_folders(model_folder: Path) -> list[Path]:
+    """The version folders (``1``, ``2``, ...) of a model folder of the repository."""
+    return sorted(p for p in model_folder.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def mark_changed(folders: list[Path]) -> None:
+    """Set each folder's mtime later than it was and than now: tritonserver loads a model whose
+    version folder is newer than at its last load as a new version."""
+    for folder in folders:
+        mtime = max(time.time_ns(), folder.stat().st_mtime_ns + 1_000_000_000)  # a 1 s clock too
+        os.utime(folder, ns=(mtime, mtime))
 
 
 def end_process(pid: int) -> None:
@@ -266,6 +286,7 @@ class StubWatchdog:
         process: subprocess.Popen[bytes],
         http_url: str,
         *,
+        model_repository: Path | None = None,
         interval_s: float = 0.5,
         initial_backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
@@ -274,6 +295,7 @@ class StubWatchdog:
     ) -> None:
         self.process = process
         self.repository = TritonRepository(http_url, headers=headers)
+        self.model_repository = model_repository
         self.interval_s = interval_s
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
@@ -432,13 +454,18 @@ class StubWatchdog:
         log.warning("%s recovered %.1f s after its stub died (attempt %d)", model, elapsed, pending.attempts)
 
     def _reload(self, model: str) -> None:
-        """Unload, load; then load every model that was ready before and is not now (ensembles).
-        The model's stubs from before, dead or alive, are retired first (:meth:`_retire_stubs_of`)."""
+        """A new version of ``model`` loaded in the background where another of its instances
+        lives to serve meanwhile (:meth:`_load_in_background`), else by unload and load; then a
+        load of every model that was ready before and is not now (ensembles). The model's stubs
+        from before, dead or alive, are retired first (:meth:`_retire_stubs_of`)."""
         ready_before = {name for name, state in self.repository.model_states().items() if state == READY}
         self._retire_stubs_of(model)
-        self.repository.unload(model)
-        self.repository.wait_not_ready(model)
-        self.repository.load(model)
+        with self._lock:
+            survivors = bool(self._state.pending[model].replaced)
+        if not (survivors and self._load_in_background(model)):
+            self.repository.unload(model)
+            self.repository.wait_not_ready(model)
+            self.repository.load(model)
         states = self.repository.model_states()
         for name in sorted(ready_before - {model}):
             if states.get(name) != READY:
@@ -456,6 +483,26 @@ class StubWatchdog:
                     del self._state.known[identity]
             self._state.handled |= {stub.identity for stub in retired}
             self._state.pending[model].replaced.update({stub.identity: stub for stub in retired if not stub.zombie})
+
+    def _load_in_background(self, model: str) -> bool:
+        """Mark ``model``'s version folders changed and load it: True when the load started new
+        stubs (the old version served until they were ready); False, logged, where the folders
+        cannot be marked or tritonserver kept the old instances."""
+        if self.model_repository is None:
+            return False
+        try:
+            mark_changed(version_folders(self.model_repository / model))
+        except OSError as exc:
+            log.warning("cannot mark %s's version folders changed (%s): reloading it by unload and load", model, exc)
+            return False
+        self.repository.load(model)
+        with self._lock:
+            retired = set(self._state.handled)
+        stubs = stub_processes(self.process.pid)
+        if any(stub.model == model and not stub.zombie and stub.identity not in retired for stub in stubs):
+            return True
+        log.warning("the load of %s started no new stub (its version folders' change not seen): unload and load", model)
+        return False
 
     def _end_idle_replaced(self, stubs: list[StubProcess]) -> None:
         """End each stub of a replaced version still running ``replaced_idle_s`` after its CPU time
