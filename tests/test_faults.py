@@ -259,7 +259,9 @@ def test_each_kill_of_a_two_instance_models_stub_is_one_death_and_one_recovery(i
             assert counter(server, "kimi_prep_recoveries_total", model) == kills
 
 
-def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_survivor_is_ended(images: list) -> None:
+def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_survivor_is_ended(
+    images: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A two-instance model's stub killed while requests flow. The new version loads in the
     background while the other instance serves: no request meets an unloaded model (NOT_FOUND).
     A request reached the dead stub, so tritonserver never unloads the replaced version (the
@@ -270,9 +272,17 @@ def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_surviv
     model = "kimi_k25_decode"
     render = RenderOptions(instances=2, threads=1, kind="cpu")
     with EmbeddedServer(render=render, models=(MODEL,), probe_port=free_port()) as server:
-        assert server.process is not None
+        assert server.process is not None and server.watchdog is not None
         wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the kill")
         before = {s.identity for s in stub_processes(server.process.pid) if s.model == model}
+        unloaded: list[str] = []
+        repository_api, unload = server.watchdog.repository, server.watchdog.repository.unload
+
+        def recorded_unload(name: str) -> None:
+            unloaded.append(name)
+            unload(name)
+
+        monkeypatch.setattr(repository_api, "unload", recorded_unload)
         outcomes, stop = Outcomes(), threading.Event()
         threads = [
             threading.Thread(target=send_until, args=(stop, server, images, outcomes), daemon=True)
@@ -291,6 +301,7 @@ def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_surviv
         assert any("is not healthy" in message for message in outcomes.errors), (
             f"no request reached the dead stub, the case this test is about: {dict(outcomes.errors)}"
         )
+        assert unloaded == [], "the model was unloaded: its other instance stopped serving"
         assert not [message for message in outcomes.errors if "NOT_FOUND" in message], outcomes.errors
         assert not outcomes.wrong, outcomes.wrong
         wait_for(
