@@ -37,7 +37,7 @@ from kimi_vision_server.allocator import server_allocator_env
 from kimi_vision_server.cli import bench_local
 from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
-from kimi_vision_server.repository import RenderOptions
+from kimi_vision_server.repository import host_rendering
 
 SERVED = ("kimi_k25_vision", "kimi_k25_vision_u8")
 # (model, system shared memory, the in-process output it is compared with)
@@ -82,7 +82,7 @@ def main() -> int:
     if not server_allocator_env({}):
         raise SystemExit("no libjemalloc.so.2 on this host: both servers would run glibc's malloc")
     layout = host_layout()
-    options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
+    options = host_rendering(layout)
     images = bench_local.bench_images("kimi-k2.5", benchmark_photos())
     print(f"{layout.describe()}; {len(images)} photos", flush=True)
     rows: list[dict[str, Any]] = []

@@ -40,7 +40,7 @@ from kimi_vision_server.cli import bench_local
 from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
 from kimi_vision_server.render_blocks import SERVING_DEFAULTS
-from kimi_vision_server.repository import RenderOptions, render_repository
+from kimi_vision_server.repository import host_rendering, render_repository
 from kimi_vision_server.settings import Rendering, setting
 
 SERVED = ("kimi_k25_vision", "kimi_k25_vision_u8")
@@ -72,7 +72,7 @@ def main() -> int:
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     layout = host_layout()
-    options = RenderOptions(layout.instances, layout.threads, layout.kind)  # type: ignore[arg-type]
+    options = host_rendering(layout)
     images = bench_local.bench_images("kimi-k2.5", benchmark_photos())
     print(f"{layout.describe()}; {len(images)} photos", flush=True)
     rows: list[dict[str, Any]] = []
