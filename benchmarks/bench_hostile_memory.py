@@ -43,7 +43,7 @@ import tritonclient.http as httpclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from bench_idle_memory import KIB, pss_kib
+from bench_idle_memory import pss_mib
 from make_inputs import with_comment
 from PIL import Image
 from plots import saved_axes
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     heavy = heaviest_request()
     cache_bytes = args.response_cache_mib << 20
     with EmbeddedServer(render=options, models=default_model_names(), response_cache_bytes=cache_bytes) as server:
-        idle = sum(pss_kib(pid) for pid in server.process_tree()) / KIB
+        idle = pss_mib(server.process_tree())
         stop, tally = threading.Event(), Counter[str]()
         tags = itertools.count()  # shared by the heavy clients (next() on a count is atomic under the GIL)
         refused = hostile_requests()
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         slow = [slow_reader(server.http_url, heavy) for _ in range(args.slow)]
         samples, times, start = [], [], time.monotonic()
         while time.monotonic() - start < args.seconds:
-            samples.append(sum(pss_kib(pid) for pid in server.process_tree()) / KIB)
+            samples.append(pss_mib(server.process_tree()))
             times.append(time.monotonic() - start)
             time.sleep(args.every)
         stop.set()
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for sock in slow:
             sock.close()
         time.sleep(args.settle)
-        after = sum(pss_kib(pid) for pid in server.process_tree()) / KIB
+        after = pss_mib(server.process_tree())
         photo = (Path(__file__).resolve().parent / "data" / "exif-samples" / "jolla.jpg").read_bytes()
         client = grpcclient.InferenceServerClient(server.grpc_url)
         try:

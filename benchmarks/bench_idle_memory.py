@@ -13,6 +13,7 @@ Writes ``bench_idle_memory.json`` and ``.png`` and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -35,12 +36,20 @@ def pss_kib(pid: int) -> int:
     return 0
 
 
+def pss_mib(pids: list[int]) -> float:
+    """The PSS of ``pids`` together, MiB; a process that exited while it was read counts 0."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += pss_kib(pid)
+    return total / KIB
+
+
 def idle_pss(options: RenderOptions, models: tuple[str, ...] | None, settle_s: float) -> dict[str, Any]:
     with EmbeddedServer(render=options, models=models) as server:
         time.sleep(settle_s)
         pids = server.process_tree()
-        total = sum(pss_kib(pid) for pid in pids)
-        return {"models": len(server.model_names), "processes": len(pids), "pss_mib": total / KIB}
+        return {"models": len(server.model_names), "processes": len(pids), "pss_mib": pss_mib(pids)}
 
 
 def main() -> int:

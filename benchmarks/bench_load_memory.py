@@ -44,7 +44,7 @@ import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_idle_memory import pss_kib
+from bench_idle_memory import pss_mib
 from bench_perf_analyzer import model_stats
 from bench_server_malloc import ALLOCATORS as SERVER_MALLOCS
 from bench_server_malloc import launcher_environment
@@ -56,7 +56,6 @@ from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
 from kimi_vision_server.repository import RenderOptions, default_model_names, host_rendering
 
-KIB = 1024
 LOADED_MODEL = "kimi_k25_vision"
 SELECTIONS: dict[str, tuple[str, ...] | None] = {
     "kimi_k25_vision kimi_k25_vision_u8": ("kimi_k25_vision", "kimi_k25_vision_u8"),
@@ -125,7 +124,7 @@ def pss_under_load(server: EmbeddedServer, args: argparse.Namespace) -> dict[str
     start, served_before, cpu_before = time.monotonic(), sum(tally.values()), time.process_time()
     samples, times, waiting = [], [], []
     while time.monotonic() - start < args.seconds:
-        samples.append(sum(pss_kib(pid) for pid in server.process_tree()) / KIB)
+        samples.append(pss_mib(server.process_tree()))
         answered = model_stats(server.http_url, LOADED_MODEL)["success"][0] - answered_before
         waiting.append(answered - tally["good ok"])
         times.append(time.monotonic() - start)

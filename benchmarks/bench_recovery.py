@@ -46,7 +46,7 @@ from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_idle_memory import KIB, pss_kib
+from bench_idle_memory import pss_mib
 from photos import CORPUS
 from plots import saved_axes
 
@@ -173,14 +173,6 @@ def live_stubs(server: EmbeddedServer, models: list[str]) -> dict[str, int]:
     return {model: sum(s.model == model for s in stubs) for model in models}
 
 
-def pss_mib(server: EmbeddedServer) -> float:
-    total = 0
-    for pid in server.process_tree():
-        with contextlib.suppress(OSError):  # exited while we looked
-            total += pss_kib(pid)
-    return total / KIB
-
-
 def leftover(server: EmbeddedServer, killed: list[str], before: dict[str, int]) -> dict[str, Any]:
     """The killed steps' live stubs after the rounds, once they are back to ``before`` or the
     watchdog's idle wait for replaced stubs has passed twice over."""
@@ -221,7 +213,7 @@ def main() -> int:
         stubbed = {stub.model for stub in stub_processes(server.process.pid)}
         killed = [model for model in KILLED if model in stubbed]  # a C step has no stub to kill
         results = {c: {m: {"exact_s": [], "ready_s": []} for m in killed} for c in conditions}
-        stubs_before, pss_before = live_stubs(server, killed), pss_mib(server)
+        stubs_before, pss_before = live_stubs(server, killed), pss_mib(server.process_tree())
         for condition in conditions:
             with contextlib.ExitStack() as stack:
                 load = stack.enter_context(Load(server.grpc_url, cases, args.load)) if condition != "idle" else None
@@ -235,7 +227,7 @@ def main() -> int:
                 outcomes = load.outcomes
                 print(f"the load's requests: {outcomes}", flush=True)
         after = leftover(server, killed, stubs_before)
-        after |= {"pss_mib_before": pss_before, "pss_mib_after": pss_mib(server)}
+        after |= {"pss_mib_before": pss_before, "pss_mib_after": pss_mib(server.process_tree())}
         print(
             f"live stubs of the killed steps: {after['live_stubs_before']} before the kills, "
             f"{after['live_stubs_after']} {after['waited_s']:.0f} s after the rounds "

@@ -46,7 +46,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor, 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from bench_idle_memory import pss_kib
+from bench_idle_memory import pss_mib
 from bench_perf_analyzer import process_usage
 from make_inputs import with_comment
 from photos import camera_photos
@@ -199,13 +199,7 @@ class PeakPss:
                 pids = self.pids()
             except OSError:  # a process left while the tree was read: the next sample
                 continue
-            total = 0
-            for pid in pids:
-                try:
-                    total += pss_kib(pid)
-                except OSError:
-                    pass
-            self.peak_mib = max(self.peak_mib, total / 1024)
+            self.peak_mib = max(self.peak_mib, pss_mib(pids))
 
     def __enter__(self) -> PeakPss:
         self._thread.start()
