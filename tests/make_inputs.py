@@ -84,6 +84,39 @@ def jpeg_rgb(width: int, height: int, subsampling: str = "4:2:0", progressive: b
     return encode(image, "JPEG", quality=90, subsampling=subsampling, progressive=progressive)
 
 
+def jpeg_with_restarts(width: int, height: int) -> bytes:
+    """A 4:2:0 JPEG with a restart marker after every 4 MCUs."""
+    image = Image.fromarray(rgb_pattern(width, height), "RGB")
+    return encode(image, "JPEG", quality=90, restart_marker_blocks=4)
+
+
+def restart_offsets(data: bytes) -> list[int]:
+    """Offsets of the restart markers (FFD0-FFD7) in a single-scan JPEG's entropy-coded data."""
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2 : sos + 4], "big")
+    return [k for k in range(start, len(data) - 1) if data[k] == 0xFF and 0xD0 <= data[k + 1] <= 0xD7]
+
+
+def jpeg_damaged_at_a_restart(damage: str) -> bytes:
+    """:func:`jpeg_with_restarts` damaged in its third restart interval, as libjpeg meets files:
+    ``junk``: 3 bytes between the interval's data and its restart marker; ``garbled``: a byte in
+    the middle of the interval changed, so its MCUs decode as other codes that end before its
+    data does (libjpeg skips the rest up to the marker); ``cut``: the interval's last 8 bytes
+    gone, so its MCUs run into the marker (libjpeg warns "premature end of data segment")."""
+    data = jpeg_with_restarts(200, 120)
+    before, after = restart_offsets(data)[1:3]
+    if damage == "junk":
+        return data[:after] + b"\x12\x34\x56" + data[after:]
+    if damage == "garbled":
+        middle = (before + after) // 2
+        changed = data[middle] ^ 0x5A
+        assert 0xFF not in (data[middle], data[middle - 1], changed)
+        return data[:middle] + bytes([changed]) + data[middle + 1 :]
+    if damage == "cut":
+        return data[: after - 8] + data[after:]
+    raise ValueError(damage)
+
+
 def with_comment(data: bytes, text: bytes) -> bytes:
     """``data`` (a JPEG) with a COM segment holding ``text`` right after SOI: other bytes, the same
     pixels (a repeat made unique, or two requests no cache may take for one another)."""

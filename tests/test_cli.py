@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from make_inputs import jpeg_damaged_at_a_restart
 from PIL import Image
 
 from kimi_vision_client import cli
@@ -312,7 +313,9 @@ def test_preprocess_on_a_cpu_host_prints_no_codec_errors(corpus: Path, tmp_path:
     env = {k: v for k, v in os.environ.items() if k != "NVIMGCODEC_EXTENSIONS_PATH"}
     env["XDG_CACHE_HOME"] = str(tmp_path)
     # A clean JPEG (libjpeg) and one libjpeg's strict mode refuses (nvImageCodec's CPU backend).
-    files = [str(corpus / GOOD[0]), str(corpus / "imagers__extraneous-data.jpg")]
+    refused = tmp_path / "cut-restart-interval.jpg"
+    refused.write_bytes(jpeg_damaged_at_a_restart("cut"))
+    files = [str(corpus / GOOD[0]), str(refused)]
     command = [sys.executable, "-m", "kimi_vision_client.cli", "preprocess", *files]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr

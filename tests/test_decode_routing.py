@@ -12,7 +12,7 @@ from typing import Any
 import numba
 import numpy as np
 import pytest
-from make_inputs import jpeg_cmyk, jpeg_grey, jpeg_rgb, png_mode
+from make_inputs import jpeg_cmyk, jpeg_damaged_at_a_restart, jpeg_grey, jpeg_rgb, png_mode
 from PIL import Image
 from reference import reference_preprocess
 
@@ -321,12 +321,13 @@ def test_batch_mixed_good_and_bad_in_order(preset: str) -> None:
 
 
 @pytest.mark.parametrize("routes", [CPU_ROUTES, ("simplejpeg", "nvimgcodec-cpu")])
-def test_strict_libjpeg_refusal_takes_nvimgcodec_not_a_fallback(corpus: Path, routes: tuple[str, ...]) -> None:
-    """A file libjpeg only warns about (extraneous bytes) is refused by the strict libjpeg route
-    (ours, or simplejpeg where that comes first) and decoded by nvImageCodec: a planned route, no
-    fallback reason, Pillow's pixels. Only one of the two is tried: they refuse alike."""
+def test_strict_libjpeg_refusal_takes_nvimgcodec_not_a_fallback(routes: tuple[str, ...]) -> None:
+    """A file libjpeg only warns about (a restart interval cut short: premature end of data) is
+    refused by the strict libjpeg route (ours, or simplejpeg where that comes first) and decoded by
+    nvImageCodec: a planned route, no fallback reason, Pillow's pixels. Only one of the two is
+    tried: they refuse alike."""
     decoder = ImageDecoder(cpu_routes=routes)  # type: ignore[arg-type]
-    data = (corpus / "imagers__extraneous-data.jpg").read_bytes()
+    data = jpeg_damaged_at_a_restart("cut")
     result = kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
     assert (result.decode_path, result.fallback_reason) == ("nvimgcodec-cpu", None)
     assert_exact(result, data)
@@ -338,8 +339,10 @@ def test_batch_decodes_several_jpegs_at_once_exactly(corpus: Path, monkeypatch: 
     """libjpeg decodes a batch's JPEGs on ``cpu_decode_threads`` threads at once, each whole: each image
     is still Pillow's pixels, in order, owned by the caller (the worker threads have no scratch
     arena), and a refused file in the same batch still takes its planned route."""
-    names = ["imagers__large_image.jpg", "sklearn__china.jpg", "imagers__extraneous-data.jpg", "pil__iptc.jpg"]
-    items = [(corpus / name).read_bytes() for name in names] + [jpeg_grey(33, 17), jpeg_rgb(64, 48)]
+    names = ["imagers__large_image.jpg", "sklearn__china.jpg"]
+    items = [(corpus / name).read_bytes() for name in names]
+    refused = jpeg_damaged_at_a_restart("cut")
+    items += [refused, (corpus / "pil__iptc.jpg").read_bytes(), jpeg_grey(33, 17), jpeg_rgb(64, 48)]
     preset = kimi_vision_prep.get_preset("kimi-k2.5")
     threads_seen: list[tuple[str, int, int]] = []
     real_decode = jpeg_bands.decode_rows

@@ -1,7 +1,8 @@
 """The ``libjpeg`` route: one JPEG decoded in row bands by the libjpeg-turbo Pillow decodes with.
 
 Pillow is the reference: every band split, at every kind of edge, must give Pillow's pixels; a
-file libjpeg warns about is refused in every split; the pipeline's band patchify equals the
+file libjpeg warns about is refused in every split, unless the warning is only of bytes skipped
+before a marker; the pipeline's band patchify equals the
 plain reference; bands only run where a helper is idle and the caller is the decoder's only one.
 """
 
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from make_inputs import CJPEG, cjpeg_rgb, jpeg_grey, jpeg_rgb
+import simplejpeg
+from make_inputs import CJPEG, cjpeg_rgb, jpeg_damaged_at_a_restart, jpeg_grey, jpeg_rgb
 from PIL import Image
 from reference import reference_preprocess
 
@@ -100,15 +102,44 @@ def test_every_split_of_each_chroma_layout_is_pillows(kind: str) -> None:
         np.testing.assert_array_equal(decode_split(data, edges), expected, err_msg=f"{kind} split at {edges}")
 
 
-@pytest.mark.parametrize("name", ["imagers__extraneous-data.jpg", "imagers__extraneous-bytes-after-sos.jpg"])
-def test_a_file_libjpeg_warns_about_is_refused_in_every_band(corpus: Path, name: str) -> None:
-    """Strict like simplejpeg: a warning refuses the file whichever rows a band decodes (the last
-    band reads on to the end of the stream), and the decoder sends it on to nvImageCodec."""
-    data = (corpus / name).read_bytes()
+SKIPPED_BYTES_CORPUS_JPEGS = ("imagers__extraneous-data.jpg", "imagers__extraneous-bytes-after-sos.jpg")
+
+
+def skipped_bytes_jpegs(corpus: Path) -> dict[str, bytes]:
+    """JPEGs libjpeg only warns about for bytes it skips before a marker: two of the corpus and
+    two made here (junk before a restart marker, an interval whose garbled codes end early)."""
+    return {name: (corpus / name).read_bytes() for name in SKIPPED_BYTES_CORPUS_JPEGS} | {
+        damage: jpeg_damaged_at_a_restart(damage) for damage in ("junk", "garbled")
+    }
+
+
+@pytest.mark.parametrize("name", [*SKIPPED_BYTES_CORPUS_JPEGS, "junk", "garbled"])
+def test_bytes_skipped_before_a_marker_refuse_nothing_and_every_split_is_pillows(corpus: Path, name: str) -> None:
+    """libjpeg warns that it skipped bytes before a marker (simplejpeg's strict mode refuses the
+    file for it) and decodes on as in a clean stream: the route takes the file, every split gives
+    Pillow's pixels, and the pipeline the reference's."""
+    data = skipped_bytes_jpegs(corpus)[name]
+    with pytest.raises(ValueError, match="extraneous bytes before marker"):
+        simplejpeg.decode_jpeg(data, strict=True)
+    expected = pillow_rgb(data)
+    for edges in split_rows(expected.shape[0]):
+        np.testing.assert_array_equal(decode_split(data, edges), expected, err_msg=f"{name} split at {edges}")
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=ImageDecoder())
+    assert (result.decode_path, result.fallback_reason) == ("libjpeg", None)
+    np.testing.assert_array_equal(result.pixel_values, reference_preprocess(data, "kimi-k2.5").pixel_values)
+
+
+def test_any_other_libjpeg_warning_refuses_the_file_in_every_band() -> None:
+    """Strict otherwise: a restart interval cut short (libjpeg warns of a premature end of data
+    and fills in the rest) is refused whichever rows a band decodes (the last band reads on to
+    the end of the stream), and the decoder sends it on to nvImageCodec, which gives Pillow's."""
+    data = jpeg_damaged_at_a_restart("cut")
+    with pytest.raises(ValueError, match="premature end of data segment"):
+        simplejpeg.decode_jpeg(data, strict=True)
     height, width = Image.open(io.BytesIO(data)).size[::-1]
     pixels = np.zeros((height, width, 3), np.uint8)
-    assert not jpeg_bands.decode_rows(data, pixels, 0, height)
-    assert not jpeg_bands.decode_rows(data, pixels, height - 1, height)
+    for begin in (0, height // 2, height - 1):
+        assert not jpeg_bands.decode_rows(data, pixels, begin, height), begin
     result = kimi_vision_prep.preprocess_bytes(data, decoder=ImageDecoder())
     assert (result.decode_path, result.fallback_reason) == ("nvimgcodec-cpu", None)
     np.testing.assert_array_equal(result.pixel_values, reference_preprocess(data, "kimi-k2.5").pixel_values)

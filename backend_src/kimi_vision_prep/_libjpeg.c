@@ -12,8 +12,9 @@
  *                               offset r * width * 3); the rows above row_begin are skipped with
  *                               jpeg_skip_scanlines (entropy-decoded only). Pillow's settings:
  *                               accurate integer IDCT, fancy upsampling. Strict: any libjpeg
- *                               error *or warning* raises JpegError (a ValueError) with
- *                               libjpeg's message; bad arguments raise a plain ValueError.
+ *                               error *or warning* (but bytes skipped before a marker, see
+ *                               on_message) raises JpegError (a ValueError) with libjpeg's
+ *                               message; bad arguments raise a plain ValueError.
  *                               The GIL is released while libjpeg runs.
  *   decode_share(data, out, width, height, regions, index, multiple, min_rows, skip_cost,
  *                row_cost) -> (begin, end)
@@ -67,9 +68,22 @@ static void on_error(j_common_ptr cinfo) {
 }
 
 /* Level -1 is a warning (corrupt data libjpeg would skip over): strict, like simplejpeg's
- * strict mode, so such a file goes on to the next route and keeps Pillow's verdict there. */
+ * strict mode, so such a file goes on to the next route and keeps Pillow's verdict there. One
+ * warning is let through: bytes discarded before a marker (JWRN_EXTRANEOUS_DATA, e.g. padding
+ * after a restart interval's last MCU). libjpeg reports it once the bytes are skipped, and the
+ * marker after them is read as in a clean stream, so no pixel depends on it; a restart marker out
+ * of sequence warns again (JWRN_MUST_RESYNC) and refuses. Matched by the library's own message
+ * text: message numbers are not fixed across libjpeg-turbo versions, this text is. */
+static const char EXTRANEOUS_DATA[] = "Corrupt JPEG data: %u extraneous bytes before marker 0x%02x";
+
+static int pixel_neutral(const struct jpeg_error_mgr *err) {
+  return err->msg_code > 0 && err->msg_code <= err->last_jpeg_message &&
+         err->jpeg_message_table[err->msg_code] != NULL &&
+         strcmp(err->jpeg_message_table[err->msg_code], EXTRANEOUS_DATA) == 0;
+}
+
 static void on_message(j_common_ptr cinfo, int level) {
-  if (level < 0) on_error(cinfo);
+  if (level < 0 && !pixel_neutral(cinfo->err)) on_error(cinfo);
 }
 
 #define ROWS_PER_CALL 16

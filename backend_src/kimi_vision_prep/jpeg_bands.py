@@ -22,7 +22,8 @@ image to itself a helper takes the bottom ~0.29 of a decode alone, ~0.38 with a 
 
 The libjpeg functions come from Pillow's own ``_imaging`` module (:func:`libjpeg_path`), so
 the pixels are Pillow's by construction; the C part is strict like the simplejpeg route (a
-libjpeg warning refuses the file, which goes on to the next route).
+libjpeg warning refuses the file, which goes on to the next route), but for the warning that
+bytes were skipped before a marker, which changes no pixel (``_libjpeg.c``, ``on_message``).
 """
 
 from __future__ import annotations
@@ -98,8 +99,9 @@ def _extension() -> object:
 def decode_rows(data: bytes, pixels: np.ndarray, row_begin: int, row_end: int) -> bool:
     """Decode rows ``[row_begin, row_end)`` of ``data`` into ``pixels`` (uint8 ``(H, W, 3)``,
     C-contiguous, the stored size) on this thread; False when libjpeg refuses the file (an error
-    or a warning, or a size other than ``pixels``'). Releases the GIL. Rows outside the image
-    raise ValueError, a buffer that is not C-contiguous TypeError."""
+    or a warning other than of bytes skipped before a marker, or a size other than ``pixels``').
+    Releases the GIL. Rows outside the image raise ValueError, a buffer that is not C-contiguous
+    TypeError."""
     libjpeg = _extension()
     try:
         libjpeg.decode_rows(data, pixels, pixels.shape[1], pixels.shape[0], row_begin, row_end)
