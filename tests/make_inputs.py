@@ -84,10 +84,12 @@ def jpeg_rgb(width: int, height: int, subsampling: str = "4:2:0", progressive: b
     return encode(image, "JPEG", quality=90, subsampling=subsampling, progressive=progressive)
 
 
-def jpeg_with_restarts(width: int, height: int) -> bytes:
-    """A 4:2:0 JPEG with a restart marker after every 4 MCUs."""
-    image = Image.fromarray(rgb_pattern(width, height), "RGB")
-    return encode(image, "JPEG", quality=90, restart_marker_blocks=4)
+def jpeg_with_restarts(width: int, height: int, mode: str = "RGB", subsampling: str = "4:2:0", rows: int = 0) -> bytes:
+    """A JPEG (``mode`` RGB or L) with a restart marker after every ``rows`` MCU rows, or every 4
+    MCUs when ``rows`` is 0."""
+    image = Image.fromarray(rgb_pattern(width, height), "RGB").convert(mode)
+    every = {"restart_marker_rows": rows} if rows else {"restart_marker_blocks": 4}
+    return encode(image, "JPEG", quality=90, subsampling=subsampling, **every)
 
 
 def restart_offsets(data: bytes) -> list[int]:
@@ -140,16 +142,17 @@ def jpeg_with_orientation(width: int, height: int, orientation: int) -> bytes:
     return encode(image, "JPEG", quality=90, exif=exif.tobytes())
 
 
-def cjpeg_rgb(width: int, height: int, sample: str) -> bytes:
-    """A JPEG written by libjpeg-turbo's ``cjpeg -sample`` (e.g. ``1x2`` = 4:4:0, ``4x1`` = 4:1:1)."""
+def cjpeg_rgb(width: int, height: int, sample: str, restart_rows: int = 0) -> bytes:
+    """A JPEG written by libjpeg-turbo's ``cjpeg -sample`` (e.g. ``1x2`` = 4:4:0, ``4x1`` = 4:1:1),
+    with a restart marker every ``restart_rows`` MCU rows where that is not 0."""
     if CJPEG is None:
         raise RuntimeError("cjpeg is not on PATH (Debian: apt-get install libjpeg-turbo-progs)")
+    restart = ["-restart", str(restart_rows)] if restart_rows else []
     with tempfile.TemporaryDirectory() as tmp:
         ppm = Path(tmp) / "in.ppm"
         Image.fromarray(rgb_pattern(width, height), "RGB").save(ppm)
-        done = subprocess.run(
-            [CJPEG, "-quality", "90", "-sample", sample, str(ppm)], capture_output=True, check=True, timeout=30
-        )
+        command = [CJPEG, "-quality", "90", "-sample", sample, *restart, str(ppm)]
+        done = subprocess.run(command, capture_output=True, check=True, timeout=30)
     return done.stdout
 
 

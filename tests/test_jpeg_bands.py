@@ -2,7 +2,7 @@
 
 Pillow is the reference: every band split, at every kind of edge, must give Pillow's pixels; a
 file libjpeg warns about is refused in every split, unless the warning is only of bytes skipped
-before a marker; the pipeline's band patchify equals the
+before a marker; a band below a restart marker enters the stream there; the pipeline's band patchify equals the
 plain reference; bands only run where a helper is idle and the caller is the decoder's only one.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
-from make_inputs import CJPEG, cjpeg_rgb, jpeg_damaged_at_a_restart, jpeg_grey, jpeg_rgb
+from make_inputs import CJPEG, cjpeg_rgb, jpeg_damaged_at_a_restart, jpeg_grey, jpeg_rgb, jpeg_with_restarts
 from PIL import Image
 from reference import reference_preprocess
 
@@ -70,6 +70,8 @@ def synthetic_jpegs() -> dict[str, bytes]:
         "422": jpeg_rgb(203, 301, "4:2:2"),
         "444": jpeg_rgb(150, 77, "4:4:4"),
         "grey": jpeg_grey(97, 131),
+        "420 restarts": jpeg_with_restarts(301, 400, rows=1),
+        "420 restarts every 4 MCUs": jpeg_with_restarts(301, 400),
     }
     if CJPEG:  # 4:4:0 and 4:1:1: vertical-only and 4x horizontal chroma
         jpegs |= {"440": cjpeg_rgb(157, 99, "1x2,1x1,1x1"), "411": cjpeg_rgb(157, 99, "4x1,1x1,1x1")}
@@ -145,6 +147,51 @@ def test_any_other_libjpeg_warning_refuses_the_file_in_every_band() -> None:
     np.testing.assert_array_equal(result.pixel_values, reference_preprocess(data, "kimi-k2.5").pixel_values)
 
 
+def damaged(data: bytes, rng: np.random.Generator) -> bytes:
+    """``data`` with 1-3 random changes in its scan data: a byte changed, 1-5 bytes dropped or
+    1-5 random bytes inserted."""
+    out = bytearray(data)
+    start = out.index(b"\xff\xda") + 14
+    for _ in range(int(rng.integers(1, 4))):
+        at, kind = int(rng.integers(start, len(out) - 2)), int(rng.integers(0, 3))
+        if kind == 0:
+            out[at] ^= int(rng.integers(1, 256))
+        elif kind == 1:
+            del out[at : at + int(rng.integers(1, 6))]
+        else:
+            out[at:at] = rng.integers(0, 256, int(rng.integers(1, 6)), dtype=np.uint8).tobytes()
+    return bytes(out)
+
+
+def test_damaged_restart_streams_the_route_takes_are_pillows_whole_and_entered() -> None:
+    """Randomly damaged scans of restart-marker JPEGs that the scan still finds clean (300, seeded):
+    wherever both bands of a split decode take the file, so does a whole decode, with the same
+    pixels; wherever a whole decode takes it, Pillow opens it to the same pixels."""
+    libjpeg = jpeg_bands._extension()
+    bases = [jpeg_with_restarts(300, 520, rows=1), jpeg_with_restarts(300, 520), jpeg_with_restarts(300, 520, rows=2)]
+    rng = np.random.default_rng(7)
+    taken = entered = 0
+    for trial in range(300):
+        data = damaged(bases[trial % 3], rng)
+        if scan_jpeg(data).reason != "clean":
+            continue
+        whole = np.zeros((520, 300, 3), np.uint8)
+        whole_ok = jpeg_bands.decode_rows(data, whole, 0, 520)
+        split, row = np.zeros_like(whole), int(rng.integers(1, 520))
+        try:
+            libjpeg.decode_rows(data, split, 300, 520, 0, row)
+            entered += libjpeg.decode_rows(data, split, 300, 520, row, 520)[2] > 0
+        except libjpeg.JpegError:
+            split = None
+        if split is not None:
+            assert whole_ok, trial
+            np.testing.assert_array_equal(split, whole, err_msg=f"trial {trial}, split at {row}")
+        if whole_ok:
+            taken += 1
+            np.testing.assert_array_equal(whole, pillow_rgb(data), err_msg=f"trial {trial}")
+    assert taken > 100 and entered > 50, (taken, entered)
+
+
 def test_rows_outside_the_image_or_a_wrong_buffer_raise() -> None:
     data = jpeg_rgb(40, 30)
     with pytest.raises(ValueError, match="rows"):
@@ -203,8 +250,11 @@ def test_helpers_take_bands_and_every_row_is_handed_over_once() -> None:
         assert {thread.split("_")[0] for *_, thread in consumer.bands} >= {"MainThread", "helper"}
 
 
-def share(data: bytes, pixels: np.ndarray, regions: np.ndarray, index: int, row_cost: float = 1.0) -> tuple[int, int]:
-    """One band of a shared decode, straight from the extension (multiple 14, at least 28 rows)."""
+def share(
+    data: bytes, pixels: np.ndarray, regions: np.ndarray, index: int, row_cost: float = 1.0
+) -> tuple[int, int, int]:
+    """One band of a shared decode, straight from the extension (multiple 14, at least 28 rows):
+    its rows ``[begin, end)`` and the row it entered the stream at (0: the top)."""
     from kimi_vision_prep import _libjpeg
 
     height, width = pixels.shape[:2]
@@ -221,18 +271,80 @@ def test_a_late_helper_takes_the_bottom_of_what_is_left_and_nothing_after_the_en
     for committed, row_cost in ((0, 1.0), (0, 1.6), (200, 1.0)):
         pixels = np.zeros_like(expected)
         regions = np.array([height << 32 | committed, 0], np.uint64)
-        begin, end = share(data, pixels, regions, 1, row_cost)
+        begin, end, entered = share(data, pixels, regions, 1, row_cost)
         split = row_cost * (committed + height) / (2 * row_cost - jpeg_bands.SKIP_COST)
-        assert (begin, end) == (-(-int(split) // 14) * 14, height), (committed, row_cost)
+        assert (begin, end, entered) == (-(-int(split) // 14) * 14, height, 0), (committed, row_cost)
         assert int(regions[0]) == begin << 32 | committed and int(regions[1]) == height << 32 | height
         np.testing.assert_array_equal(pixels[begin:], expected[begin:])
         if committed == 0:  # the owner decodes up to the new limit and stops there
-            assert share(data, pixels, regions, 0) == (0, begin)
+            assert share(data, pixels, regions, 0) == (0, begin, 0)
             np.testing.assert_array_equal(pixels, expected)
     for committed in (height, height - 20, 500):  # done, too little left, or not worth the skipping
         regions = np.array([height << 32 | committed, 0], np.uint64)
-        assert share(data, np.zeros_like(expected), regions, 1) == (0, 0)
+        assert share(data, np.zeros_like(expected), regions, 1) == (0, 0, 0)
         assert int(regions[0]) == height << 32 | committed and int(regions[1]) == 0
+
+
+def restart_entry(begin: int, imcu: int) -> int:
+    """Where a band from ``begin`` enters a stream with a restart marker after every MCU row: the
+    iMCU row above ``begin``'s iMCU row (its context) must start interval 8k, k >= 1, so that the
+    entered stream's markers count from RST0; 0 where none is above."""
+    context_rows = [j * imcu for j in range(8, begin // imcu, 8) if (j + 1) * imcu <= begin]
+    return max(context_rows, default=0)
+
+
+def test_a_helper_entering_at_a_restart_marker_splits_the_rows_evenly() -> None:
+    """With a restart marker above the split, the thief skips nothing but the rows from its entry
+    (restart_entry): the rows are split half and half, on a multiple of 14, and the owner stops
+    at the split; both bands give Pillow's rows."""
+    data = jpeg_with_restarts(320, 1000, rows=1)
+    expected, height = pillow_rgb(data), 1000
+    for committed in (0, 200):
+        pixels = np.zeros_like(expected)
+        regions = np.array([height << 32 | committed, 0], np.uint64)
+        begin, end, entered = share(data, pixels, regions, 1)
+        assert begin == -(-(committed + height) // 2 // 14) * 14 and end == height, committed
+        assert entered == restart_entry(begin, 16) > 0
+        np.testing.assert_array_equal(pixels[begin:], expected[begin:])
+        if committed == 0:
+            assert share(data, pixels, regions, 0) == (0, begin, 0)
+            np.testing.assert_array_equal(pixels, expected)
+
+
+def restart_jpegs() -> dict[str, tuple[bytes, int, bool]]:
+    """JPEGs with a restart marker after every MCU row, by layout, with their iMCU height and
+    whether a band may enter them (not a grey image of 2x2 sampling, whose MCU rows are not its
+    iMCU rows)."""
+    jpegs = {
+        "420": (jpeg_with_restarts(333, 600, rows=1), 16, True),
+        "422": (jpeg_with_restarts(333, 600, subsampling="4:2:2", rows=1), 8, True),
+        "444": (jpeg_with_restarts(333, 600, subsampling="4:4:4", rows=1), 8, True),
+        "grey": (jpeg_with_restarts(333, 600, mode="L", subsampling="4:4:4", rows=1), 8, True),
+        "grey 2x2": (jpeg_with_restarts(333, 600, mode="L", rows=1), 16, False),
+    }
+    if CJPEG:
+        jpegs |= {
+            "440": (cjpeg_rgb(157, 600, "1x2,1x1,1x1", 1), 16, True),
+            "411": (cjpeg_rgb(157, 600, "4x1,1x1,1x1", 1), 8, True),
+        }
+    return jpegs
+
+
+@pytest.mark.parametrize("kind", list(restart_jpegs()))
+def test_a_band_below_a_restart_marker_enters_the_stream_there_and_gives_pillows_rows(kind: str) -> None:
+    """A band that starts below an iMCU row beginning restart interval 8k enters the stream there
+    (restart_entry) instead of skipping every row above, at each kind of edge around such a row,
+    and its rows are Pillow's."""
+    data, imcu, enters = restart_jpegs()[kind]
+    expected = pillow_rgb(data)
+    height, width = expected.shape[:2]
+    libjpeg = jpeg_bands._extension()  # bound to Pillow's libjpeg
+    for entry in (8 * imcu, 16 * imcu, 32 * imcu):
+        for begin in (entry + imcu - 1, entry + imcu, entry + imcu + 1, entry + 2 * imcu - 1, height - 1):
+            pixels = np.zeros_like(expected)
+            first, end, entered = libjpeg.decode_rows(data, pixels, width, height, begin, height)
+            assert (first, end, entered) == (begin, height, restart_entry(begin, imcu) if enters else 0), (kind, begin)
+            np.testing.assert_array_equal(pixels[begin:], expected[begin:], err_msg=f"{kind} from row {begin}")
 
 
 def test_a_busy_helper_is_not_waited_for() -> None:

@@ -6,23 +6,25 @@
  *                               (dlsym on its handle searches the libraries it links, so these are
  *                               the very functions Pillow's JPEG decoder calls); returns the path
  *                               of the library they live in.
- *   decode_rows(data, out, width, height, row_begin, row_end) -> (begin, end)
+ *   decode_rows(data, out, width, height, row_begin, row_end) -> (begin, end, entered)
  *                               decode rows [row_begin, row_end) of `data` as RGB into `out`, a
  *                               writable C-contiguous buffer of height * width * 3 bytes (row r at
  *                               offset r * width * 3); the rows above row_begin are skipped with
- *                               jpeg_skip_scanlines (entropy-decoded only). Pillow's settings:
+ *                               jpeg_skip_scanlines (entropy-decoded only), from a restart marker
+ *                               where the stream has one above them (`entered`: the first row
+ *                               decoded from there, else 0; see entry_row). Pillow's settings:
  *                               accurate integer IDCT, fancy upsampling. Strict: any libjpeg
  *                               error *or warning* (but bytes skipped before a marker, see
  *                               on_message) raises JpegError (a ValueError) with libjpeg's
  *                               message; bad arguments raise a plain ValueError.
  *                               The GIL is released while libjpeg runs.
  *   decode_share(data, out, width, height, regions, index, multiple, min_rows, skip_cost,
- *                row_cost) -> (begin, end)
+ *                row_cost) -> (begin, end, entered)
  *                               band `index` of one image decoded by several threads: band 0
  *                               owns every row at first (regions[0] = height << 32); a band
  *                               that starts later steals the bottom of the region with the most
  *                               rows left (steal below), so a helper that wakes late takes less
- *                               and one that wakes after the end takes nothing (0, 0).
+ *                               and one that wakes after the end takes nothing (0, 0, 0).
  *
  * The headers are the system's libjpeg-turbo (Debian libjpeg62-turbo-dev); only the
  * JPEG_LIB_VERSION 62 ABI they describe is used, and jpeg_CreateDecompress checks it against the
@@ -36,6 +38,7 @@
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
@@ -105,14 +108,133 @@ typedef struct {
   double row_cost;      /* a decoded row's cost with its consumer's work (1 + row_work) */
 } sharing;
 
+/* -- entering the scan at a restart marker ----------------------------------------------------
+ * A stream with restart markers can be decoded from the start of any restart interval: the DC
+ * predictions start over there, so the interval's codes mean the same as in a whole decode. A
+ * band that starts at such an interval rather than skipping (entropy-decoding) every row above
+ * decodes the headers, then the scan's data from that interval on, as an image whose height is
+ * the rows left (the SOF's height patched). Its first iMCU row is only the context of the next
+ * (the chroma upsampler reads the row above), so the band enters one iMCU row above its own rows,
+ * at an interval numbered 8k: its restart markers then count from RST0 as a whole stream's do.
+ * Sequential Huffman scans of every component at once (or one component of 1x1 sampling) only. */
+
+static JDIMENSION ceil_div(JDIMENSION a, JDIMENSION b) { return (a + b - 1) / b; }
+
+/* The first iMCU row of the last entry at or above row `row` - iMCU height (so that the row above
+ * `row`'s iMCU row is decoded as context), its restart interval's number in *interval; 0 when
+ * there is none (then the band skips from the top). `cinfo` has read the headers. */
+static JDIMENSION entry_row(j_decompress_ptr cinfo, JDIMENSION row, JDIMENSION *interval) {
+  const JDIMENSION imcu = (JDIMENSION)cinfo->max_v_samp_factor * DCTSIZE;
+  JDIMENSION per_row, j;
+
+  if (cinfo->restart_interval == 0 || cinfo->progressive_mode || cinfo->arith_code ||
+      cinfo->comps_in_scan != cinfo->num_components ||
+      (cinfo->num_components == 1 && (cinfo->max_h_samp_factor != 1 || cinfo->max_v_samp_factor != 1)))
+    return 0;
+  per_row = ceil_div(cinfo->image_width, (JDIMENSION)cinfo->max_h_samp_factor * DCTSIZE);
+  for (j = row / imcu; j >= 2; j--) { /* iMCU row j - 1 is the context of j */
+    const unsigned long mcu = (unsigned long)(j - 1) * per_row;
+    if (mcu % cinfo->restart_interval == 0 && (mcu / cinfo->restart_interval) % 8 == 0) {
+      *interval = (JDIMENSION)(mcu / cinfo->restart_interval);
+      return (j - 1) * imcu;
+    }
+  }
+  return 0;
+}
+
+/* Offsets in a JPEG's header of the SOF's 2-byte height and of the first byte after the SOS
+ * segment; 0 when the segments are not the plain SOI, ..., SOF0/1, ..., SOS sequence. */
+static int header_offsets(const unsigned char *d, size_t n, size_t *sof_height, size_t *scan_data) {
+  size_t k = 2;
+  int sof = 0;
+  if (n < 4 || d[0] != 0xFF || d[1] != 0xD8) return 0;
+  while (k + 4 <= n) {
+    size_t length;
+    if (d[k] != 0xFF) return 0;
+    if (d[k + 1] == 0xFF) { /* a fill byte before a marker */
+      k++;
+      continue;
+    }
+    length = ((size_t)d[k + 2] << 8) | d[k + 3];
+    if (length < 2 || k + 2 + length > n) return 0;
+    if (d[k + 1] == 0xC0 || d[k + 1] == 0xC1) {
+      *sof_height = k + 5; /* FF Cn, length (2), precision (1), height (2) */
+      sof = 1;
+    } else if (d[k + 1] == 0xDA) {
+      *scan_data = k + 2 + length;
+      return sof;
+    }
+    k += 2 + length;
+  }
+  return 0;
+}
+
+/* The offset just past the `count`-th restart marker (counted from 1) of the scan data from
+ * `from`, each in sequence (RST0, RST1, ..., RST7, RST0, ...); 0 when the data ends or holds
+ * anything else first. */
+static size_t after_restart(const unsigned char *d, size_t n, size_t from, JDIMENSION count) {
+  size_t k = from;
+  JDIMENSION seen = 0;
+  while (k + 1 < n) {
+    const unsigned char *ff = memchr(d + k, 0xFF, n - 1 - k);
+    unsigned char code;
+    if (ff == NULL) return 0;
+    k = (size_t)(ff - d);
+    code = d[k + 1];
+    if (code == 0x00) { /* a stuffed zero */
+      k += 2;
+    } else if (code == 0xFF) { /* a fill byte */
+      k += 1;
+    } else if (code == 0xD0 + seen % 8) {
+      if (++seen == count) return k + 2;
+      k += 2;
+    } else {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+/* A copy of the stream that starts at restart interval `interval` as an image of the rows from
+ * `first_row` on (headers, the SOF's height patched, then that interval's data on); NULL when the
+ * stream does not allow it or memory is short. The caller frees it. */
+static unsigned char *entered_stream(const unsigned char *d, size_t n, JDIMENSION height, JDIMENSION first_row,
+                                     JDIMENSION interval, size_t *size) {
+  size_t sof_height, scan_data, start;
+  unsigned char *copy;
+  if (!header_offsets(d, n, &sof_height, &scan_data)) return NULL;
+  if (((JDIMENSION)d[sof_height] << 8 | d[sof_height + 1]) != height) return NULL;
+  start = after_restart(d, n, scan_data, interval);
+  if (start == 0) return NULL;
+  *size = scan_data + (n - start);
+  copy = malloc(*size);
+  if (copy == NULL) return NULL;
+  memcpy(copy, d, scan_data);
+  copy[sof_height] = (unsigned char)((height - first_row) >> 8);
+  copy[sof_height + 1] = (unsigned char)((height - first_row) & 0xFF);
+  memcpy(copy + scan_data, d + start, n - start);
+  return copy;
+}
+
+/* The row at which a thief taking [committed, limit) off its owner should start: where the owner
+ * ((s - c) r) and the thief (skip_cost s + (l - s) r) finish together, on a multiple. */
+static JDIMENSION split_row(const sharing *share, uint64_t seen, double skip_cost) {
+  const double c = COMMITTED(seen), l = LIMIT(seen), r = share->row_cost;
+  JDIMENSION s = (JDIMENSION)(r * (c + l) / (2.0 * r - skip_cost));
+  s = (s + share->multiple - 1) / share->multiple * share->multiple;
+  if (s < COMMITTED(seen)) s = (COMMITTED(seen) + share->multiple - 1) / share->multiple * share->multiple;
+  return s;
+}
+
 /* Take the bottom of the region with the most rows left, split so that its owner and the thief
- * (who skips the rows above it first) finish together; 0 when none is worth taking. On success
- * the thief's own region word is [*begin, old limit). */
-static int steal(const sharing *share, JDIMENSION *begin) {
+ * finish together: the thief enters at a restart marker where `cinfo` (headers read) has one
+ * above the split (a few rows skipped), else skips every row above it; 0 when none is worth
+ * taking. On success the thief's own region word is [*begin, old limit). */
+static int steal(const sharing *share, j_decompress_ptr cinfo, JDIMENSION *begin) {
   for (;;) {
     Py_ssize_t victim = -1, i;
     uint64_t seen = 0;
-    JDIMENSION most = 0;
+    JDIMENSION most = 0, s, interval;
     for (i = 0; i < share->count; i++) {
       uint64_t word = __atomic_load_n(&share->regions[i], __ATOMIC_ACQUIRE);
       if (i != share->index && word != 0 && LIMIT(word) > COMMITTED(word) && LIMIT(word) - COMMITTED(word) > most) {
@@ -122,20 +244,14 @@ static int steal(const sharing *share, JDIMENSION *begin) {
       }
     }
     if (victim < 0) return 0;
-    {
-      const double c = COMMITTED(seen), l = LIMIT(seen), r = share->row_cost;
-      /* owner: (s - c) r; thief: skip_cost s + (l - s) r; equal at: */
-      double split = r * (c + l) / (2.0 * r - share->skip_cost);
-      JDIMENSION s = (JDIMENSION)split;
-      s = (s + share->multiple - 1) / share->multiple * share->multiple;
-      if (s < COMMITTED(seen)) s = (COMMITTED(seen) + share->multiple - 1) / share->multiple * share->multiple;
-      if (s >= LIMIT(seen) || LIMIT(seen) - s < share->min_rows) return 0;
-      if (__atomic_compare_exchange_n(&share->regions[victim], &seen, REGION(s, COMMITTED(seen)), 0, __ATOMIC_ACQ_REL,
-                                      __ATOMIC_ACQUIRE)) {
-        __atomic_store_n(&share->regions[share->index], REGION(LIMIT(seen), s), __ATOMIC_RELEASE);
-        *begin = s;
-        return 1;
-      }
+    s = split_row(share, seen, 0.0);
+    if (entry_row(cinfo, s, &interval) == 0) s = split_row(share, seen, share->skip_cost);
+    if (s >= LIMIT(seen) || LIMIT(seen) - s < share->min_rows) return 0;
+    if (__atomic_compare_exchange_n(&share->regions[victim], &seen, REGION(s, COMMITTED(seen)), 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+      __atomic_store_n(&share->regions[share->index], REGION(LIMIT(seen), s), __ATOMIC_RELEASE);
+      *begin = s;
+      return 1;
     }
   }
 }
@@ -156,63 +272,84 @@ static JDIMENSION commit_chunk(const sharing *share, JDIMENSION scanline) {
   }
 }
 
-/* 0 on success, with [*begin, *end) the rows decoded; -1 with err->message set. Runs without the
- * GIL. Without sharing it decodes [*begin, *end) as given; with it, the band's region. */
+/* 0 on success, with [*begin, *end) the rows decoded and *entered the first row of the stream
+ * decoded (0: the whole stream; else entered at a restart marker); -1 with err->message set. Runs
+ * without the GIL. Without sharing it decodes [*begin, *end) as given; with it, the band's region. */
 static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned char *out, JDIMENSION width,
-                             JDIMENSION height, JDIMENSION *begin, JDIMENSION *end, const sharing *share,
-                             strict_error *err) {
+                             JDIMENSION height, JDIMENSION *begin, JDIMENSION *end, JDIMENSION *entered,
+                             const sharing *share, strict_error *err) {
   struct jpeg_decompress_struct cinfo;
   JSAMPROW rows[ROWS_PER_CALL];
   const size_t stride = (size_t)width * 3;
+  unsigned char *volatile copy = NULL; /* freed after a longjmp too */
+  JDIMENSION first = 0, interval = 0;
 
-  /* Band 0 starts at row 0 (decode_share passes it); a helper starts where it steals. */
-  if (share->regions != NULL && share->index > 0 && !steal(share, begin)) {
-    *end = *begin = 0;
-    return 0;
-  }
   memset(&cinfo, 0, sizeof(cinfo)); /* a failed create leaves nothing for destroy to free */
   cinfo.err = lib.std_error(&err->pub);
   err->pub.error_exit = on_error;
   err->pub.emit_message = on_message;
   if (setjmp(err->jump)) {
     lib.destroy_decompress(&cinfo);
+    free(copy);
     return -1;
   }
   lib.create_decompress(&cinfo, JPEG_LIB_VERSION, sizeof(cinfo));
   lib.mem_src(&cinfo, data, (unsigned long)size);
   lib.read_header(&cinfo, TRUE);
+  /* Band 0 starts at row 0 (decode_share passes it); a helper starts where it steals. */
+  if (share->regions != NULL && share->index > 0 && !steal(share, &cinfo, begin)) {
+    lib.destroy_decompress(&cinfo);
+    *end = *begin = *entered = 0;
+    return 0;
+  }
+  if (*begin > 0 && (first = entry_row(&cinfo, *begin, &interval)) > 0) {
+    size_t copy_size = 0;
+    copy = entered_stream(data, size, height, first, interval, &copy_size);
+    if (copy == NULL) {
+      first = 0;
+    } else {
+      lib.destroy_decompress(&cinfo);
+      lib.create_decompress(&cinfo, JPEG_LIB_VERSION, sizeof(cinfo));
+      lib.mem_src(&cinfo, copy, (unsigned long)copy_size);
+      lib.read_header(&cinfo, TRUE);
+    }
+  }
   cinfo.out_color_space = JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;
   cinfo.do_fancy_upsampling = TRUE;
   lib.start_decompress(&cinfo);
-  if (cinfo.output_width != width || cinfo.output_height != height || cinfo.output_components != 3) {
-    snprintf(err->message, sizeof(err->message), "libjpeg decodes %ux%ux%d, expected %ux%ux3",
-             cinfo.output_width, cinfo.output_height, cinfo.output_components, width, height);
+  if (cinfo.output_width != width || cinfo.output_height != height - first || cinfo.output_components != 3) {
+    snprintf(err->message, sizeof(err->message), "libjpeg decodes %ux%ux%d from row %u, expected %ux%ux3",
+             cinfo.output_width, cinfo.output_height, cinfo.output_components, first, width, height);
     lib.destroy_decompress(&cinfo);
+    free(copy);
     return -1;
   }
-  if (*begin > 0) lib.skip_scanlines(&cinfo, *begin);
+  if (*begin > first) lib.skip_scanlines(&cinfo, *begin - first);
   for (;;) {
+    const JDIMENSION row = first + cinfo.output_scanline;
     JDIMENSION count, i;
     if (share->regions != NULL)
-      count = commit_chunk(share, cinfo.output_scanline);
+      count = commit_chunk(share, row);
     else
-      count = *end - cinfo.output_scanline < ROWS_PER_CALL ? *end - cinfo.output_scanline : ROWS_PER_CALL;
+      count = *end - row < ROWS_PER_CALL ? *end - row : ROWS_PER_CALL;
     if (count == 0) break;
-    for (i = 0; i < count; i++) rows[i] = out + (size_t)(cinfo.output_scanline + i) * stride;
+    for (i = 0; i < count; i++) rows[i] = out + (size_t)(row + i) * stride;
     for (i = 0; i < count;) { /* read_scanlines may return fewer rows than asked for */
       JDIMENSION read = lib.read_scanlines(&cinfo, rows + i, count - i);
       if (read == 0) {
-        snprintf(err->message, sizeof(err->message), "libjpeg returned no row at %u", cinfo.output_scanline);
+        snprintf(err->message, sizeof(err->message), "libjpeg returned no row at %u", first + cinfo.output_scanline);
         longjmp(err->jump, 1);
       }
       i += read;
     }
   }
-  *end = cinfo.output_scanline;
+  *end = first + cinfo.output_scanline;
+  *entered = first;
   /* The band that ends the image reads on to EOI, so a warning after the last row still refuses. */
   if (*end == height) lib.finish_decompress(&cinfo);
   lib.destroy_decompress(&cinfo);
+  free(copy);
   return 0;
 }
 
@@ -231,10 +368,12 @@ static int check_out(const Py_buffer *out, unsigned int width, unsigned int heig
 static PyObject *run(Py_buffer *data, Py_buffer *out, unsigned int width, unsigned int height, JDIMENSION begin,
                      JDIMENSION end, const sharing *share) {
   strict_error err;
+  JDIMENSION entered = 0;
   int status;
 
   Py_BEGIN_ALLOW_THREADS
-  status = decode_rows_nogil(data->buf, (size_t)data->len, out->buf, width, height, &begin, &end, share, &err);
+  status = decode_rows_nogil(data->buf, (size_t)data->len, out->buf, width, height, &begin, &end, &entered, share,
+                             &err);
   Py_END_ALLOW_THREADS
   PyBuffer_Release(data);
   PyBuffer_Release(out);
@@ -242,7 +381,7 @@ static PyObject *run(Py_buffer *data, Py_buffer *out, unsigned int width, unsign
     PyErr_SetString(JpegError, err.message);
     return NULL;
   }
-  return Py_BuildValue("II", begin, end);
+  return Py_BuildValue("III", begin, end, entered);
 }
 
 static PyObject *decode_rows(PyObject *self, PyObject *args) {
@@ -354,10 +493,11 @@ static PyObject *bind(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind(imaging_path) -> path of the libjpeg Pillow's _imaging links"},
     {"decode_rows", decode_rows, METH_VARARGS,
-     "decode_rows(data, out, width, height, row_begin, row_end) -> (begin, end): RGB rows into out (strict)"},
+     "decode_rows(data, out, width, height, row_begin, row_end) -> (begin, end, entered): RGB rows into out"
+     " (strict)"},
     {"decode_share", decode_share, METH_VARARGS,
      "decode_share(data, out, width, height, regions, index, multiple, min_rows, skip_cost, row_cost)"
-     " -> (begin, end): band `index` of a shared decode (strict)"},
+     " -> (begin, end, entered): band `index` of a shared decode (strict)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,7 +3,11 @@
 libjpeg-turbo decodes an image on one core, and its entropy decoding is serial. Its other half
 (IDCT, chroma upsampling, colour conversion) is not: a band opens its own decompressor, reaches
 its first row with ``jpeg_skip_scanlines`` (which entropy-decodes the rows above but skips their
-IDCT and colour work) and decodes its own rows. libjpeg-turbo decodes the upsampler's context
+IDCT and colour work) and decodes its own rows. Where the stream has restart markers (many
+cameras and phones write them), a band enters it at the restart interval that begins an iMCU row
+just above its own instead, and skips only that row: the DC predictions start over at every
+interval, so the headers followed by the scan from there decode, as an image of the rows left,
+to the same pixels (``_libjpeg.c``, ``entry_row``). libjpeg-turbo decodes the upsampler's context
 rows at a band's top edge rather than guessing them, so every band's rows are the rows of a
 whole decode: the tests compare split decodes with Pillow at every kind of edge (iMCU-aligned
 or not, one row from either end). A caller's :class:`RowConsumer` runs on the band's thread
@@ -13,12 +17,14 @@ of one band overlaps the decode of another.
 The bands are not fixed in advance. The calling thread owns every row at first and decodes from
 the top; each helper thread, when it starts, steals the bottom of the region with the most rows
 left, split where its owner and the thief (who skips the rows above first) finish together:
-a skipped row costs :data:`SKIP_COST` of a decoded one, a consumer adds ``row_work`` per row.
+a skipped row costs :data:`SKIP_COST` of a decoded one (nothing, where the thief enters at a
+restart marker), a consumer adds ``row_work`` per row.
 So a helper that wakes late takes less, and one that wakes after the end takes nothing: a decode
 is never slower than one thread's by more than the hand-off (on this project's VM an idle
 thread can take milliseconds to wake; a fixed split waited for it, BENCHMARKS.md's history). Region
 bookkeeping is one compare-and-swap word per band in ``_libjpeg.c``. With two threads and the
-image to itself a helper takes the bottom ~0.29 of a decode alone, ~0.38 with a float32 patchify.
+image to itself a helper takes the bottom ~0.29 of a decode alone, ~0.38 with a float32 patchify,
+half where it enters at a restart marker.
 
 The libjpeg functions come from Pillow's own ``_imaging`` module (:func:`libjpeg_path`), so
 the pixels are Pillow's by construction; the C part is strict like the simplejpeg route (a
@@ -129,7 +135,7 @@ class _SharedDecode:
         libjpeg = _extension()
         height, width = self.pixels.shape[0], self.pixels.shape[1]
         try:
-            begin, end = libjpeg.decode_share(
+            begin, end, _ = libjpeg.decode_share(
                 self.data, self.pixels, width, height, self.regions, index, self.multiple, self.min_rows,
                 SKIP_COST, self.row_cost,
             )
