@@ -147,6 +147,19 @@ def test_any_other_libjpeg_warning_refuses_the_file_in_every_band() -> None:
     np.testing.assert_array_equal(result.pixel_values, reference_preprocess(data, "kimi-k2.5").pixel_values)
 
 
+def test_a_truncated_stream_is_refused_from_the_top_and_from_a_restart_marker() -> None:
+    """The end of the data comes before the image's: refused whether the band reads the stream from
+    its start or enters it at a restart marker (which would otherwise read on past the end)."""
+    data = jpeg_with_restarts(333, 600, rows=1)[:-300]
+    pixels = np.zeros((600, 333, 3), np.uint8)
+    libjpeg = jpeg_bands._extension()
+    for begin in (0, 300, 599):
+        with pytest.raises(libjpeg.JpegError):
+            libjpeg.decode_rows(data, pixels, 333, 600, begin, 600)
+    complete = jpeg_with_restarts(333, 600, rows=1)
+    assert libjpeg.decode_rows(complete, pixels, 333, 600, 599, 600)[2] > 0  # the entry is there
+
+
 def damaged(data: bytes, rng: np.random.Generator) -> bytes:
     """``data`` with 1-3 random changes in its scan data: a byte changed, 1-5 bytes dropped or
     1-5 random bytes inserted."""

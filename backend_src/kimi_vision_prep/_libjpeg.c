@@ -47,6 +47,7 @@ static struct {
   __typeof__(&jpeg_std_error) std_error;
   __typeof__(&jpeg_CreateDecompress) create_decompress;
   __typeof__(&jpeg_mem_src) mem_src;
+  __typeof__(&jpeg_resync_to_restart) resync_to_restart;
   __typeof__(&jpeg_read_header) read_header;
   __typeof__(&jpeg_start_decompress) start_decompress;
   __typeof__(&jpeg_skip_scanlines) skip_scanlines;
@@ -195,25 +196,81 @@ static size_t after_restart(const unsigned char *d, size_t n, size_t from, JDIME
   return 0;
 }
 
-/* A copy of the stream that starts at restart interval `interval` as an image of the rows from
- * `first_row` on (headers, the SOF's height patched, then that interval's data on); NULL when the
- * stream does not allow it or memory is short. The caller frees it. */
-static unsigned char *entered_stream(const unsigned char *d, size_t n, JDIMENSION height, JDIMENSION first_row,
-                                     JDIMENSION interval, size_t *size) {
+/* A source of two pieces, read where they are: the headers (a copy with the SOF's height
+ * patched) and then the scan's data from a restart interval on, in the caller's buffer. Past its
+ * end it refuses the file (a whole stream's end would be a warning, which refuses it too). */
+typedef struct {
+  struct jpeg_source_mgr pub;
+  const unsigned char *tail;
+  size_t tail_size;
+  int tail_given;
+} entered_source;
+
+static void entered_init(j_decompress_ptr cinfo) { (void)cinfo; }
+
+static void entered_term(j_decompress_ptr cinfo) { (void)cinfo; }
+
+static boolean entered_fill(j_decompress_ptr cinfo) {
+  entered_source *src = (entered_source *)cinfo->src;
+  strict_error *err = (strict_error *)cinfo->err;
+  if (src->tail_given) {
+    snprintf(err->message, sizeof(err->message), "premature end of the JPEG data");
+    longjmp(err->jump, 1);
+  }
+  src->tail_given = 1;
+  src->pub.next_input_byte = src->tail;
+  src->pub.bytes_in_buffer = src->tail_size;
+  return TRUE;
+}
+
+static void entered_skip(j_decompress_ptr cinfo, long count) {
+  struct jpeg_source_mgr *src = cinfo->src;
+  if (count <= 0) return;
+  while ((size_t)count > src->bytes_in_buffer) {
+    count -= (long)src->bytes_in_buffer;
+    (void)(*src->fill_input_buffer)(cinfo);
+  }
+  src->next_input_byte += count;
+  src->bytes_in_buffer -= (size_t)count;
+}
+
+/* The patched headers of the stream entered at restart interval `interval` as an image of the
+ * rows from `first_row` on, and in *tail the scan's data from that interval on; NULL when the
+ * stream does not allow it or memory is short. The caller frees the headers. */
+static unsigned char *entered_headers(const unsigned char *d, size_t n, JDIMENSION height, JDIMENSION first_row,
+                                      JDIMENSION interval, size_t *header_size, const unsigned char **tail,
+                                      size_t *tail_size) {
   size_t sof_height, scan_data, start;
-  unsigned char *copy;
+  unsigned char *headers;
   if (!header_offsets(d, n, &sof_height, &scan_data)) return NULL;
   if (((JDIMENSION)d[sof_height] << 8 | d[sof_height + 1]) != height) return NULL;
   start = after_restart(d, n, scan_data, interval);
   if (start == 0) return NULL;
-  *size = scan_data + (n - start);
-  copy = malloc(*size);
-  if (copy == NULL) return NULL;
-  memcpy(copy, d, scan_data);
-  copy[sof_height] = (unsigned char)((height - first_row) >> 8);
-  copy[sof_height + 1] = (unsigned char)((height - first_row) & 0xFF);
-  memcpy(copy + scan_data, d + start, n - start);
-  return copy;
+  headers = malloc(scan_data);
+  if (headers == NULL) return NULL;
+  memcpy(headers, d, scan_data);
+  headers[sof_height] = (unsigned char)((height - first_row) >> 8);
+  headers[sof_height + 1] = (unsigned char)((height - first_row) & 0xFF);
+  *header_size = scan_data;
+  *tail = d + start;
+  *tail_size = n - start;
+  return headers;
+}
+
+/* Reads `cinfo` from `headers` then `tail` (entered_source in `src`, which must outlive it). */
+static void read_entered(j_decompress_ptr cinfo, entered_source *src, const unsigned char *headers,
+                         size_t header_size, const unsigned char *tail, size_t tail_size) {
+  src->pub.init_source = entered_init;
+  src->pub.fill_input_buffer = entered_fill;
+  src->pub.skip_input_data = entered_skip;
+  src->pub.resync_to_restart = lib.resync_to_restart;
+  src->pub.term_source = entered_term;
+  src->pub.next_input_byte = headers;
+  src->pub.bytes_in_buffer = header_size;
+  src->tail = tail;
+  src->tail_size = tail_size;
+  src->tail_given = 0;
+  cinfo->src = &src->pub;
 }
 
 /* The row at which a thief taking [committed, limit) off its owner should start: where the owner
@@ -281,7 +338,8 @@ static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned ch
   struct jpeg_decompress_struct cinfo;
   JSAMPROW rows[ROWS_PER_CALL];
   const size_t stride = (size_t)width * 3;
-  unsigned char *volatile copy = NULL; /* freed after a longjmp too */
+  unsigned char *volatile headers = NULL; /* freed after a longjmp too */
+  entered_source source;
   JDIMENSION first = 0, interval = 0;
 
   memset(&cinfo, 0, sizeof(cinfo)); /* a failed create leaves nothing for destroy to free */
@@ -290,7 +348,7 @@ static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned ch
   err->pub.emit_message = on_message;
   if (setjmp(err->jump)) {
     lib.destroy_decompress(&cinfo);
-    free(copy);
+    free(headers);
     return -1;
   }
   lib.create_decompress(&cinfo, JPEG_LIB_VERSION, sizeof(cinfo));
@@ -303,14 +361,15 @@ static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned ch
     return 0;
   }
   if (*begin > 0 && (first = entry_row(&cinfo, *begin, &interval)) > 0) {
-    size_t copy_size = 0;
-    copy = entered_stream(data, size, height, first, interval, &copy_size);
-    if (copy == NULL) {
+    const unsigned char *tail = NULL;
+    size_t header_size = 0, tail_size = 0;
+    headers = entered_headers(data, size, height, first, interval, &header_size, &tail, &tail_size);
+    if (headers == NULL) {
       first = 0;
     } else {
       lib.destroy_decompress(&cinfo);
       lib.create_decompress(&cinfo, JPEG_LIB_VERSION, sizeof(cinfo));
-      lib.mem_src(&cinfo, copy, (unsigned long)copy_size);
+      read_entered(&cinfo, &source, headers, header_size, tail, tail_size);
       lib.read_header(&cinfo, TRUE);
     }
   }
@@ -322,7 +381,7 @@ static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned ch
     snprintf(err->message, sizeof(err->message), "libjpeg decodes %ux%ux%d from row %u, expected %ux%ux3",
              cinfo.output_width, cinfo.output_height, cinfo.output_components, first, width, height);
     lib.destroy_decompress(&cinfo);
-    free(copy);
+    free(headers);
     return -1;
   }
   if (*begin > first) lib.skip_scanlines(&cinfo, *begin - first);
@@ -349,7 +408,7 @@ static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned ch
   /* The band that ends the image reads on to EOI, so a warning after the last row still refuses. */
   if (*end == height) lib.finish_decompress(&cinfo);
   lib.destroy_decompress(&cinfo);
-  free(copy);
+  free(headers);
   return 0;
 }
 
@@ -474,6 +533,7 @@ static PyObject *bind(PyObject *self, PyObject *args) {
   RESOLVE(std_error, "jpeg_std_error");
   RESOLVE(create_decompress, "jpeg_CreateDecompress");
   RESOLVE(mem_src, "jpeg_mem_src");
+  RESOLVE(resync_to_restart, "jpeg_resync_to_restart");
   RESOLVE(read_header, "jpeg_read_header");
   RESOLVE(start_decompress, "jpeg_start_decompress");
   RESOLVE(skip_scanlines, "jpeg_skip_scanlines");
