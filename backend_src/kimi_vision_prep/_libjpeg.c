@@ -121,9 +121,10 @@ typedef struct {
 
 static JDIMENSION ceil_div(JDIMENSION a, JDIMENSION b) { return (a + b - 1) / b; }
 
-/* The first iMCU row of the last entry at or above row `row` - iMCU height (so that the row above
- * `row`'s iMCU row is decoded as context), its restart interval's number in *interval; 0 when
- * there is none (then the band skips from the top). `cinfo` has read the headers. */
+/* Where a band whose first row is `row` can enter the stream: the first row of the lowest iMCU
+ * row above `row`'s that begins a restart interval numbered 8k, k >= 1 (that number in
+ * *interval), so that at least the iMCU row above `row`'s is decoded as context; 0 when there is
+ * none (then the band skips from the top). `cinfo` has read the headers. */
 static JDIMENSION entry_row(j_decompress_ptr cinfo, JDIMENSION row, JDIMENSION *interval) {
   const JDIMENSION imcu = (JDIMENSION)cinfo->max_v_samp_factor * DCTSIZE;
   JDIMENSION per_row, j;
