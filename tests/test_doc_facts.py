@@ -97,6 +97,7 @@ def test_the_ports_the_readme_gives_are_the_defaults() -> None:
 def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     import inspect
 
+    from kimi_vision_server.launcher import PINNED_ONLY_AFTER_S
     from kimi_vision_server.probes import METRIC_FAMILIES
     from kimi_vision_server.watchdog import StubWatchdog
 
@@ -106,5 +107,6 @@ def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     assert f"has not grown for {defaults['replaced_idle_s']:g} s (`replaced_idle_s`;" in text
     assert f"(1 s, 2 s, ... at most {defaults['max_backoff_s']:g} s)" in text
     assert defaults["initial_backoff_s"] == 1.0
+    assert f"has run no stub for {PINNED_ONLY_AFTER_S:g} s (`launcher.PINNED_ONLY_AFTER_S`:" in text
     for name, _ in METRIC_FAMILIES.values():
         assert f"`{name}{{model}}`" in text

@@ -267,7 +267,8 @@ def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_surviv
     A request reached the dead stub, so tritonserver never unloads the replaced version (the
     Python backend leaks that request's response factory, docs/faults.md) and its surviving stub
     would run until the server stops; the watchdog ends it once idle: the new version's two stubs
-    are left, serving exactly, and that end is no death."""
+    are left, serving exactly, and that end is no death. The server then stops cleanly (0), not
+    after tritonserver's exit timeout for the version that never unloads (1)."""
     require_tritonserver()
     model = "kimi_k25_decode"
     render = RenderOptions(instances=2, threads=1, kind="cpu")
@@ -313,6 +314,10 @@ def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_surviv
         assert serves_exactly(server, images)()
         assert counter(server, "kimi_prep_stub_deaths_total", model) == 1
         assert counter(server, "kimi_prep_recoveries_total", model) == 1
+        # The replaced version never unloads, so tritonserver alone would wait its whole exit
+        # timeout and exit with 1; once it runs no stub the launcher ends it as stopped.
+        assert server.watchdog.pinned_versions() == [model]
+        assert server.stop() == 0
 
 
 def test_killed_server_is_not_live_and_leaves_no_shared_memory() -> None:

@@ -1072,6 +1072,49 @@ def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> Non
     assert repository != str(REPOSITORY) and not Path(repository).exists()  # rendered to a temp dir, cleaned up
 
 
+def server_ignoring_sigint() -> subprocess.Popen[bytes]:
+    """A stand-in for a tritonserver that does not exit on SIGINT, as one waiting for a version
+    that never unloads."""
+    code = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline() == b"up\n"
+    return process
+
+
+def test_a_stopping_server_left_only_with_a_pinned_version_is_ended_as_stopped() -> None:
+    """Asked to stop, running no stub and waiting only for a version a crashed stub pinned: ended,
+    and that counts as a clean stop (0), not tritonserver's exit-timeout failure."""
+    from kimi_vision_server import launcher
+
+    process = server_ignoring_sigint()
+    assert launcher.stop_process(process, timeout_s=600, pinned=lambda: ["kimi_k25_decode"]) == 0
+    assert process.returncode == -signal.SIGKILL
+
+
+def test_a_stopping_server_is_waited_for_while_it_runs_a_stub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a pinned version, a server that still runs a stub (a request in flight, a model not yet
+    unloaded) is waited for; it is ended only after it has run none for PINNED_ONLY_AFTER_S."""
+    from kimi_vision_server import launcher
+
+    scans: list[float] = []
+
+    def stubs(server_pid: int) -> list[str]:
+        scans.append(time.monotonic())
+        return ["a stub"] if len(scans) <= 8 else []
+
+    monkeypatch.setattr(launcher, "stub_processes", stubs)
+    process = server_ignoring_sigint()
+    assert launcher.stop_process(process, timeout_s=600, pinned=lambda: ["kimi_k25_decode"]) == 0
+    assert len(scans) > 8 and scans[-1] - scans[8] >= launcher.PINNED_ONLY_AFTER_S
+
+
+def test_without_a_pinned_version_a_server_that_does_not_stop_is_killed_at_the_timeout() -> None:
+    from kimi_vision_server import launcher
+
+    process = server_ignoring_sigint()
+    assert launcher.stop_process(process, timeout_s=1.0) == -signal.SIGKILL
+
+
 @pytest.mark.parametrize("kind", ["decode+preprocess", "fused"])
 def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
     """After initialize(), real requests (writable or read-only buffers, any selection of outputs)

@@ -179,13 +179,14 @@ class EmbeddedServer:
         raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s:g} s:\n{self.log_tail()}")
 
     def stop(self) -> int | None:
-        """Watchdog and probes off, then the server (SIGINT, SIGKILL after 60 s), then the shared
-        memory it left; returns its exit code (None if it never started)."""
-        process = self.process
+        """Watchdog and probes off, then the server (SIGINT, SIGKILL after 60 s; ended at once when
+        it waits only on versions a crashed stub pinned), then the shared memory it left; returns
+        its exit code, 0 in that case (None if it never started)."""
+        launched = self.launched
         self._stack.close()
         self._stack = contextlib.ExitStack()
         self.launched = None
-        return None if process is None else process.returncode
+        return None if launched is None else launched.stopped.exit_code
 
     def __enter__(self) -> EmbeddedServer:
         return self.start()

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -41,7 +41,7 @@ from .render_blocks import SERVING_DEFAULTS
 from .repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
 from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver, patchify_library
-from .watchdog import RepositoryError, StubWatchdog
+from .watchdog import RepositoryError, StubWatchdog, stub_processes
 
 # One FP32 PIXEL_VALUES of a 1920x1080 image is ~25 MiB, K3's largest ~145 MiB: start each stub's
 # shared-memory pool large enough for typical images and grow it in big steps.
@@ -120,9 +120,21 @@ class LaunchSpec:
 
 
 @dataclass
+class ServerStop:
+    """How a launched server's stop ended, once its launch's stack has closed: the exit code of
+    :func:`stop_process` (0 also for a server ended while waiting only on pinned versions)."""
+
+    exit_code: int | None = None
+
+    def stop(self, process: subprocess.Popen[bytes], pinned: Callable[[], list[str]]) -> None:
+        self.exit_code = stop_process(process, pinned=pinned)
+
+
+@dataclass
 class Launched:
     """A started server: its process, repository, shared-memory prefix, watchdog and access policy
-    (``key_file``: where a generated admin key was written; None for the operator's)."""
+    (``key_file``: where a generated admin key was written; None for the operator's), and how its
+    stop ended (``stopped``)."""
 
     process: subprocess.Popen[bytes]
     repository: Path
@@ -131,6 +143,7 @@ class Launched:
     access: AccessPolicy
     ports: Ports = field(default_factory=Ports)
     key_file: Path | None = None
+    stopped: ServerStop = field(default_factory=ServerStop)
 
 
 def _load_prctl() -> Any:
@@ -229,15 +242,55 @@ def relay_log(source: IO[bytes], sink: IO[bytes], drop: Sequence[re.Pattern[str]
         sink.flush()
 
 
-def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
-    """SIGINT (a clean shutdown that unloads the models), SIGKILL after ``timeout_s``; the exit code."""
+# A stopping server that has run no stub this long (its requests done, its Python models unloaded)
+# is waiting only for what never unloads.
+PINNED_ONLY_AFTER_S = 2.0
+
+
+def wait_stopping(
+    process: subprocess.Popen[bytes], timeout_s: float | None, pinned: Callable[[], list[str]] = list
+) -> int:
+    """Wait for a server that was asked to stop; its exit code, or -9 after SIGKILL at ``timeout_s``
+    (None: no limit but tritonserver's own).
+
+    tritonserver stops by waiting for in-flight requests, then unloading every model, up to its
+    exit timeout (30 s), and exits with code 1 when a version never unloads. A version pinned by a
+    request that reached a crashed stub never does (``pinned()``: its models, from the watchdog;
+    docs/faults.md). Once the server has run no stub for :data:`PINNED_ONLY_AFTER_S` (every
+    request done, every Python model unloaded), waiting on for those is pointless: it is ended and
+    counts as stopped (0)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    stubless_since: float | None = None
+    while process.poll() is None:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            process.kill()
+            break
+        models = pinned()
+        if models and not stub_processes(process.pid):
+            stubless_since = stubless_since or now
+            if now - stubless_since >= PINNED_ONLY_AFTER_S:
+                log.info(
+                    "tritonserver has stopped serving and would wait its exit timeout for the version of %s "
+                    "that a crashed stub pinned (docs/faults.md): ending it",
+                    ", ".join(models),
+                )
+                process.kill()
+                process.wait()
+                return 0
+        else:
+            stubless_since = None
+        time.sleep(0.25)
+    return process.wait()
+
+
+def stop_process(
+    process: subprocess.Popen[bytes], timeout_s: float = 60.0, pinned: Callable[[], list[str]] = list
+) -> int:
+    """SIGINT (a clean shutdown that unloads the models), then :func:`wait_stopping`; the exit code."""
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        return wait_stopping(process, timeout_s, pinned)
     return process.returncode
 
 
@@ -304,15 +357,15 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
         )
         relay.start()
         stack.callback(relay.join, 10)
-    stack.callback(stop_process, process)
     http_url = f"{access.connect_host}:{spec.ports.http}"
-    watchdog = stack.enter_context(
-        StubWatchdog(process, http_url, model_repository=repository, headers=access.headers("http"))
-    )
+    watchdog = StubWatchdog(process, http_url, model_repository=repository, headers=access.headers("http"))
+    stopped = ServerStop()
+    stack.callback(stopped.stop, process, watchdog.pinned_versions)
+    stack.enter_context(watchdog)
     if spec.ports.probe is not None:
         stack.enter_context(ProbeServer(watchdog, spec.ports.probe, spec.host))
     log.info("%s; %s", describe_listeners(spec.host, spec.ports, access, key_file), describe_cache(spec.cache_bytes))
-    return Launched(process, repository, shm_prefix, watchdog, access, spec.ports, key_file)
+    return Launched(process, repository, shm_prefix, watchdog, access, spec.ports, key_file, stopped)
 
 
 def check_ports_free(host: str, ports: Ports) -> None:
@@ -387,6 +440,7 @@ def serve(spec: LaunchSpec) -> int:
     _log_to_stderr()
     held: list[int] = []
     started: list[Launched] = []
+    stopping = threading.Event()
 
     def forward(signum: int, _frame: Any) -> None:
         if not started:
@@ -394,6 +448,7 @@ def serve(spec: LaunchSpec) -> int:
             return
         started[0].watchdog.stand_down()  # a shutdown on purpose: its stub exits are no faults
         started[0].process.send_signal(signum)
+        stopping.set()
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -403,7 +458,9 @@ def serve(spec: LaunchSpec) -> int:
             if held:
                 forward(held[0], None)
             threading.Thread(target=announce_ready, args=(launched, spec.host, sys.stderr), daemon=True).start()
-            return launched.process.wait()
+            while launched.process.poll() is None and not stopping.wait(0.5):
+                pass
+            return wait_stopping(launched.process, None, launched.watchdog.pinned_versions)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

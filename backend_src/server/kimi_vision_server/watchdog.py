@@ -336,6 +336,12 @@ class StubWatchdog:
                 "replaced_stubs_ended": dict(self._state.replaced_ended),
             }
 
+    def pinned_versions(self) -> list[str]:
+        """The models of which a replaced version never unloads (the watchdog ended its surviving
+        stubs): stopping the server waits its whole exit timeout for them (docs/faults.md)."""
+        with self._lock:
+            return sorted(model for model, ended in self._state.replaced_ended.items() if ended)
+
     def readiness(self) -> tuple[bool, str]:
         """(ready, why not): watching, no stub known dead, no reload in progress, every model READY."""
         if self.process.poll() is not None:
