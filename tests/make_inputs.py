@@ -119,6 +119,33 @@ def jpeg_damaged_at_a_restart(damage: str) -> bytes:
     raise ValueError(damage)
 
 
+CONCEALED_DAMAGE = ("stray marker", "interval missing", "interval repeated", "junk between segments")
+
+
+def jpeg_with_concealed_damage(damage: str, mode: str = "RGB", subsampling: str = "4:2:0") -> bytes:
+    """:func:`jpeg_with_restarts` (every 4 MCUs) with damage libjpeg decodes past with a warning
+    and the structural scan does not call clean: ``stray marker``: FF 9F in the middle of the third
+    restart interval (libjpeg fills the rest of it with grey, then resynchronises at the next
+    restart marker); ``interval missing`` / ``interval repeated``: the third interval and its
+    marker gone / twice (restart markers out of sequence); ``junk between segments``: 3 bytes
+    before the SOS segment (skipped)."""
+    data = jpeg_with_restarts(200, 120, mode, subsampling)
+    before, after = restart_offsets(data)[1:3]
+    if damage == "stray marker":
+        middle = (before + after) // 2
+        while 0xFF in data[middle - 1 : middle + 1]:
+            middle += 1
+        return data[:middle] + b"\xff\x9f" + data[middle:]
+    if damage == "interval missing":
+        return data[: before + 2] + data[after + 2 :]
+    if damage == "interval repeated":
+        return data[: after + 2] + data[before + 2 : after + 2] + data[after + 2 :]
+    if damage == "junk between segments":
+        sos = data.index(b"\xff\xda")
+        return data[:sos] + b"\x12\x34\x56" + data[sos:]
+    raise ValueError(damage)
+
+
 def with_comment(data: bytes, text: bytes) -> bytes:
     """``data`` (a JPEG) with a COM segment holding ``text`` right after SOI: other bytes, the same
     pixels (a repeat made unique, or two requests no cache may take for one another)."""

@@ -12,7 +12,7 @@ from typing import Any
 import numba
 import numpy as np
 import pytest
-from make_inputs import jpeg_cmyk, jpeg_damaged_at_a_restart, jpeg_grey, jpeg_rgb, png_mode
+from make_inputs import jpeg_cmyk, jpeg_damaged_at_a_restart, jpeg_grey, jpeg_rgb, jpeg_with_concealed_damage, png_mode
 from PIL import Image
 from reference import reference_preprocess
 
@@ -320,6 +320,23 @@ def test_batch_mixed_good_and_bad_in_order(preset: str) -> None:
 # --- the strict libjpeg routes (libjpeg, the default first CPU route, else simplejpeg) -----------
 
 
+@pytest.mark.parametrize(
+    ("routes", "path"),
+    [(CPU_ROUTES, "libjpeg"), (("simplejpeg", "libjpeg"), "pillow"), (("simplejpeg", "nvimgcodec-cpu"), "pillow")],
+)
+def test_damage_libjpeg_conceals_takes_the_libjpeg_route_only_where_it_comes_first(
+    routes: tuple[str, ...], path: str
+) -> None:
+    """A stream the scan finds damaged (restart markers out of sequence) is decoded by the libjpeg
+    route, tolerant, where that is the decoder's first libjpeg-turbo route; else (simplejpeg and
+    nvImageCodec are strict) by Pillow, as planned: no fallback reason either way, Pillow's pixels."""
+    decoder = ImageDecoder(cpu_routes=routes)  # type: ignore[arg-type]
+    data = jpeg_with_concealed_damage("interval missing")
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=decoder)
+    assert (result.decode_path, result.fallback_reason) == (path, None)
+    assert_exact(result, data)
+
+
 @pytest.mark.parametrize("routes", [CPU_ROUTES, ("simplejpeg", "nvimgcodec-cpu")])
 def test_strict_libjpeg_refusal_takes_nvimgcodec_not_a_fallback(routes: tuple[str, ...]) -> None:
     """A file libjpeg only warns about (a restart interval cut short: premature end of data) is
@@ -338,24 +355,26 @@ def test_strict_libjpeg_refusal_takes_nvimgcodec_not_a_fallback(routes: tuple[st
 def test_batch_decodes_several_jpegs_at_once_exactly(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """libjpeg decodes a batch's JPEGs on ``cpu_decode_threads`` threads at once, each whole: each image
     is still Pillow's pixels, in order, owned by the caller (the worker threads have no scratch
-    arena), and a refused file in the same batch still takes its planned route."""
+    arena), a refused file in the same batch still takes its planned route, and a damaged one
+    (libjpeg conceals it) the libjpeg route, tolerant."""
     names = ["imagers__large_image.jpg", "sklearn__china.jpg"]
     items = [(corpus / name).read_bytes() for name in names]
     refused = jpeg_damaged_at_a_restart("cut")
     items += [refused, (corpus / "pil__iptc.jpg").read_bytes(), jpeg_grey(33, 17), jpeg_rgb(64, 48)]
+    items += [jpeg_with_concealed_damage("stray marker")]
     preset = kimi_vision_prep.get_preset("kimi-k2.5")
     threads_seen: list[tuple[str, int, int]] = []
     real_decode = jpeg_bands.decode_rows
 
-    def recorded_decode(data: bytes, pixels: np.ndarray, row_begin: int, row_end: int) -> bool:
+    def recorded_decode(data: bytes, pixels: np.ndarray, row_begin: int, row_end: int, tolerant: bool = False) -> bool:
         threads_seen.append((threading.current_thread().name, row_begin, row_end))
-        return real_decode(data, pixels, row_begin, row_end)
+        return real_decode(data, pixels, row_begin, row_end, tolerant)
 
     monkeypatch.setattr(jpeg_bands, "decode_rows", recorded_decode)
     decoded = ImageDecoder(cpu_decode_threads=2).decode_batch(items, preset)
     assert len(threads_seen) == len(items), threads_seen  # whole images: one call each
     assert all(name.startswith("kimi-prep-decode") and begin == 0 for name, begin, _ in threads_seen), threads_seen
-    assert [d.decode_path for d in decoded] == ["libjpeg"] * 2 + ["nvimgcodec-cpu"] + ["libjpeg"] * 3
+    assert [d.decode_path for d in decoded] == ["libjpeg"] * 2 + ["nvimgcodec-cpu"] + ["libjpeg"] * 4
     for data, image in zip(items, decoded, strict=True):
         expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
         np.testing.assert_array_equal(np.asarray(image.pixels), expected)

@@ -19,12 +19,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
-from make_inputs import CJPEG, cjpeg_rgb, jpeg_damaged_at_a_restart, jpeg_grey, jpeg_rgb, jpeg_with_restarts
+from make_inputs import (
+    CJPEG,
+    CONCEALED_DAMAGE,
+    cjpeg_rgb,
+    jpeg_damaged_at_a_restart,
+    jpeg_grey,
+    jpeg_rgb,
+    jpeg_with_concealed_damage,
+    jpeg_with_restarts,
+)
 from PIL import Image
 from reference import reference_preprocess
 
 import kimi_vision_prep
-from kimi_vision_prep import ImageDecoder, decode_routes, jpeg_bands
+from kimi_vision_prep import ImageDecoder, InvalidImageError, decode_routes, jpeg_bands
 from kimi_vision_prep import decode as decode_module
 from kimi_vision_prep.jpeg_scan import scan_jpeg
 
@@ -44,8 +53,13 @@ CORPUS_JPEGS = (
 )
 
 
-def pillow_rgb(data: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+def pillow_rgb(data: bytes, block: int | None = None) -> np.ndarray:
+    """Pillow's decode; ``block``: fed to libjpeg that many bytes at a time (its source suspends
+    at the end of each and resumes with the next; Pillow's default is 64 KiB)."""
+    image = Image.open(io.BytesIO(data))
+    if block is not None:
+        image.decodermaxblock = block
+    return np.asarray(image.convert("RGB"))
 
 
 def split_rows(height: int) -> list[list[int]]:
@@ -56,11 +70,11 @@ def split_rows(height: int) -> list[list[int]]:
     return [[0, e, height] for e in inner] + ([[0, height // 3, 2 * height // 3, height]] if height >= 3 else [])
 
 
-def decode_split(data: bytes, edges: list[int]) -> np.ndarray:
+def decode_split(data: bytes, edges: list[int], tolerant: bool = False) -> np.ndarray:
     height, width = Image.open(io.BytesIO(data)).size[::-1]
     pixels = np.zeros((height, width, 3), np.uint8)
     for begin, end in itertools.pairwise(edges):
-        assert jpeg_bands.decode_rows(data, pixels, begin, end), (begin, end)
+        assert jpeg_bands.decode_rows(data, pixels, begin, end, tolerant), (begin, end)
     return pixels
 
 
@@ -203,6 +217,130 @@ def test_damaged_restart_streams_the_route_takes_are_pillows_whole_and_entered()
             taken += 1
             np.testing.assert_array_equal(whole, pillow_rgb(data), err_msg=f"trial {trial}")
     assert taken > 100 and entered > 50, (taken, entered)
+
+
+CAMERA_PHOTOS = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+
+
+def concealed_damage_jpegs(corpus: Path) -> dict[str, bytes]:
+    """Streams the scan finds damaged where libjpeg decodes past with a warning: a camera's
+    (a 16 KB run of FF bytes, then a stray marker), the corpus's (bytes between segments, then a
+    progressive 4x4 frame), and made ones in three layouts."""
+    made = {
+        f"{damage}, {mode} {subsampling}": jpeg_with_concealed_damage(damage, mode, subsampling)
+        for damage in CONCEALED_DAMAGE
+        for mode, subsampling in (("RGB", "4:2:0"), ("RGB", "4:4:4"), ("L", "4:2:0"))
+    }
+    return {
+        "corrupted.jpg": (CAMERA_PHOTOS / "exif-samples" / "corrupted.jpg").read_bytes(),
+        "imagers__partial_progressive.jpg": (corpus / "imagers__partial_progressive.jpg").read_bytes(),
+    } | made
+
+
+CONCEALED_DAMAGE_NAMES = [
+    "corrupted.jpg",
+    "imagers__partial_progressive.jpg",
+    *(f"{d}, {m}" for d in CONCEALED_DAMAGE for m in ("RGB 4:2:0", "RGB 4:4:4", "L 4:2:0")),
+]
+
+
+@pytest.mark.parametrize("name", CONCEALED_DAMAGE_NAMES)
+def test_damage_libjpeg_conceals_is_decoded_as_pillow_decodes_it_in_every_split(corpus: Path, name: str) -> None:
+    """Tolerant (every warning let through but the end of the data, every band from the top):
+    every split gives Pillow's pixels, which Pillow gives fed in any chunk size (its source
+    suspends and resumes where ours holds the whole file). The decoder takes such a file by the
+    libjpeg route, and the pipeline gives the reference's pixel values."""
+    data = concealed_damage_jpegs(corpus)[name]
+    assert scan_jpeg(data).conceals_damage, scan_jpeg(data)
+    expected = pillow_rgb(data)
+    np.testing.assert_array_equal(pillow_rgb(data, block=997), expected)
+    for edges in split_rows(expected.shape[0]):
+        np.testing.assert_array_equal(decode_split(data, edges, True), expected, err_msg=f"{name} split at {edges}")
+    result = kimi_vision_prep.preprocess_bytes(data, decoder=ImageDecoder())
+    assert (result.decode_path, result.fallback_reason) == ("libjpeg", None)
+    np.testing.assert_array_equal(result.pixel_values, reference_preprocess(data, "kimi-k2.5").pixel_values)
+
+
+def test_damage_the_strict_route_refuses_is_what_tolerance_lets_through() -> None:
+    """Strict, the stray marker and the restart markers out of sequence refuse the file."""
+    for damage in ("stray marker", "interval missing", "interval repeated"):
+        data = jpeg_with_concealed_damage(damage)
+        pixels = np.zeros((120, 200, 3), np.uint8)
+        assert not jpeg_bands.decode_rows(data, pixels, 0, 120), damage
+        assert jpeg_bands.decode_rows(data, pixels, 0, 120, tolerant=True), damage
+
+
+def test_a_damaged_stream_that_ends_early_or_errs_is_refused_and_gets_pillows_verdict(corpus: Path) -> None:
+    """Tolerance stops at the end of the data (Pillow calls the file truncated) and at libjpeg's
+    errors (Pillow's "broken data stream"): refused in every band, and the decoder raises Pillow's
+    verdict."""
+    truncated = jpeg_with_concealed_damage("stray marker")[:-300]
+    erring = (corpus / "imagers__40bb78b1ac031125a6d8466b374962a8.jpg").read_bytes()  # an unsupported marker
+    for data in (truncated, erring):
+        assert scan_jpeg(data).conceals_damage
+        width, height = Image.open(io.BytesIO(data)).size
+        pixels = np.zeros((height, width, 3), np.uint8)
+        for begin in (0, height // 2, height - 1):
+            assert not jpeg_bands.decode_rows(data, pixels, begin, height, tolerant=True), begin
+        with pytest.raises(OSError):
+            pillow_rgb(data)
+        with pytest.raises(InvalidImageError):
+            kimi_vision_prep.preprocess_bytes(data, decoder=ImageDecoder())
+
+
+def concealable_damage(data: bytes, rng: np.random.Generator) -> bytes:
+    """:func:`damaged` and damage of the kinds libjpeg conceals: a stray marker (FF and a random
+    byte) put in the scan data, a restart interval dropped or repeated."""
+    out = damaged(data, rng) if rng.integers(0, 2) else data
+    start = out.index(b"\xff\xda") + 14
+    kind = int(rng.integers(0, 3))
+    restarts = [k for k in range(start, len(out) - 2) if out[k] == 0xFF and 0xD0 <= out[k + 1] <= 0xD7]
+    if kind == 0 or len(restarts) < 3:
+        at = int(rng.integers(start, len(out) - 2))
+        return out[:at] + bytes([0xFF, int(rng.integers(1, 256))]) + out[at:]
+    i = int(rng.integers(0, len(restarts) - 1))
+    interval = out[restarts[i] + 2 : restarts[i + 1] + 2]
+    if kind == 1:
+        return out[: restarts[i] + 2] + out[restarts[i + 1] + 2 :]
+    return out[: restarts[i + 1] + 2] + interval + out[restarts[i + 1] + 2 :]
+
+
+def test_randomly_damaged_streams_get_pillows_verdict_and_pixels() -> None:
+    """300 seeded damaged streams (with and without restart markers, colour and grey) that the scan
+    finds damaged where libjpeg conceals it: where Pillow decodes one, the decoder gives its pixels
+    (most by the libjpeg route) and so does a split tolerant decode; where Pillow refuses, the
+    decoder raises."""
+    bases = [
+        jpeg_with_restarts(300, 520, rows=1),
+        jpeg_with_restarts(300, 520),
+        jpeg_with_restarts(300, 520, "L"),
+        jpeg_rgb(300, 520),
+    ]
+    rng = np.random.default_rng(11)
+    decoder = ImageDecoder()
+    preset = kimi_vision_prep.get_preset("kimi-k2.5")
+    verdicts = {"pixels": 0, "libjpeg": 0, "refused": 0}
+    for trial in range(300):
+        data = concealable_damage(bases[trial % len(bases)], rng)
+        if not scan_jpeg(data).conceals_damage:
+            continue
+        try:
+            expected = pillow_rgb(data)
+        except OSError:
+            expected = None
+        if expected is None:
+            with pytest.raises(InvalidImageError):
+                decoder.decode(data, preset)
+            verdicts["refused"] += 1
+            continue
+        decoded = decoder.decode(data, preset)
+        np.testing.assert_array_equal(np.asarray(decoded.pixels), expected, err_msg=f"trial {trial}")
+        verdicts["pixels"] += 1
+        verdicts["libjpeg"] += decoded.decode_path == "libjpeg"
+        split, row = np.zeros_like(expected), int(rng.integers(1, 520))
+        if jpeg_bands.decode_rows(data, split, 0, row, True) and jpeg_bands.decode_rows(data, split, row, 520, True):
+            np.testing.assert_array_equal(split, expected, err_msg=f"trial {trial}, split at {row}")
+    assert verdicts["libjpeg"] > 100 and verdicts["refused"] > 5, verdicts
 
 
 def test_rows_outside_the_image_or_a_wrong_buffer_raise() -> None:
@@ -412,9 +550,9 @@ def recorded_bands(decoder: ImageDecoder, monkeypatch: pytest.MonkeyPatch) -> li
     asked: list[int] = []
     real = decoder._bands.decode
 
-    def decode(data: bytes, pixels: np.ndarray, bands: int, consumer: object = None) -> int:
+    def decode(data: bytes, pixels: np.ndarray, bands: int, consumer: object = None, tolerant: bool = False) -> int:
         asked.append(bands)
-        return real(data, pixels, bands, consumer)  # type: ignore[arg-type]
+        return real(data, pixels, bands, consumer, tolerant)  # type: ignore[arg-type]
 
     monkeypatch.setattr(decoder._bands, "decode", decode)
     return asked

@@ -6,7 +6,7 @@
  *                               (dlsym on its handle searches the libraries it links, so these are
  *                               the very functions Pillow's JPEG decoder calls); returns the path
  *                               of the library they live in.
- *   decode_rows(data, out, width, height, row_begin, row_end) -> (begin, end, entered)
+ *   decode_rows(data, out, width, height, row_begin, row_end, tolerant=False) -> (begin, end, entered)
  *                               decode rows [row_begin, row_end) of `data` as RGB into `out`, a
  *                               writable C-contiguous buffer of height * width * 3 bytes (row r at
  *                               offset r * width * 3); the rows above row_begin are skipped with
@@ -16,10 +16,12 @@
  *                               accurate integer IDCT, fancy upsampling. Strict: any libjpeg
  *                               error *or warning* (but bytes skipped before a marker, see
  *                               on_message) raises JpegError (a ValueError) with libjpeg's
- *                               message; bad arguments raise a plain ValueError.
+ *                               message; bad arguments raise a plain ValueError. `tolerant`: the
+ *                               damage libjpeg conceals (see on_message) is let through as Pillow
+ *                               lets it, and no band enters at a restart marker.
  *                               The GIL is released while libjpeg runs.
  *   decode_share(data, out, width, height, regions, index, multiple, min_rows, skip_cost,
- *                row_cost) -> (begin, end, entered)
+ *                row_cost, tolerant=False) -> (begin, end, entered)
  *                               band `index` of one image decoded by several threads: band 0
  *                               owns every row at first (regions[0] = height << 32); a band
  *                               that starts later steals the bottom of the region with the most
@@ -62,6 +64,7 @@ static PyObject *JpegError = NULL;
 typedef struct {
   struct jpeg_error_mgr pub;
   jmp_buf jump;
+  int tolerant; /* see on_message */
   char message[JMSG_LENGTH_MAX];
 } strict_error;
 
@@ -77,17 +80,25 @@ static void on_error(j_common_ptr cinfo) {
  * after a restart interval's last MCU). libjpeg reports it once the bytes are skipped, and the
  * marker after them is read as in a clean stream, so no pixel depends on it; a restart marker out
  * of sequence warns again (JWRN_MUST_RESYNC) and refuses. Matched by the library's own message
- * text: message numbers are not fixed across libjpeg-turbo versions, this text is. */
+ * text: message numbers are not fixed across libjpeg-turbo versions, this text is.
+ *
+ * Tolerant (a stream whose damage the caller knows of, jpeg_scan's verdict): every warning is let
+ * through, as Pillow lets it (its decoder ignores warnings), but the end of the data before EOI.
+ * libjpeg then conceals the damage (grey for a segment's missing codes, resynchronising at the
+ * next restart marker) exactly as in Pillow's decode of the same bytes; the memory source's end
+ * is where Pillow's would wait for more data and then call the file truncated. */
 static const char EXTRANEOUS_DATA[] = "Corrupt JPEG data: %u extraneous bytes before marker 0x%02x";
+static const char END_OF_DATA[] = "Premature end of JPEG file";
 
-static int pixel_neutral(const struct jpeg_error_mgr *err) {
+static int is_message(const struct jpeg_error_mgr *err, const char *text) {
   return err->msg_code > 0 && err->msg_code <= err->last_jpeg_message &&
-         err->jpeg_message_table[err->msg_code] != NULL &&
-         strcmp(err->jpeg_message_table[err->msg_code], EXTRANEOUS_DATA) == 0;
+         err->jpeg_message_table[err->msg_code] != NULL && strcmp(err->jpeg_message_table[err->msg_code], text) == 0;
 }
 
 static void on_message(j_common_ptr cinfo, int level) {
-  if (level < 0 && !pixel_neutral(cinfo->err)) on_error(cinfo);
+  const strict_error *err = (const strict_error *)cinfo->err;
+  if (level >= 0) return;
+  if (err->tolerant ? is_message(&err->pub, END_OF_DATA) : !is_message(&err->pub, EXTRANEOUS_DATA)) on_error(cinfo);
 }
 
 #define ROWS_PER_CALL 16
@@ -107,6 +118,7 @@ typedef struct {
   JDIMENSION min_rows;  /* and holds at least this many rows */
   double skip_cost;     /* a skipped row's cost against decoding it */
   double row_cost;      /* a decoded row's cost with its consumer's work (1 + row_work) */
+  int tolerant;         /* damage let through (on_message); no band enters at a restart marker */
 } sharing;
 
 /* -- entering the scan at a restart marker ----------------------------------------------------
@@ -303,7 +315,7 @@ static int steal(const sharing *share, j_decompress_ptr cinfo, JDIMENSION *begin
     }
     if (victim < 0) return 0;
     s = split_row(share, seen, 0.0);
-    if (entry_row(cinfo, s, &interval) == 0) s = split_row(share, seen, share->skip_cost);
+    if (share->tolerant || entry_row(cinfo, s, &interval) == 0) s = split_row(share, seen, share->skip_cost);
     if (s >= LIMIT(seen) || LIMIT(seen) - s < share->min_rows) return 0;
     if (__atomic_compare_exchange_n(&share->regions[victim], &seen, REGION(s, COMMITTED(seen)), 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE)) {
@@ -347,6 +359,7 @@ static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned ch
   cinfo.err = lib.std_error(&err->pub);
   err->pub.error_exit = on_error;
   err->pub.emit_message = on_message;
+  err->tolerant = share->tolerant;
   if (setjmp(err->jump)) {
     lib.destroy_decompress(&cinfo);
     free(headers);
@@ -361,7 +374,7 @@ static int decode_rows_nogil(const unsigned char *data, size_t size, unsigned ch
     *end = *begin = *entered = 0;
     return 0;
   }
-  if (*begin > 0 && (first = entry_row(&cinfo, *begin, &interval)) > 0) {
+  if (*begin > 0 && !share->tolerant && (first = entry_row(&cinfo, *begin, &interval)) > 0) {
     const unsigned char *tail = NULL;
     size_t header_size = 0, tail_size = 0;
     headers = entered_headers(data, size, height, first, interval, &header_size, &tail, &tail_size);
@@ -447,9 +460,12 @@ static PyObject *run(Py_buffer *data, Py_buffer *out, unsigned int width, unsign
 static PyObject *decode_rows(PyObject *self, PyObject *args) {
   Py_buffer data, out;
   unsigned int width, height, row_begin, row_end;
-  const sharing alone = {NULL, 0, 0, 1, 1, 0.0, 1.0};
+  int tolerant = 0;
+  sharing alone = {NULL, 0, 0, 1, 1, 0.0, 1.0, 0};
 
-  if (!PyArg_ParseTuple(args, "y*w*IIII", &data, &out, &width, &height, &row_begin, &row_end)) return NULL;
+  if (!PyArg_ParseTuple(args, "y*w*IIII|p", &data, &out, &width, &height, &row_begin, &row_end, &tolerant))
+    return NULL;
+  alone.tolerant = tolerant;
   if (check_out(&out, width, height) < 0 || row_begin >= row_end || row_end > height) {
     if (!PyErr_Occurred())
       PyErr_Format(PyExc_ValueError, "rows [%u, %u) are not within the %u rows", row_begin, row_end, height);
@@ -466,11 +482,13 @@ static PyObject *decode_share(PyObject *self, PyObject *args) {
   Py_ssize_t index;
   double skip_cost, row_cost;
   sharing share;
+  int tolerant = 0;
   PyObject *result;
 
-  if (!PyArg_ParseTuple(args, "y*w*IIw*nIIdd", &data, &out, &width, &height, &regions, &index, &multiple, &min_rows,
-                        &skip_cost, &row_cost))
+  if (!PyArg_ParseTuple(args, "y*w*IIw*nIIdd|p", &data, &out, &width, &height, &regions, &index, &multiple,
+                        &min_rows, &skip_cost, &row_cost, &tolerant))
     return NULL;
+  share.tolerant = tolerant;
   share.regions = regions.buf;
   share.count = regions.len / (Py_ssize_t)sizeof(uint64_t);
   share.index = index;
@@ -509,6 +527,7 @@ static int abi_matches(strict_error *err) {
   probe.err = lib.std_error(&err->pub);
   err->pub.error_exit = on_error;
   err->pub.emit_message = on_message;
+  err->tolerant = 0;
   if (setjmp(err->jump)) {
     lib.destroy_decompress(&probe);
     return 0;

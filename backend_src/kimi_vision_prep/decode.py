@@ -159,6 +159,10 @@ class ImageDecoder:
         self._thread_pool: ThreadPoolExecutor | None = None  # made on first use (_threads)
         self._thread_pool_lock = threading.Lock()
         self._bands = jpeg_bands.BandDecoder(self.cpu_workers - 1, self._threads)
+        # A damaged JPEG that libjpeg decodes past goes to the libjpeg route (tolerant) where it is
+        # this CPU decoder's first libjpeg-turbo route; the others are strict, so it takes Pillow.
+        libjpeg_routes = [route for route in self.cpu_routes if route in ("libjpeg", "simplejpeg")]
+        self._conceals_damage = self.device_kind == "cpu" and libjpeg_routes[:1] == ["libjpeg"]
         self._callers: Counter[int] = Counter()  # claims by thread (claim)
         self._callers_lock = threading.Lock()
 
@@ -230,7 +234,14 @@ class ImageDecoder:
             and (self.device_kind == "cpu" or scan.nvjpeg_decodable)
             and (scan.width, scan.height) == image.size
         )
-        return Plan(data, image, scan, fast)
+        damaged = (
+            self._conceals_damage
+            and scan is not None
+            and scan.conceals_damage
+            and image.mode in ("L", "RGB")
+            and (scan.width, scan.height) == image.size
+        )
+        return Plan(data, image, scan, fast, damaged=damaged)
 
     def _decode_fast(self, plans: list[Plan], rows_for: RowsFor | None) -> None:
         """Decode the fast-route plans: on the CPU each by libjpeg or else simplejpeg (the first of
@@ -241,7 +252,7 @@ class ImageDecoder:
             strict_libjpeg = [route for route in self.cpu_routes if route in ("libjpeg", "simplejpeg")]
             if strict_libjpeg:
                 self._map_cpu(CPU_DECODERS[strict_libjpeg[0]], plans, rows_for)
-            plans = [plan for plan in plans if plan.result is None]
+            plans = [plan for plan in plans if plan.result is None and plan.fast]
             if "nvimgcodec-cpu" not in self.cpu_routes:
                 for plan in plans:
                     plan.fast = False
@@ -378,7 +389,7 @@ class ImageDecoder:
         results: list[DecodedImage | PreprocessError] = []
         try:
             with self.claim():
-                self._decode_fast([p for p in plans if isinstance(p, Plan) and p.fast], rows_for)
+                self._decode_fast([p for p in plans if isinstance(p, Plan) and (p.fast or p.damaged)], rows_for)
             for plan in plans:
                 if isinstance(plan, PreprocessError):
                     results.append(plan)

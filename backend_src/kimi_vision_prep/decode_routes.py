@@ -3,7 +3,8 @@ the per-image CPU routes that a clean JPEG may take, in order (:data:`CPU_ROUTES
 Pillow's own libjpeg-turbo in row bands, ``simplejpeg``: libjpeg-turbo through simplejpeg), then
 nvImageCodec (``nvimgcodec-cpu`` / ``nvimgcodec-cuda``, a batch call through the decoder pool,
 :class:`~.decode.ImageDecoder`), and Pillow for everything else. Every route is strict: a file it
-cannot decode exactly is left for the next (``plan.result`` stays None).
+cannot decode exactly is left for the next (``plan.result`` stays None). ``libjpeg`` also takes a
+stream damaged where libjpeg conceals it (``Plan.damaged``), tolerant as Pillow is.
 
 What a route works on: the :class:`Plan` of one image (its bytes, Pillow's header verdict, the
 JPEG scan) and, on success, a :class:`DecodedImage`.
@@ -82,6 +83,9 @@ class Plan:
     fast: bool
     fallback_reason: str | None = None
     result: DecodedImage | None = None
+    # Damage libjpeg conceals (:attr:`~.jpeg_scan.JpegScan.conceals_damage`), for the libjpeg route
+    # tolerant (a CPU decoder's); else, or where it refuses, the Pillow route.
+    damaged: bool = False
 
 
 # A CPU route: ``decode(plan, bands, count, rows_for)`` sets ``plan.result``, or leaves it None where
@@ -105,13 +109,13 @@ def cpu_route(name: DecodePath) -> Callable[[CpuRoute], CpuRoute]:
 def decode_libjpeg(plan: Plan, bands: jpeg_bands.BandDecoder, count: int, rows_for: RowsFor | None) -> None:
     """The ``libjpeg`` route: into :func:`~.buffers.scratch`, in up to ``count`` row bands where the
     stream is a single scan and the image large enough for several, each band's rows handed to
-    ``rows_for``'s consumer then."""
+    ``rows_for``'s consumer then; a damaged plan tolerant, as Pillow decodes it."""
     width, height = plan.image.size
     pixels = scratch((height, width, 3))
     single_scan = plan.scan is not None and plan.scan.single_scan
     count = bands.bands_for(width, height, count if single_scan else 1)
     consumer = rows_for(width, height) if rows_for is not None and count > 1 else None
-    if bands.decode(plan.data, pixels, count, consumer):
+    if bands.decode(plan.data, pixels, count, consumer, tolerant=plan.damaged):
         consumed = consumer is not None
         plan.result = DecodedImage(pixels, width, height, "bicubic", "libjpeg", rows_consumed=consumed)
 

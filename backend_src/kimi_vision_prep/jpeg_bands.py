@@ -30,6 +30,8 @@ The libjpeg functions come from Pillow's own ``_imaging`` module (:func:`libjpeg
 the pixels are Pillow's by construction; the C part is strict like the simplejpeg route (a
 libjpeg warning refuses the file, which goes on to the next route), but for the warning that
 bytes were skipped before a marker, which changes no pixel (``_libjpeg.c``, ``on_message``).
+A stream the structural scan finds damaged where libjpeg conceals it is decoded tolerant, as
+Pillow decodes it: warnings let through but the end of the data, every band from the top.
 """
 
 from __future__ import annotations
@@ -102,15 +104,17 @@ def _extension() -> object:
     return _libjpeg
 
 
-def decode_rows(data: bytes, pixels: np.ndarray, row_begin: int, row_end: int) -> bool:
+def decode_rows(data: bytes, pixels: np.ndarray, row_begin: int, row_end: int, tolerant: bool = False) -> bool:
     """Decode rows ``[row_begin, row_end)`` of ``data`` into ``pixels`` (uint8 ``(H, W, 3)``,
     C-contiguous, the stored size) on this thread; False when libjpeg refuses the file (an error
     or a warning other than of bytes skipped before a marker, or a size other than ``pixels``').
-    Releases the GIL. Rows outside the image raise ValueError, a buffer that is not C-contiguous
-    TypeError."""
+    ``tolerant``: a damaged stream (:attr:`~.jpeg_scan.JpegScan.conceals_damage`), decoded as
+    Pillow decodes it: libjpeg's warnings let through, but the end of the data before EOI (Pillow:
+    truncated). Releases the GIL. Rows outside the image raise ValueError, a buffer that is not
+    C-contiguous TypeError."""
     libjpeg = _extension()
     try:
-        libjpeg.decode_rows(data, pixels, pixels.shape[1], pixels.shape[0], row_begin, row_end)
+        libjpeg.decode_rows(data, pixels, pixels.shape[1], pixels.shape[0], row_begin, row_end, tolerant)
     except libjpeg.JpegError:
         return False
     return True
@@ -128,6 +132,7 @@ class _SharedDecode:
     min_rows: int  # and holds at least this many rows
     row_cost: float  # a decoded row's cost with the consumer's work (skipped: SKIP_COST)
     consumer: RowConsumer | None
+    tolerant: bool  # a damaged stream: as :func:`decode_rows`, every band from the top
 
     def band(self, index: int) -> bool:
         """Decode band ``index``'s rows (band 0 from the top, a helper's stolen ones) and hand them
@@ -137,7 +142,7 @@ class _SharedDecode:
         try:
             begin, end, _ = libjpeg.decode_share(
                 self.data, self.pixels, width, height, self.regions, index, self.multiple, self.min_rows,
-                SKIP_COST, self.row_cost,
+                SKIP_COST, self.row_cost, self.tolerant,
             )
         except libjpeg.JpegError:
             return False
@@ -164,17 +169,25 @@ class BandDecoder:
         each of at least :data:`MIN_BAND_PIXELS`."""
         return max(1, min(wanted, self.helpers + 1, width * height // MIN_BAND_PIXELS))
 
-    def decode(self, data: bytes, pixels: np.ndarray, bands: int, consumer: RowConsumer | None = None) -> bool:
+    def decode(
+        self,
+        data: bytes,
+        pixels: np.ndarray,
+        bands: int,
+        consumer: RowConsumer | None = None,
+        tolerant: bool = False,
+    ) -> bool:
         """Decode ``data`` into ``pixels`` (uint8 ``(H, W, 3)``, the stored size) on this thread
         and up to ``bands - 1`` idle helpers; with a consumer, every row goes through it (started
         first), whether or not a helper took a band. False when libjpeg refused the file (every
-        band has stopped by then; the consumer may have seen some rows)."""
+        band has stopped by then; the consumer may have seen some rows). ``tolerant`` as for
+        :func:`decode_rows`."""
         height, width = pixels.shape[0], pixels.shape[1]
         helpers = 0
         while helpers < bands - 1 and self._idle.acquire(blocking=False):
             helpers += 1
         if consumer is None and helpers == 0:
-            return decode_rows(data, pixels, 0, height)
+            return decode_rows(data, pixels, 0, height, tolerant)
         if consumer is not None:
             try:
                 consumer.start()
@@ -186,7 +199,7 @@ class BandDecoder:
         multiple = consumer.multiple if consumer is not None else DECODE_ROW_MULTIPLE
         row_cost = 1.0 + (consumer.row_work if consumer is not None else 0.0)
         min_rows = max(multiple, MIN_BAND_PIXELS // width)
-        shared = _SharedDecode(data, pixels, regions, multiple, min_rows, row_cost, consumer)
+        shared = _SharedDecode(data, pixels, regions, multiple, min_rows, row_cost, consumer, tolerant)
         helper_bands = [self._threads().submit(self._helper_band, shared, index) for index in range(1, helpers + 1)]
         try:
             ok = shared.band(0)

@@ -5,7 +5,9 @@ through a suspending source. They agree on every well-formed stream, but not on 
 a truncated file gets grey-filled by the former and rejected by Pillow, an unknown marker inside
 entropy data is a fatal error in Pillow but may yield a partial image, junk between segments makes
 nvImageCodec's parser give up. So a stream goes to the fast decoder only when this scan finds it
-*clean*; anything else takes the planned Pillow route, which gives Pillow's verdict by definition.
+*clean*; anything else takes the planned Pillow route, which gives Pillow's verdict by definition,
+but for damage libjpeg conceals (:attr:`JpegScan.conceals_damage`), which the ``libjpeg`` route
+decodes as Pillow does, the same library with warnings let through.
 
 The scan is linear in the stream and walks entropy-coded data byte by byte in numba (a 12 MP
 photo scans in about a millisecond).
@@ -45,6 +47,13 @@ SCAN_REASONS = (
     "SOS before SOF",
     "no scan before EOI",
     "second scan in a single-scan sequential frame",
+)
+
+# Verdicts of damage libjpeg decodes past with a warning (what follows it is read as libjpeg reads
+# it, whatever this scan would have found there): not the end of the data, which Pillow calls
+# truncated, nor a second frame or scan, which libjpeg refuses.
+CONCEALED_DAMAGE = frozenset(
+    SCAN_REASONS[code] for code in (UNEXPECTED_MARKER, BAD_RESTART, BYTES_BETWEEN_SEGMENTS)
 )
 
 # SOF markers libjpeg-turbo's DCT decoder handles and nvImageCodec decodes like Pillow:
@@ -245,9 +254,20 @@ class JpegScan:
     @property
     def fast_decodable(self) -> bool:
         """Clean, 8-bit, a DCT process nvImageCodec decodes like Pillow, grey or 3-component."""
+        return self.clean and self._fast_frame
+
+    @property
+    def conceals_damage(self) -> bool:
+        """Damaged where libjpeg conceals damage (:data:`CONCEALED_DAMAGE`: a stray marker in or
+        between segments, restart markers out of sequence, junk between segments), in a frame that
+        is otherwise :attr:`fast_decodable`. Pillow decodes such a stream with libjpeg, ignoring its
+        warnings; so does the ``libjpeg`` route, tolerant (:func:`~.jpeg_bands.decode_rows`)."""
+        return self.reason in CONCEALED_DAMAGE and self._fast_frame
+
+    @property
+    def _fast_frame(self) -> bool:
         return (
-            self.clean
-            and self.sof_marker in _FAST_SOF
+            self.sof_marker in _FAST_SOF
             and self.precision == 8
             and self.components in (1, 3)
             and self.width > 0
