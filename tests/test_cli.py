@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from make_inputs import jpeg_damaged_at_a_restart
+from make_inputs import jpeg_damaged_at_a_restart, jpeg_with_concealed_damage, png_mode
 from PIL import Image
 
 from kimi_vision_client import cli
@@ -444,12 +444,15 @@ def test_bench_local_writes_every_timing_json_and_plot(corpus: Path, tmp_path: P
 
 
 def test_bench_floor_is_the_one_exact_decoder_that_takes_the_file(corpus: Path) -> None:
-    """The floor of a JPEG simplejpeg's strict mode refuses (libjpeg warns of extraneous bytes) is
-    Pillow alone, not a refused simplejpeg attempt and then Pillow; a clean one is simplejpeg. Both
-    give Pillow's RGB pixels."""
+    """The floor of a clean JPEG is simplejpeg; of one its strict mode refuses but the libjpeg
+    route takes on one thread (bytes skipped before a marker; damage libjpeg conceals, tolerant),
+    that route alone, not a refused simplejpeg attempt and then it; of another format, Pillow.
+    Each gives Pillow's RGB pixels."""
     names = ("imagers__extraneous-bytes-after-sos.jpg", "pil__iptc.jpg")
-    images = bench_local.bench_images("kimi-k2.5", [(name, (corpus / name).read_bytes()) for name in names])
-    assert [im.floor for im in images] == ["pillow", "simplejpeg"]
+    sources = [(name, (corpus / name).read_bytes()) for name in names]
+    sources += [("stray marker", jpeg_with_concealed_damage("stray marker")), ("png", png_mode(64, 48, "RGB"))]
+    images = bench_local.bench_images("kimi-k2.5", sources)
+    assert [im.floor for im in images] == ["libjpeg", "simplejpeg", "libjpeg", "pillow"]
     for im in images:
         expected = np.asarray(Image.open(io.BytesIO(im.data)).convert("RGB"))
         np.testing.assert_array_equal(bench_local.fastest_exact_decode(im), expected)

@@ -35,9 +35,10 @@ from PIL import Image
 
 from kimi_vision_client.samples import bench_photos
 from kimi_vision_common.patches import normalize_table
-from kimi_vision_prep import ImageDecoder, get_preset, navit_target_size, preprocess_batch, preprocess_bytes
+from kimi_vision_prep import ImageDecoder, get_preset, jpeg_bands, navit_target_size, preprocess_batch, preprocess_bytes
 from kimi_vision_prep.buffers import scratch_scope
 from kimi_vision_prep.decode_routes import decode_simplejpeg
+from kimi_vision_prep.jpeg_scan import scan_jpeg
 from kimi_vision_prep.normalize import write_patches
 from kimi_vision_prep.pipeline import PixelOutput, resize_to_target
 
@@ -54,7 +55,7 @@ class BenchImage:
     height: int
     image_class: str  # "no-resize" | "downscale"
     synthetic: bool
-    floor: str  # the fastest exact single-thread decoder of the file: "simplejpeg" | "pillow"
+    floor: str  # the fastest exact single-thread decoder of the file: "simplejpeg" | "libjpeg" | "pillow"
 
 
 @dataclass
@@ -78,11 +79,36 @@ def time_calls(calls: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str
 
 
 def fastest_exact_decode(im: BenchImage) -> np.ndarray:
-    """The floor: RGB pixels by the fastest single-thread decoder exact for the file (``im.floor``:
-    simplejpeg, :func:`~kimi_vision_prep.decode_routes.decode_simplejpeg`, where its strict mode takes the
-    file, else Pillow), nothing else: not the attempt of a decoder that refuses the file."""
-    pixels = decode_simplejpeg(im.data, im.width, im.height) if im.floor == "simplejpeg" else None
+    """The floor: RGB pixels by the fastest single-thread decoder exact for the file (``im.floor``,
+    :func:`floor_decoder`), nothing else: not the attempt of a decoder that refuses the file."""
+    pixels = None
+    if im.floor == "simplejpeg":
+        pixels = decode_simplejpeg(im.data, im.width, im.height)
+    elif im.floor == "libjpeg":
+        pixels = libjpeg_on_one_thread(im.data, im.width, im.height)
     return pixels if pixels is not None else pillow_rgb(im.data)
+
+
+def floor_decoder(data: bytes, width: int, height: int) -> str:
+    """The fastest single-thread decoder exact for the file: simplejpeg
+    (:func:`~kimi_vision_prep.decode_routes.decode_simplejpeg`) where its strict mode takes it, else
+    the libjpeg route on one thread (:func:`libjpeg_on_one_thread`) where that takes it, else Pillow."""
+    if decode_simplejpeg(data, width, height) is not None:
+        return "simplejpeg"
+    if libjpeg_on_one_thread(data, width, height) is not None:
+        return "libjpeg"
+    return "pillow"
+
+
+def libjpeg_on_one_thread(data: bytes, width: int, height: int) -> np.ndarray | None:
+    """uint8 ``(height, width, 3)`` by the libjpeg route in one band, tolerant where the scan finds
+    damage libjpeg conceals (as the decoder plans it), or None where it refuses the file or is
+    not built."""
+    if jpeg_bands.libjpeg_path() is None:
+        return None
+    pixels = np.empty((height, width, 3), np.uint8)
+    tolerant = scan_jpeg(data).conceals_damage
+    return pixels if jpeg_bands.decode_rows(data, pixels, 0, height, tolerant) else None
 
 
 def pillow_rgb(data: bytes) -> np.ndarray:
@@ -111,7 +137,7 @@ def bench_images(preset_name: str, sources: Sequence[tuple[str, bytes]] | None =
         width, height = Image.open(io.BytesIO(data)).size
         target = navit_target_size(width, height, preset)
         image_class = "downscale" if target.needs_resize else "no-resize"
-        floor = "pillow" if decode_simplejpeg(data, width, height) is None else "simplejpeg"
+        floor = floor_decoder(data, width, height)
         images.append(BenchImage(name, data, width, height, image_class, synthetic, floor))
     return images
 
