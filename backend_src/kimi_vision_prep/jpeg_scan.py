@@ -258,10 +258,10 @@ class JpegScan:
 
     @property
     def conceals_damage(self) -> bool:
-        """Damaged where libjpeg conceals damage (:data:`CONCEALED_DAMAGE`: a stray marker in or
-        between segments, restart markers out of sequence, junk between segments), in a frame that
-        is otherwise :attr:`fast_decodable`. Pillow decodes such a stream with libjpeg, ignoring its
-        warnings; so does the ``libjpeg`` route, tolerant (:func:`~.jpeg_bands.decode_rows`)."""
+        """Damaged in a way libjpeg decodes past with a warning (:data:`CONCEALED_DAMAGE`: a stray
+        marker in or between segments, restart markers out of sequence, junk between segments), in
+        a frame that is otherwise :attr:`fast_decodable`. Pillow decodes such a stream with libjpeg,
+        ignoring its warnings; so does the ``libjpeg`` route, tolerant (:func:`~.jpeg_bands.decode_rows`)."""
         return self.reason in CONCEALED_DAMAGE and self._fast_frame
 
     @property
