@@ -159,10 +159,11 @@ class ImageDecoder:
         self._thread_pool: ThreadPoolExecutor | None = None  # made on first use (_threads)
         self._thread_pool_lock = threading.Lock()
         self._bands = jpeg_bands.BandDecoder(self.cpu_workers - 1, self._threads)
-        # A damaged JPEG that libjpeg decodes past goes to the libjpeg route (tolerant) where it is
-        # this CPU decoder's first libjpeg-turbo route; the others are strict, so it takes Pillow.
-        libjpeg_routes = [route for route in self.cpu_routes if route in ("libjpeg", "simplejpeg")]
-        self._conceals_damage = self.device_kind == "cpu" and libjpeg_routes[:1] == ["libjpeg"]
+        # The first libjpeg-turbo route of cpu_routes: only it is tried (strict, what one refuses the
+        # other does too). A damaged JPEG that libjpeg decodes past goes to it where it is the
+        # libjpeg route (tolerant); simplejpeg is strict, so with it first such a file takes Pillow.
+        self._libjpeg_turbo_route = next((r for r in self.cpu_routes if r in ("libjpeg", "simplejpeg")), None)
+        self._conceals_damage = self.device_kind == "cpu" and self._libjpeg_turbo_route == "libjpeg"
         self._callers: Counter[int] = Counter()  # claims by thread (claim)
         self._callers_lock = threading.Lock()
 
@@ -226,32 +227,22 @@ class ImageDecoder:
             )
         image = open_with_pillow(data, self.limits.max_pixels)
         scan = scan_jpeg(data) if image.format in ("JPEG", "MPO") else None
+        if scan is None or image.mode not in ("L", "RGB") or (scan.width, scan.height) != image.size:
+            return Plan(data, image, scan, fast=False)
         fast = (
-            scan is not None
-            and image.mode in ("L", "RGB")
-            and scan.fast_decodable
+            scan.fast_decodable
             # What nvJPEG would decode otherwise than libjpeg is planned to Pillow on the GPU.
             and (self.device_kind == "cpu" or scan.nvjpeg_decodable)
-            and (scan.width, scan.height) == image.size
         )
-        damaged = (
-            self._conceals_damage
-            and scan is not None
-            and scan.conceals_damage
-            and image.mode in ("L", "RGB")
-            and (scan.width, scan.height) == image.size
-        )
-        return Plan(data, image, scan, fast, damaged=damaged)
+        return Plan(data, image, scan, fast, damaged=self._conceals_damage and scan.conceals_damage)
 
     def _decode_fast(self, plans: list[Plan], rows_for: RowsFor | None) -> None:
         """Decode the fast-route plans: on the CPU each by libjpeg or else simplejpeg (the first of
         them in ``cpu_routes``), the ones it refuses in one nvImageCodec batch call (each as far as
         ``cpu_routes`` allows: what none may take is planned to Pillow); mark failures for fallback."""
         if self.device_kind == "cpu":
-            # Both are libjpeg-turbo in strict mode: what one refuses the other does too.
-            strict_libjpeg = [route for route in self.cpu_routes if route in ("libjpeg", "simplejpeg")]
-            if strict_libjpeg:
-                self._map_cpu(CPU_DECODERS[strict_libjpeg[0]], plans, rows_for)
+            if self._libjpeg_turbo_route is not None:
+                self._map_cpu(CPU_DECODERS[self._libjpeg_turbo_route], plans, rows_for)
             plans = [plan for plan in plans if plan.result is None and plan.fast]
             if "nvimgcodec-cpu" not in self.cpu_routes:
                 for plan in plans:
