@@ -159,13 +159,21 @@ class ImageDecoder:
         self._thread_pool: ThreadPoolExecutor | None = None  # made on first use (_threads)
         self._thread_pool_lock = threading.Lock()
         self._bands = jpeg_bands.BandDecoder(self.cpu_workers - 1, self._threads)
-        # The first libjpeg-turbo route of cpu_routes: only it is tried (strict, what one refuses the
-        # other does too). A damaged JPEG that libjpeg decodes past goes to it where it is the
-        # libjpeg route (tolerant); simplejpeg is strict, so with it first such a file takes Pillow.
-        self._libjpeg_turbo_route = next((r for r in self.cpu_routes if r in ("libjpeg", "simplejpeg")), None)
-        self._conceals_damage = self.device_kind == "cpu" and self._libjpeg_turbo_route == "libjpeg"
         self._callers: Counter[int] = Counter()  # claims by thread (claim)
         self._callers_lock = threading.Lock()
+
+    @property
+    def _libjpeg_turbo_route(self) -> DecodePath | None:
+        """The first libjpeg-turbo route of ``cpu_routes``, the only one tried: both are strict, what
+        one refuses the other does too."""
+        return next((route for route in self.cpu_routes if route in ("libjpeg", "simplejpeg")), None)
+
+    @property
+    def _conceals_damage(self) -> bool:
+        """Whether a damaged JPEG that libjpeg decodes past goes to the libjpeg route (tolerant): on
+        the CPU where it is the first libjpeg-turbo route; simplejpeg is strict, so with it first
+        such a file takes Pillow."""
+        return self.device_kind == "cpu" and self._libjpeg_turbo_route == "libjpeg"
 
     # -- nvImageCodec -------------------------------------------------------------------------
 
