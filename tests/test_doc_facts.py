@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kimi_vision_common.models import PATCH_EMBED_MODEL
 from kimi_vision_common.wire import DEFAULT_PROBE_PORT
+from kimi_vision_prep.numba_runtime import IDLE_SPIN_SETTING, USER_WAIT_SETTINGS
 from kimi_vision_server.launcher import CPU_ONLY_NOISE
 from kimi_vision_server.repository import RenderOptions, repository_models
 
@@ -110,3 +111,10 @@ def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     assert f"has run no stub for {PINNED_ONLY_AFTER_S:g} s (`launcher.PINNED_ONLY_AFTER_S`:" in text
     for name, _ in METRIC_FAMILIES.values():
         assert f"`{name}{{model}}`" in text
+
+
+def test_the_idle_spin_library_md_gives_is_the_one_set() -> None:
+    text = one_line("library.md")
+    name, value = IDLE_SPIN_SETTING
+    assert f"`{name}={value}`" in text
+    assert "where the process set " + " or ".join(f"`{n}`" for n in USER_WAIT_SETTINGS) + " itself" in text

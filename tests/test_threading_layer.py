@@ -1,12 +1,16 @@
 """A process that chose a thread-safe numba threading layer (omp) runs kernels of several threads at
-once, with the same pixels; under workqueue (the default) they take numba_lock."""
+once, with the same pixels; under workqueue they take numba_lock. Importing the library starts
+numba's threads, libgomp's idle workers spinning briefly (numba_runtime.IDLE_SPIN_SETTING)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+
+from kimi_vision_prep.numba_runtime import IDLE_SPIN_SETTING
 
 CHILD = """
 import json, sys
@@ -42,3 +46,47 @@ def test_omp_layer_runs_kernels_unlocked_with_the_same_pixels() -> None:
 
 def test_workqueue_layer_keeps_the_lock() -> None:
     assert run_child("workqueue") == {"layer": "workqueue", "locked": True, "equal": True}
+
+
+# What GNU libgomp took at load: with OMP_DISPLAY_ENV=verbose each copy prints its settings to
+# stderr as it loads, one block per copy, in load order.
+SPIN_CHILD = """
+import os, sys
+if sys.argv[1] == "torch-first":
+    import torch
+import numba
+import kimi_vision_prep.numba_runtime
+print(numba.threading_layer(), "GOMP_SPINCOUNT" in os.environ, os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+def libgomp_spin_counts(order: str, **environ: str) -> tuple[list[str], str]:
+    """The spin count of each libgomp the child loaded, and its own report (layer, whether
+    GOMP_SPINCOUNT is left in its environment, its OMP_WAIT_POLICY)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env |= {"OMP_DISPLAY_ENV": "verbose", "NUMBA_THREADING_LAYER": "omp", **environ}
+    done = subprocess.run(
+        [sys.executable, "-c", SPIN_CHILD, order], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
+    counts = re.findall(r"GOMP_SPINCOUNT = '(\d+)'", done.stderr)
+    return counts, done.stdout.strip().splitlines()[-1]
+
+
+def test_importing_the_library_starts_numbas_openmp_workers_with_a_short_idle_spin() -> None:
+    counts, report = libgomp_spin_counts("library-only")
+    assert counts == [IDLE_SPIN_SETTING[1]]
+    assert report == "omp False None"  # started, and the variable gone again
+
+
+def test_a_libgomp_loaded_before_keeps_its_own_spin() -> None:
+    # An empty OMP_WAIT_POLICY is the process's choice for the library and nothing to libgomp.
+    default = libgomp_spin_counts("library-only", OMP_WAIT_POLICY="")[0]
+    counts, report = libgomp_spin_counts("torch-first")
+    assert counts == [default[0], IDLE_SPIN_SETTING[1]]  # torch's copy, then numba's beside it
+    assert report == "omp False None"
+
+
+def test_a_wait_policy_the_process_chose_is_kept() -> None:
+    counts, report = libgomp_spin_counts("library-only", OMP_WAIT_POLICY="active")
+    assert counts != [IDLE_SPIN_SETTING[1]] and len(counts) == 1
+    assert report == "omp False active"
