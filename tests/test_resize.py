@@ -90,11 +90,12 @@ def test_bicubic_large_factors_and_single_pass_match_pillow() -> None:
 
 
 def test_horizontal_tile_edges_match_pillow() -> None:
-    """Row counts around the RGB tile (24 rows, moved in groups of 8 by a byte transposition) and
-    widths around its 8-byte words: full and partial groups, rows shorter than one word."""
+    """Row counts around the RGB tile (24 rows, moved in and out in groups of 8 by a byte
+    transposition) and source and result widths around its 8-byte words: full and partial groups,
+    rows shorter than one word, rows of several words and a tail."""
     rng = np.random.default_rng(25)
     for height in (1, 7, 8, 9, 23, 24, 25, 31, 32, 33, 47, 48, 49):
-        for width in (1, 2, 3, 5, 8, 11, 16, 17):
+        for width in (1, 2, 3, 5, 8, 11, 16, 17, 29, 64):
             pixels = random_image(rng, height, width, 3)
             assert_resize_matches_pillow(pixels, max(1, width * 2 // 3), height, "bicubic")
             assert_resize_matches_pillow(pixels, width + 3, height, "bicubic")

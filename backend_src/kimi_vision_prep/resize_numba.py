@@ -9,9 +9,12 @@ reproduced, so the result is bit-exact; the tests compare against Pillow itself.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from .buffers import scratch
 from .kernels import NUMPY, register_kernel
@@ -28,19 +31,19 @@ from .resample import (
 )
 
 # Horizontal-pass tiles: a constant lane count the compiler vectorises without a scalar tail.
-# RGB: 24 rows stored channel-major (lane c*24 + r), so that eight rows' bytes move as one uint64
-# transposed in registers. RGBA: 16 rows of uint32 pixel words (lane 4*r + c).
+# RGB: 24 rows stored channel-major (lane c*24 + r), so that the bytes of eight rows at one
+# position make one uint64 word, eight such words transposed by one vector shuffle. RGBA: 16 rows
+# of uint32 pixel words (lane 4*r + c).
 _RGB_TILE_ROWS = 24
 _RGB_TILE_LANES = 3 * _RGB_TILE_ROWS
 _WORD_TILE_ROWS = 16
 _WORD_TILE_LANES = 4 * _WORD_TILE_ROWS
 # Vertical-pass chunk: 16 KiB of int32 accumulators stay in L1 while every tap row is added.
 _ROW_CHUNK = 4096
-# Masks of the three swap stages of an 8x8 byte transposition in eight uint64 words (byte r of a
-# word is lane r of the tile viewed as uint64: little-endian hosts, as x86-64 and aarch64 are).
-_MASK_32 = np.uint64(0x00000000FFFFFFFF)
-_MASK_16 = np.uint64(0x0000FFFF0000FFFF)
-_MASK_8 = np.uint64(0x00FF00FF00FF00FF)
+# Byte ``k`` of word ``r`` of an 8x8 byte transposition comes from byte ``r`` of word ``k``: in the
+# 64 bytes of eight little-endian uint64 words (x86-64 and aarch64), output byte ``8r + k`` is
+# input byte ``8k + r``.
+_TRANSPOSE_8X8 = [8 * (j % 8) + j // 8 for j in range(64)]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -55,11 +58,46 @@ def _premultiply_word(pixel: np.uint32) -> np.uint32:
     return result
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _swap_bytes(a: np.uint64, b: np.uint64, shift: np.uint64, mask: np.uint64) -> tuple[np.uint64, np.uint64]:
-    """One stage of the 8x8 transposition: exchange ``a``'s high and ``b``'s low ``shift``-bit fields."""
-    t = ((a >> shift) ^ b) & mask
-    return a ^ (t << shift), b ^ t
+@intrinsic
+def _transpose_bytes(typingctx: Any, words: types.UniTuple) -> Any:
+    """Eight uint64 words as an 8x8 byte matrix (row ``k``: word ``k``), transposed: one vector
+    shuffle, which LLVM lowers to the host's byte permutes (a single ``vpermb`` with AVX-512
+    VBMI). Pure data movement: the same bytes on every target."""
+    if not (isinstance(words, types.UniTuple) and words.count == 8 and words.dtype == types.uint64):
+        return None
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> ir.Value:
+        (words_in,) = args
+        word, index = ir.IntType(64), ir.IntType(32)
+        vector = ir.Constant(ir.VectorType(word, 8), ir.Undefined)
+        for k in range(8):
+            vector = builder.insert_element(vector, builder.extract_value(words_in, k), ir.Constant(index, k))
+        as_bytes = builder.bitcast(vector, ir.VectorType(ir.IntType(8), 64))
+        mask = ir.Constant(ir.VectorType(index, 64), _TRANSPOSE_8X8)
+        transposed = builder.bitcast(builder.shuffle_vector(as_bytes, as_bytes, mask), ir.VectorType(word, 8))
+        result = ir.Constant(words_in.type, ir.Undefined)
+        for k in range(8):
+            result = builder.insert_value(result, builder.extract_element(transposed, ir.Constant(index, k)), k)
+        return result
+
+    return words(words), codegen
+
+
+@intrinsic
+def _store_word(typingctx: Any, row: types.Array, i: types.Integer, word: types.Integer) -> Any:
+    """``row[i : i + 8] = word``'s little-endian bytes, one unaligned 8-byte store (LLVM does not
+    merge eight byte stores into one here)."""
+    if not (isinstance(row, types.Array) and row.dtype == types.uint8 and word == types.uint64):
+        return None
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> ir.Value:
+        array, offset, value = args
+        data = context.make_array(signature.args[0])(context, builder, array).data
+        pointer = builder.bitcast(builder.gep(data, [offset]), ir.IntType(64).as_pointer())
+        builder.store(value, pointer, align=1)
+        return context.get_dummy_value()
+
+    return types.void(row, i, word), codegen
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -75,27 +113,37 @@ def _load_word(row: np.ndarray, i: int) -> np.uint64:
 def _transpose_8x8(rows: np.ndarray, i: int, words: np.ndarray, group: int) -> None:
     """Bytes ``i .. i+7`` of the eight uint8 rows ``rows[r]`` (tile rows ``8*group + r``) into the
     channel-major tile viewed as uint64 ``words``: row byte ``p`` (pixel ``p // 3``, channel
-    ``p % 3``) of all eight rows becomes one word, whose byte ``r`` is ``rows[r][p]``."""
-    a0, a1, a2, a3 = _load_word(rows[0], i), _load_word(rows[1], i), _load_word(rows[2], i), _load_word(rows[3], i)
-    a4, a5, a6, a7 = _load_word(rows[4], i), _load_word(rows[5], i), _load_word(rows[6], i), _load_word(rows[7], i)
-    s32, s16, s8 = np.uint64(32), np.uint64(16), np.uint64(8)
-    a0, a4 = _swap_bytes(a0, a4, s32, _MASK_32)
-    a1, a5 = _swap_bytes(a1, a5, s32, _MASK_32)
-    a2, a6 = _swap_bytes(a2, a6, s32, _MASK_32)
-    a3, a7 = _swap_bytes(a3, a7, s32, _MASK_32)
-    a0, a2 = _swap_bytes(a0, a2, s16, _MASK_16)
-    a1, a3 = _swap_bytes(a1, a3, s16, _MASK_16)
-    a4, a6 = _swap_bytes(a4, a6, s16, _MASK_16)
-    a5, a7 = _swap_bytes(a5, a7, s16, _MASK_16)
-    a0, a1 = _swap_bytes(a0, a1, s8, _MASK_8)
-    a2, a3 = _swap_bytes(a2, a3, s8, _MASK_8)
-    a4, a5 = _swap_bytes(a4, a5, s8, _MASK_8)
-    a6, a7 = _swap_bytes(a6, a7, s8, _MASK_8)
-    words_per_pixel = _RGB_TILE_LANES // 8
-    words_per_channel = _RGB_TILE_ROWS // 8
-    for k, word in enumerate((a0, a1, a2, a3, a4, a5, a6, a7)):
-        p = i + k
-        words[(p // 3) * words_per_pixel + (p % 3) * words_per_channel + group] = word
+    ``p % 3``) of all eight rows becomes word ``3p + group``, whose byte ``r`` is ``rows[r][p]``."""
+    a = _transpose_bytes(
+        (
+            _load_word(rows[0], i), _load_word(rows[1], i), _load_word(rows[2], i), _load_word(rows[3], i),
+            _load_word(rows[4], i), _load_word(rows[5], i), _load_word(rows[6], i), _load_word(rows[7], i),
+        )
+    )
+    base = 3 * i + group
+    words[base], words[base + 3], words[base + 6], words[base + 9] = a[0], a[1], a[2], a[3]
+    words[base + 12], words[base + 15], words[base + 18], words[base + 21] = a[4], a[5], a[6], a[7]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _transpose_back_8x8(words: np.ndarray, group: int, i: int, rows: np.ndarray) -> None:
+    """Inverse of :func:`_transpose_8x8`: words ``3p + group`` for ``p`` in ``i .. i+7`` into bytes
+    ``i .. i+7`` of the eight rows ``rows[r]``."""
+    base = 3 * i + group
+    a = _transpose_bytes(
+        (
+            words[base], words[base + 3], words[base + 6], words[base + 9],
+            words[base + 12], words[base + 15], words[base + 18], words[base + 21],
+        )
+    )
+    _store_word(rows[0], i, a[0])
+    _store_word(rows[1], i, a[1])
+    _store_word(rows[2], i, a[2])
+    _store_word(rows[3], i, a[3])
+    _store_word(rows[4], i, a[4])
+    _store_word(rows[5], i, a[5])
+    _store_word(rows[6], i, a[6])
+    _store_word(rows[7], i, a[7])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -125,8 +173,22 @@ def _load_rgb_tile(src: np.ndarray, r0: int, n_rows: int, tile: np.ndarray) -> N
 
 @njit(cache=True, nogil=True, inline="always")
 def _store_rgb_tile(tile: np.ndarray, r0: int, n_rows: int, out: np.ndarray) -> None:
-    """Inverse of :func:`_load_rgb_tile` (bytewise: a transposed store measured no faster)."""
-    for r in range(n_rows):
+    """Inverse of :func:`_load_rgb_tile`: ``out[r0 + r, x, c] = tile[x, c*24 + r]`` for
+    ``r < n_rows``, whole groups of eight rows by :func:`_transpose_back_8x8`."""
+    n_bytes = 3 * out.shape[1]
+    words = tile.reshape(-1).view(np.uint64)
+    flat = out.reshape(out.shape[0], n_bytes)
+    full_groups = n_rows // 8
+    for g in range(full_groups):
+        rows = flat[r0 + 8 * g : r0 + 8 * g + 8]
+        i = 0
+        while i + 8 <= n_bytes:
+            _transpose_back_8x8(words, g, i, rows)
+            i += 8
+        for p in range(i, n_bytes):
+            for r in range(8):
+                rows[r, p] = tile[p // 3, (p % 3) * _RGB_TILE_ROWS + 8 * g + r]
+    for r in range(8 * full_groups, n_rows):
         row = out[r0 + r]
         for x in range(out.shape[1]):
             for c in range(3):
