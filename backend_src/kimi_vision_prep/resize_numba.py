@@ -61,7 +61,7 @@ def _premultiply_word(pixel: np.uint32) -> np.uint32:
 @intrinsic
 def _transpose_bytes(typingctx: Any, words: types.UniTuple) -> Any:
     """Eight uint64 words as an 8x8 byte matrix (row ``k``: word ``k``), transposed: one vector
-    shuffle, which LLVM lowers to the host's byte permutes (a single ``vpermb`` with AVX-512
+    shuffle, which LLVM lowers to the host's byte permutes (one ``vpermi2b`` with AVX-512
     VBMI). Pure data movement: the same bytes on every target."""
     if not (isinstance(words, types.UniTuple) and words.count == 8 and words.dtype == types.uint64):
         return None
