@@ -147,52 +147,40 @@ def _transpose_back_8x8(words: np.ndarray, group: int, i: int, rows: np.ndarray)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _load_rgb_tile(src: np.ndarray, r0: int, n_rows: int, tile: np.ndarray) -> None:
-    """``tile[x, c*24 + r] = src[r0 + r, x, c]`` for ``r < n_rows``: whole groups of eight rows by
-    :func:`_transpose_8x8`, the rest byte by byte."""
-    width = src.shape[1]
+def _move_rgb_tile(image: np.ndarray, r0: int, n_rows: int, tile: np.ndarray, into_tile: bool) -> None:
+    """Between rows ``r0 .. r0 + n_rows - 1`` of uint8 ``image (H, W, 3)`` and the channel-major
+    tile ``(W, 72)``, ``tile[x, c*24 + r]`` being ``image[r0 + r, x, c]``: into the tile (the
+    source rows) or out of it (the result rows). Whole groups of eight rows move by
+    :func:`_transpose_8x8` and :func:`_transpose_back_8x8`, the rest byte by byte."""
+    width = image.shape[1]
     n_bytes = 3 * width
     words = tile.reshape(-1).view(np.uint64)
-    flat = src.reshape(src.shape[0], n_bytes)
+    flat = image.reshape(image.shape[0], n_bytes)
     full_groups = n_rows // 8
     for g in range(full_groups):
         rows = flat[r0 + 8 * g : r0 + 8 * g + 8]
         i = 0
         while i + 8 <= n_bytes:
-            _transpose_8x8(rows, i, words, g)
+            if into_tile:
+                _transpose_8x8(rows, i, words, g)
+            else:
+                _transpose_back_8x8(words, g, i, rows)
             i += 8
         for p in range(i, n_bytes):
             for r in range(8):
-                tile[p // 3, (p % 3) * _RGB_TILE_ROWS + 8 * g + r] = rows[r, p]
+                lane = (p % 3) * _RGB_TILE_ROWS + 8 * g + r
+                if into_tile:
+                    tile[p // 3, lane] = rows[r, p]
+                else:
+                    rows[r, p] = tile[p // 3, lane]
     for r in range(8 * full_groups, n_rows):
-        row = src[r0 + r]
+        row = image[r0 + r]
         for x in range(width):
             for c in range(3):
-                tile[x, c * _RGB_TILE_ROWS + r] = row[x, c]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _store_rgb_tile(tile: np.ndarray, r0: int, n_rows: int, out: np.ndarray) -> None:
-    """Inverse of :func:`_load_rgb_tile`: ``out[r0 + r, x, c] = tile[x, c*24 + r]`` for
-    ``r < n_rows``, whole groups of eight rows by :func:`_transpose_back_8x8`."""
-    n_bytes = 3 * out.shape[1]
-    words = tile.reshape(-1).view(np.uint64)
-    flat = out.reshape(out.shape[0], n_bytes)
-    full_groups = n_rows // 8
-    for g in range(full_groups):
-        rows = flat[r0 + 8 * g : r0 + 8 * g + 8]
-        i = 0
-        while i + 8 <= n_bytes:
-            _transpose_back_8x8(words, g, i, rows)
-            i += 8
-        for p in range(i, n_bytes):
-            for r in range(8):
-                rows[r, p] = tile[p // 3, (p % 3) * _RGB_TILE_ROWS + 8 * g + r]
-    for r in range(8 * full_groups, n_rows):
-        row = out[r0 + r]
-        for x in range(out.shape[1]):
-            for c in range(3):
-                row[x, c] = tile[x, c * _RGB_TILE_ROWS + r]
+                if into_tile:
+                    tile[x, c * _RGB_TILE_ROWS + r] = row[x, c]
+                else:
+                    row[x, c] = tile[x, c * _RGB_TILE_ROWS + r]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -243,10 +231,10 @@ def _resample_horizontal_rgb(src: np.ndarray, bounds: np.ndarray, coef: np.ndarr
         r0 = t * _RGB_TILE_ROWS
         nr = min(_RGB_TILE_ROWS, n_rows - r0)
         tile = np.empty((width, _RGB_TILE_LANES), dtype=np.uint8)  # lanes of missing rows are never stored
-        _load_rgb_tile(src, r0, nr, tile)
+        _move_rgb_tile(src, r0, nr, tile, True)
         result = np.empty((out.shape[1], _RGB_TILE_LANES), dtype=np.uint8)
         _resample_tile(tile, bounds, coef, result, _RGB_TILE_LANES)
-        _store_rgb_tile(result, r0, nr, out)
+        _move_rgb_tile(out, r0, nr, result, False)
 
 
 @njit(parallel=True, cache=True, nogil=True)
