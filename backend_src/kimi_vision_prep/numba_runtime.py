@@ -13,8 +13,9 @@ numba compiles one specialisation per argument layout and writability, so every 
 passes through :func:`kernel_input`: whatever a caller hands in (a writable array, Pillow's
 read-only view, a Triton input tensor), the kernels see one signature, warmed up once.
 
-numba's threads are started when this module is imported (:func:`start_kernel_threads`), their
-idle OpenMP workers spinning briefly before they sleep.
+numba's threading layer is started when this module is imported (:func:`start_kernel_threads`;
+its OpenMP threads start with the first kernel), their idle workers spinning briefly before they
+sleep.
 """
 
 from __future__ import annotations
