@@ -1,6 +1,6 @@
 """A process that chose a thread-safe numba threading layer (omp) runs kernels of several threads at
 once, with the same pixels; under workqueue they take numba_lock. Importing the library starts
-numba's threads, libgomp's idle workers spinning briefly (numba_runtime.IDLE_SPIN_SETTING)."""
+numba's threading layer, libgomp's idle workers spinning briefly (numba_runtime.IDLE_SPIN_SETTING)."""
 
 from __future__ import annotations
 

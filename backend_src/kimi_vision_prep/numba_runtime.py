@@ -3,8 +3,8 @@
 numba's workqueue threading layer (the portable default) must not be entered by two threads at
 once; :data:`numba_lock` keeps concurrent callers (Triton instances run in separate processes, but
 library users may use threads) safe without requiring TBB. Every call of a ``parallel=True``
-kernel goes through :func:`parallel_kernel`, which holds it while the active layer is workqueue
-(or not chosen yet). A process that picks a thread-safe layer itself (``NUMBA_THREADING_LAYER=omp``
+kernel goes through :func:`parallel_kernel`, which holds it while the active layer is workqueue.
+A process that picks a thread-safe layer itself (``NUMBA_THREADING_LAYER=omp``
 or ``tbb``: the library never changes it, it is process-wide) runs kernels of several threads at
 once: ``preprocess_batch`` on 2 cores measured 1.6-2.0x single-thread with omp against 1.2-1.5x
 with workqueue (BENCHMARKS.md's history).
@@ -103,13 +103,9 @@ start_kernel_threads()
 
 
 def kernel_lock() -> contextlib.AbstractContextManager[Any]:
-    """:data:`numba_lock`, or nothing once the active threading layer is thread-safe (numba
-    picks the layer at the first parallel launch; until then the lock is taken)."""
-    try:
-        layer = numba.threading_layer()
-    except ValueError:  # no parallel kernel has run yet
-        return numba_lock
-    return contextlib.nullcontext() if layer in THREAD_SAFE_LAYERS else numba_lock
+    """:data:`numba_lock`, or nothing where the threading layer (started at import,
+    :func:`start_kernel_threads`) is thread-safe."""
+    return contextlib.nullcontext() if numba.threading_layer() in THREAD_SAFE_LAYERS else numba_lock
 
 
 @contextlib.contextmanager
