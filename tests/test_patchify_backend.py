@@ -122,6 +122,20 @@ def test_kernels_equal_numba_on_corpus_photos(backend: ctypes.CDLL, corpus: Path
         grid = (target.grid_h, target.grid_w)
         expected = write_patches(image, table, *grid, 14)
         assert c_patches(backend, image, grid, 14, table.T).tobytes() == expected.tobytes(), name
+        assert c_patches(backend, image, grid, 14, None).tobytes() == patchify(image, *grid, 14).tobytes(), name
+
+
+@pytest.mark.parametrize("p", [14, 16])
+def test_uint8_kernel_writes_nothing_past_its_output(backend: ctypes.CDLL, p: int) -> None:
+    """Whole patches up to the last byte of the output (at 14, the shuffle kernel stores 16-byte
+    rows), and another patch side (the scalar kernel): equal to numba, the bytes after untouched."""
+    rng = np.random.default_rng(p)
+    image = rng.integers(0, 256, (4 * p, 6 * p, 3), np.uint8)
+    size = 24 * 3 * p * p
+    buffer = np.full(size + 64, 77, np.uint8)
+    backend.kimi_write_patches_u8(image.ctypes.data_as(U8_P), 4 * p, 6 * p, buffer.ctypes.data_as(U8_P), 4, 6, p)
+    assert buffer[:size].tobytes() == patchify(image, 4, 6, p).tobytes()
+    assert (buffer[size:] == 77).all()
 
 
 def patch_bound_ratio(preset_name: str, sizes: list[tuple[int, int]]) -> float:
