@@ -16,10 +16,12 @@ import pytest
 import kimi_vision_prep as kvp
 from kimi_vision_common.patches import normalize_table
 from kimi_vision_prep.normalize import (
+    IDENTITY_TABLE,
     expand_patches,
     expand_patches_torch,
     patchify_numpy,
     patchify_torch,
+    write_patch_rows,
     write_patches_numpy,
     write_patches_torch,
 )
@@ -70,6 +72,25 @@ def test_patchify_then_expand_equals_the_fused_pass_numpy(table_name: str) -> No
         assert expanded.tobytes() == fused.tobytes()  # bit for bit (-0.0 and 0.0 would differ here)
         # and the fused pass is that table read of the reference layout
         assert np.array_equal(fused, table[reference_patches(image, grid_h, grid_w, P), np.arange(3)[:, None, None]])
+
+
+def test_uint8_patches_split_without_lookup_only_for_the_identity_table() -> None:
+    """Whole 14x14 patches of the identity table are split by byte shuffles, in one call and in
+    row bands; any other uint8 table, and another patch side, take the lookup: all equal the
+    reference (a shuffle path taken for a non-identity table would give the image's bytes)."""
+    rng = np.random.default_rng(7)
+    image = rng.integers(0, 256, size=(5 * P + 3, 7 * P, 3), dtype=np.uint8)
+    grid_h, grid_w = 6, 8
+    expected = reference_patches(image, grid_h, grid_w, P)
+    assert np.array_equal(patchify_numpy(image, grid_h, grid_w, P), expected)
+    banded = np.full_like(expected, 77)
+    for rows in ((0, 2 * P), (2 * P, image.shape[0])):
+        write_patch_rows(image, IDENTITY_TABLE, banded, grid_w, rows=rows)
+    assert np.array_equal(banded, expected)
+    shifted = ((np.arange(256)[:, None] + np.array([1, 2, 3])) % 256).astype(np.uint8)
+    looked_up = shifted[expected, np.arange(3)[:, None, None]]
+    assert np.array_equal(write_patches_numpy(image, shifted, grid_h, grid_w, P), looked_up)
+    assert np.array_equal(patchify_numpy(image, 5, 7, 16), reference_patches(image, 5, 7, 16))
 
 
 def test_padding_is_zero_in_patches_and_table_zero_in_pixel_values() -> None:

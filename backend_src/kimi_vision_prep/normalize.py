@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numba import njit, prange, uint64
+from llvmlite import ir
+from numba import njit, prange, types, uint64
+from numba.extending import intrinsic, overload
 
 from kimi_vision_common.patches import expand_with_table
 
@@ -112,21 +114,94 @@ def _concatenate_torch(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 # ``tables`` (the table transposed, :func:`_channel_tables`).
 
 
+@intrinsic
+def _split_pixels(  # noqa: PLR0917
+    typingctx: Any,
+    image: types.Array,
+    i: types.Integer,
+    out: types.Array,
+    j: types.Integer,
+    pixels: types.IntegerLiteral,
+) -> Any:
+    """``out.flat[j + c*n*n + x] = image.flat[i + 3*x + c]`` for ``x < n`` (``n = pixels``, a
+    constant) and each channel ``c``: ``n`` RGB pixels split into the first row of each of a
+    patch's three ``n x n`` planes. One ``3n``-byte load, a byte shuffle a channel and an
+    ``n``-byte store each (LLVM lowers them to the host's vector permutes); uint8 C-contiguous
+    arrays, offsets in bytes."""
+    arrays_ok = all(isinstance(a, types.Array) and a.dtype == types.uint8 and a.layout == "C" for a in (image, out))
+    if not (arrays_ok and isinstance(pixels, types.IntegerLiteral)):
+        return None
+    n = pixels.literal_value
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> ir.Value:
+        image_in, offset_in, out_in, offset_out, _ = args
+        byte, index = ir.IntType(8), ir.IntType(32)
+        source = context.make_array(signature.args[0])(context, builder, image_in).data
+        target = context.make_array(signature.args[2])(context, builder, out_in).data
+        row_type = ir.VectorType(byte, 3 * n).as_pointer()
+        row = builder.load(builder.bitcast(builder.gep(source, [offset_in]), row_type), align=1)
+        for c in range(3):
+            plane = builder.shuffle_vector(
+                row, row, ir.Constant(ir.VectorType(index, n), [3 * x + c for x in range(n)])
+            )
+            at = builder.add(offset_out, ir.Constant(offset_out.type, c * n * n))
+            builder.store(
+                plane, builder.bitcast(builder.gep(target, [at]), ir.VectorType(byte, n).as_pointer()), align=1
+            )
+        return context.get_dummy_value()
+
+    return types.void(image, i, out, j, pixels), codegen
+
+
+SPLIT_SIDE = 14  # the Kimi presets' patch_size: the side whose whole patches :func:`_split_patch` writes
+
+
+def _split_patch(image: np.ndarray, out: np.ndarray, n: int, y0: int, x0: int) -> bool:
+    """Patch ``n`` of ``out`` with no lookup, ``out[n, c, y, x] = image[y0 + y, x0 + x, c]`` for the
+    whole ``14 x 14`` patch, a row of pixels at a time (:func:`_split_pixels`); True. An ``out``
+    of another dtype than uint8 is left alone: False. (Compiled by numba from the overload below,
+    so that a kernel of any dtype compiles with the call in it.)"""
+    raise NotImplementedError("numba compiles _split_patch from its overload")
+
+
+# numba requires the implementations' parameters to be the typing function's, annotations included.
+@overload(_split_patch, inline="always")
+def _split_patch_overload(image: Any, out: Any, n: Any, y0: Any, x0: Any) -> Any:
+    def leave(image: Any, out: Any, n: Any, y0: Any, x0: Any) -> bool:
+        return False
+
+    def split(image: Any, out: Any, n: Any, y0: Any, x0: Any) -> bool:
+        side, width = uint64(SPLIT_SIDE), uint64(image.shape[1])
+        for y in range(side):
+            _split_pixels(
+                image, ((y0 + y) * width + x0) * uint64(3), out, (n * uint64(3) * side + y) * side, SPLIT_SIDE
+            )
+        return True
+
+    return split if out.dtype == types.uint8 else leave
+
+
 @njit(cache=True, nogil=True)
-def _patch_row_by_pixel(image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int, gy: int) -> None:
+def _patch_row_by_pixel(  # noqa: PLR0917
+    image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int, gy: int, identity: bool
+) -> None:
     """Patch row ``gy``: ``out[gy*grid_w + gx, c, y, x] = tables[c, image[gy*p + y, gx*p + x, c]]``
     (``tables[c, 0]`` past the edge), each pixel's three bytes read once: the faster order for
-    uint8 patches.
+    uint8 patches. With ``identity`` (``tables[c, v] == v``) whole 14x14 patches are split without
+    the lookup (:func:`_split_patch`: 6.5x faster on a 7 MB uint8 output, one thread).
 
     The edge test is per patch row, not per element: the inner loops are branch-free (measured
     1.1-2x faster than a per-element bounds test)."""
     zero, p, height, width = uint64(0), uint64(out.shape[2]), uint64(image.shape[0]), uint64(image.shape[1])
     y0, grid_w_u = uint64(gy) * p, uint64(grid_w)
     rows = min(p, height - y0) if height > y0 else zero
+    split = identity and p == SPLIT_SIDE and rows == p
     t0, t1, t2 = tables[0], tables[1], tables[2]
     for gx in range(grid_w_u):
         n, x0 = uint64(gy) * grid_w_u + gx, gx * p
         cols = min(p, width - x0) if width > x0 else zero
+        if split and cols == p and _split_patch(image, out, n, y0, x0):
+            continue
         for y in range(p):
             filled = cols if y < rows else zero
             src = image[y0 + y] if y < rows else image[0]
@@ -165,11 +240,22 @@ def _patch_row_by_plane(image: np.ndarray, tables: np.ndarray, out: np.ndarray, 
                     o[x] = table[0]
 
 
+@njit(cache=True, nogil=True)
+def _is_identity(tables: np.ndarray) -> bool:
+    """Whether ``tables[c, v] == v`` for every channel ``c`` and value ``v`` (:data:`IDENTITY_TABLE`)."""
+    for c in range(tables.shape[0]):
+        for v in range(tables.shape[1]):
+            if tables[c, v] != v:
+                return False
+    return True
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def _write_patches_by_pixel(image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int) -> None:
     """Every patch row of ``out`` (:func:`_patch_row_by_pixel`), on numba's threads."""
+    identity = _is_identity(tables)
     for gy in prange(out.shape[0] // grid_w):
-        _patch_row_by_pixel(image, tables, out, grid_w, gy)
+        _patch_row_by_pixel(image, tables, out, grid_w, gy, identity)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -183,12 +269,12 @@ def _write_patches_by_plane(image: np.ndarray, tables: np.ndarray, out: np.ndarr
 def _write_patches_here(image: np.ndarray, tables: np.ndarray, out: np.ndarray, grid_w: int) -> None:
     """Every patch row of ``out`` on the calling thread, in the order its dtype prefers: no
     threading layer is entered, so several threads may run it at once (row bands)."""
-    by_plane = out.itemsize >= 4
+    by_plane, identity = out.itemsize >= 4, _is_identity(tables)
     for gy in range(out.shape[0] // grid_w):
         if by_plane:
             _patch_row_by_plane(image, tables, out, grid_w, gy)
         else:
-            _patch_row_by_pixel(image, tables, out, grid_w, gy)
+            _patch_row_by_pixel(image, tables, out, grid_w, gy, identity)
 
 
 @register_kernel("write_patches", NUMPY)
