@@ -6,7 +6,7 @@ a corpus photo: x264 with its defaults, x264 with short open GOPs, MPEG-4 with B
 FFmpeg's thread count and at one thread a core: the faster of the two) vs the plain reference
 (``tests/reference.py``: every frame decoded and converted, Pillow resize, numpy); sampled
 frames/s and chunks/s; the RSS while streaming the longest clip (sampled after every chunk: it
-stays flat when one chunk is held at a time). Served (an embedded tritonserver, gRPC): time to
+stays flat when at most two chunks are held). Served (an embedded tritonserver, gRPC): time to
 the first chunk vs the whole video; one K=8 request vs 8 single requests; ``count_tokens`` (the
 tokens model) vs full preprocessing of the same images.
 

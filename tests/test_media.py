@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +19,9 @@ from make_inputs import CORPUS, corpus_names, encode_clip, video_clips
 from PIL import Image
 
 import kimi_vision_prep as kvp
+from kimi_vision_common.errors import InvalidVideoError
 from kimi_vision_common.wire import NUM_TOKENS_DTYPE
+from kimi_vision_prep import video, video_decode
 from kimi_vision_prep.video import chunk_target, chunk_timestamp, sample_frame_indices
 
 PRESET_NAMES = ("kimi-k2.5", "kimi-k3")
@@ -144,6 +148,31 @@ def test_several_chunks_with_a_short_last_one(clips: dict[str, bytes]) -> None:
     chunks = list(kvp.preprocess_video(clips["h264_29.97fps_320x240.mp4"], "kimi-k3"))
     assert [len(c.frame_indices) for c in chunks] == [4, 4, 3]  # n = round(40 * 8 / 29.97) = 11
     assert chunks[-1].grid_thw[0] == 3 and chunks[-1].num_tokens == chunks[0].num_tokens
+
+
+def test_chunks_complete_before_a_decode_error_go_out_first(
+    clips: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk is yielded once its frames are written, which may be after the next chunk's frames
+    came in: with writes that are never seen done early, a decoder failing after 9 frames (K3:
+    chunks of 4) still hands out the two complete chunks, equal to an undisturbed run's, then raises."""
+    data = clips["h264_29.97fps_320x240.mp4"]
+    expected = list(kvp.preprocess_video(data, "kimi-k3"))
+    frames_of = video_decode.FrameProducer.__iter__
+
+    def failing(producer: video_decode.FrameProducer) -> Iterator[tuple[int, Any]]:
+        for count, item in enumerate(frames_of(producer)):
+            if count == 9:
+                raise InvalidVideoError("the decoder failed")
+            yield item
+
+    monkeypatch.setattr(video_decode.FrameProducer, "__iter__", failing)
+    monkeypatch.setattr(video._FrameWriters, "ready", lambda self: False)  # as if the writes lagged
+    got = []
+    with pytest.raises(InvalidVideoError, match="the decoder failed"):
+        got.extend(kvp.preprocess_video(data, "kimi-k3"))
+    assert [c.frame_indices for c in got] == [c.frame_indices for c in expected[:2]]
+    assert all(a.pixel_values.tobytes() == b.pixel_values.tobytes() for a, b in zip(got, expected, strict=False))
 
 
 def test_uint8_route_expands_to_pixel_values(clips: dict[str, bytes]) -> None:
