@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from kimi_vision_prep.numba_runtime import IDLE_SPIN_SETTING
 
 CHILD = """
@@ -90,3 +92,45 @@ def test_a_wait_policy_the_process_chose_is_kept() -> None:
     counts, report = libgomp_spin_counts("library-only", OMP_WAIT_POLICY="active")
     assert counts != [IDLE_SPIN_SETTING[1]] and len(counts) == 1
     assert report == "omp False active"
+
+
+# The parent runs every pool once (a lone JPEG's row bands, the batch threads, the video frame
+# writers, numba's threads: a parallel kernel on the main thread too), then forks; the child,
+# which has none of those threads, repeats it.
+FORK_CHILD = """
+import os, sys
+import numba
+import numpy as np
+sys.path.insert(0, "tests")
+from make_inputs import jpeg_rgb, rgb_pattern, video_clips
+import kimi_vision_prep as kvp
+from kimi_vision_prep.normalize import patchify
+images = [jpeg_rgb(1800, 1300, seed=1), jpeg_rgb(640, 480, seed=2)]
+clip = video_clips()["h264_29.97fps_320x240.mp4"]
+pixels = rgb_pattern(1400, 1000)
+def run():
+    lone = kvp.preprocess_bytes(images[0]).pixel_values
+    batch = [r.pixel_values for r in kvp.preprocess_batch(images)]
+    chunks = [c.pixel_values for c in kvp.preprocess_video(clip)]
+    return [lone, *batch, *chunks, patchify(pixels, 72, 100, 14)]
+parent = run()
+print(numba.threading_layer())
+pid = os.fork()
+if pid == 0:
+    child = run()
+    os._exit(0 if all(np.array_equal(a, b) for a, b in zip(parent, child, strict=True)) else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("layer", ["omp", "workqueue"])
+def test_a_forked_child_preprocesses_like_its_parent(layer: str) -> None:
+    """Engines fork workers after using the library (a data loader's workers, a preloading
+    server): the child makes its own threads and gets the parent's pixels, instead of waiting on
+    threads that were not forked or being killed by numba's GNU OpenMP guard (the timeout only
+    ends a hang)."""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": layer}
+    command = [sys.executable, "-c", FORK_CHILD]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.split() == [layer, "0"], done.stderr[-2000:]

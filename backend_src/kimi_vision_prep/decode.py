@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -150,12 +151,20 @@ class ImageDecoder:
         self.codec_threads = codec_threads
         self.cpu_decode_threads = cpu_decode_threads
         self.stats = stats or DecodeStats()
-        self.pool: DecodePool[Any] = DecodePool(
-            self._make_decoder, cap=pool_size, timeout_s=pool_timeout_s, name=f"nvImageCodec decoder ({device})"
-        )
         self._codec: Any = None
         self._codec_error: str | None = None
         self._codec_lock = threading.Lock()
+        self._start_threads(pool_size, pool_timeout_s)
+        _decoders.add(self)
+
+    def _start_threads(self, pool_size: int, pool_timeout_s: float) -> None:
+        """What runs on threads, made anew: at construction, and in a forked child, where the
+        parent's threads (this decoder's pool, nvImageCodec's own) do not exist, so work handed to
+        them would wait forever (``os.register_at_fork``, below). The thread pool and the
+        nvImageCodec decoders are made on first use."""
+        self.pool: DecodePool[Any] = DecodePool(
+            self._make_decoder, cap=pool_size, timeout_s=pool_timeout_s, name=f"nvImageCodec decoder ({self.device})"
+        )
         self._thread_pool: ThreadPoolExecutor | None = None  # made on first use (_threads)
         self._thread_pool_lock = threading.Lock()
         self._bands = jpeg_bands.BandDecoder(self.cpu_workers - 1, self._threads)
@@ -411,6 +420,15 @@ class ImageDecoder:
 
 _default_decoders: dict[str, ImageDecoder] = {}
 _default_lock = threading.Lock()
+_decoders: weakref.WeakSet[ImageDecoder] = weakref.WeakSet()  # every decoder alive, for a forked child
+
+
+def _after_fork_in_child() -> None:
+    for decoder in list(_decoders):
+        decoder._start_threads(decoder.pool.cap, decoder.pool.timeout_s)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_decoder(device: str = "cpu") -> ImageDecoder:

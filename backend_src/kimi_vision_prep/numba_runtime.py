@@ -15,15 +15,17 @@ read-only view, a Triton input tensor), the kernels see one signature, warmed up
 
 numba's threading layer is started when this module is imported (:func:`start_kernel_threads`;
 its OpenMP threads start with the first kernel), their idle workers spinning briefly before they
-sleep.
+sleep. A child forked after that runs kernels too (:func:`_after_fork_in_child`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numba
@@ -38,8 +40,10 @@ SERIAL_WORK_LIMIT = 1 << 18
 
 
 def set_num_threads(n: int) -> None:
-    """numba threads used by the CPU kernels of this process (clamped to ``1..NUMBA_NUM_THREADS``)."""
-    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    """numba threads of the calling thread's CPU kernels (clamped to ``1..NUMBA_NUM_THREADS``; 1
+    on the thread that forked this process from one using GNU OpenMP, :func:`_after_fork_in_child`)."""
+    single = threading.get_ident() == _forked_from_openmp.thread
+    numba.set_num_threads(1 if single else max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
 @contextlib.contextmanager
@@ -100,6 +104,43 @@ def start_kernel_threads() -> None:
 
 
 start_kernel_threads()
+
+
+@dataclass
+class _ForkedFromOpenMP:
+    """In a child forked (``os.fork``) after numba's omp layer started in the parent: the thread
+    that called fork. None elsewhere."""
+
+    thread: int | None = None
+
+
+_forked_from_openmp = _ForkedFromOpenMP()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a data loader's workers, a server that preloads then forks) inherits the omp
+    layer the import started, but not its threads. numba's GNU OpenMP layer then kills the child
+    at its first parallel kernel ("fork() called from a process already using GNU OpenMP"): its
+    guard compares the parent's pid with the pid recorded when the layer started. Recording the
+    child's (numba's own ``launch_threads`` again) lets kernels run: threads the child starts have
+    fresh libgomp pools; the thread that forked keeps its parent's pool, whose threads do not
+    exist here, so its kernels run on it alone (a team of one uses no pool)."""
+    try:
+        layer = numba.threading_layer()
+    except ValueError:
+        return
+    if layer != "omp":
+        return
+    from numba.np.ufunc import omppool
+
+    if omppool.openmp_vendor != "GNU":
+        return
+    ctypes.CFUNCTYPE(None, ctypes.c_int)(omppool.launch_threads)(numba.config.NUMBA_NUM_THREADS)
+    _forked_from_openmp.thread = threading.get_ident()
+    numba.set_num_threads(1)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def kernel_lock() -> contextlib.AbstractContextManager[Any]:

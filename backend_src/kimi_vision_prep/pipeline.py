@@ -249,6 +249,10 @@ def _batch_pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(workers, thread_name_prefix="kimi-prep-batch")
 
 
+# A forked child has none of the parent's threads: it makes its own pools.
+os.register_at_fork(after_in_child=_batch_pool.cache_clear)
+
+
 def batch_workers() -> int:
     """:func:`preprocess_batch`'s default workers: 2 where there are 2 cores or more (one decoding
     while the other runs kernels), else 1."""

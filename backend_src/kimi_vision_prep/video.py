@@ -287,6 +287,9 @@ def _frame_pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(workers, thread_name_prefix="kimi-prep-frames")
 
 
+os.register_at_fork(after_in_child=_frame_pool.cache_clear)  # a forked child makes its own threads
+
+
 class _FrameList(list):  # type: ignore[type-arg]
     """A chunk's frames kept as they come."""
 
