@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import os
 import threading
 import weakref
 from collections.abc import Iterator
@@ -177,6 +178,9 @@ class _FreeList:
 
 
 _free_list = _FreeList()
+# A forked child starts with an empty free list and its own lock: another thread of the parent may
+# have held the lock, or been between the two lists' updates, when the process forked.
+os.register_at_fork(after_in_child=_free_list.__init__)
 
 
 class _Lease:
