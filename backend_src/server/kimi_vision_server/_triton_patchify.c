@@ -293,7 +293,7 @@ static void write_patches(const uint8_t *image, size_t height, size_t width, con
   __builtin_cpu_init();
   const bool vector = !values && p == SPLIT_SIDE && __builtin_cpu_supports("ssse3");
   __m128i masks[3][3];
-  split_masks(masks);
+  if (vector) split_masks(masks); /* read by split_patch14 only */
 #endif
   for (size_t gy = 0; gy < grid_h; gy++) {
     const size_t y0 = gy * p;
