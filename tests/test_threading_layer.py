@@ -95,10 +95,11 @@ def test_a_wait_policy_the_process_chose_is_kept() -> None:
 
 
 # The parent runs every pool once (a lone JPEG's row bands, the batch threads, the video frame
-# writers, numba's threads: a parallel kernel on the main thread too), then forks; the child,
-# which has none of those threads, repeats it.
+# writers, numba's threads: a parallel kernel on the main thread too), then forks while another
+# of its threads holds every lock the library takes; the child, which has none of those threads
+# and whose copies of the locks are held by nobody, repeats it.
 FORK_CHILD = """
-import os, sys
+import contextlib, os, sys, threading
 import numba
 import numpy as np
 sys.path.insert(0, "tests")
@@ -117,11 +118,27 @@ parent = run()
 kvp.preprocess_bytes(images[0])  # dropped: its output's block goes to the free list
 assert kvp.buffer_stats()["recycled_bytes"] > 0
 print(numba.threading_layer())
+from kimi_vision_prep import buffers, decode, numba_runtime
+decoder = decode.default_decoder()
+locks = [decode._default_lock, buffers._arenas_lock, buffers._free_list._lock, numba_runtime.numba_lock,
+         decoder._codec_lock, decoder._callers_lock, decoder._thread_pool_lock, decoder.pool._cond, decoder.stats._lock]
+holding, forked = threading.Event(), threading.Event()
+def hold():
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        holding.set()
+        forked.wait()
+holder = threading.Thread(target=hold)
+holder.start()
+holding.wait()
 pid = os.fork()
 if pid == 0:
     fresh = kvp.buffer_stats()["recycled_bytes"] == 0  # the parent's free blocks are not the child's
     child = run()
     os._exit(0 if fresh and all(np.array_equal(a, b) for a, b in zip(parent, child, strict=True)) else 3)
+forked.set()
+holder.join()
 _, status = os.waitpid(pid, 0)
 print(os.waitstatus_to_exitcode(status))
 """
@@ -130,9 +147,9 @@ print(os.waitstatus_to_exitcode(status))
 @pytest.mark.parametrize("layer", ["omp", "workqueue"])
 def test_a_forked_child_preprocesses_like_its_parent(layer: str) -> None:
     """Engines fork workers after using the library (a data loader's workers, a preloading
-    server): the child makes its own threads and gets the parent's pixels, instead of waiting on
-    threads that were not forked or being killed by numba's GNU OpenMP guard (the timeout only
-    ends a hang)."""
+    server): the child makes its own threads and locks and gets the parent's pixels, instead of
+    waiting on threads that were not forked, on locks a thread of the parent held at the fork, or
+    being killed by numba's GNU OpenMP guard (the timeout only ends a hang)."""
     env = {**os.environ, "NUMBA_THREADING_LAYER": layer}
     command = [sys.executable, "-c", FORK_CHILD]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True)

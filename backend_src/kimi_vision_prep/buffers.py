@@ -178,9 +178,17 @@ class _FreeList:
 
 
 _free_list = _FreeList()
-# A forked child starts with an empty free list and its own lock: another thread of the parent may
-# have held the lock, or been between the two lists' updates, when the process forked.
-os.register_at_fork(after_in_child=_free_list.__init__)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with an empty free list and new locks: another thread of the parent
+    may have held a lock, or been between the free list's two updates, when the process forked."""
+    global _arenas_lock  # noqa: PLW0603
+    _arenas_lock = threading.Lock()
+    _free_list.__init__()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Lease:

@@ -99,6 +99,10 @@ class DecodeStats:
         with self._lock:
             return {"paths": dict(self.paths), "fallbacks": dict(self.fallbacks)}
 
+    def unlock_after_fork(self) -> None:
+        """A new lock, in a forked child: a thread that held the old one at the fork is gone."""
+        self._lock = threading.Lock()
+
 
 def _parse_device(device: str) -> tuple[str, int]:
     if device == "cpu":
@@ -153,15 +157,16 @@ class ImageDecoder:
         self.stats = stats or DecodeStats()
         self._codec: Any = None
         self._codec_error: str | None = None
-        self._codec_lock = threading.Lock()
         self._start_threads(pool_size, pool_timeout_s)
         _decoders.add(self)
 
     def _start_threads(self, pool_size: int, pool_timeout_s: float) -> None:
-        """What runs on threads, made anew: at construction, and in a forked child, where the
-        parent's threads (this decoder's pool, nvImageCodec's own) do not exist, so work handed to
-        them would wait forever (``os.register_at_fork``, below). The thread pool and the
-        nvImageCodec decoders are made on first use."""
+        """What runs on threads, and the locks, made anew: at construction, and in a forked child,
+        where the parent's threads (this decoder's pool, nvImageCodec's own) do not exist, so work
+        handed to them would wait forever, and a lock one of them held at the fork would never be
+        released (``os.register_at_fork``, below). The thread pool and the nvImageCodec decoders
+        are made on first use."""
+        self._codec_lock = threading.Lock()
         self.pool: DecodePool[Any] = DecodePool(
             self._make_decoder, cap=pool_size, timeout_s=pool_timeout_s, name=f"nvImageCodec decoder ({self.device})"
         )
@@ -424,8 +429,11 @@ _decoders: weakref.WeakSet[ImageDecoder] = weakref.WeakSet()  # every decoder al
 
 
 def _after_fork_in_child() -> None:
+    global _default_lock  # noqa: PLW0603 - a lock another thread held at the fork stays held
+    _default_lock = threading.Lock()
     for decoder in list(_decoders):
         decoder._start_threads(decoder.pool.cap, decoder.pool.timeout_s)
+        decoder.stats.unlock_after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

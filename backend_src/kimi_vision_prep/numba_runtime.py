@@ -124,7 +124,10 @@ def _after_fork_in_child() -> None:
     guard compares the parent's pid with the pid recorded when the layer started. Recording the
     child's (numba's own ``launch_threads`` again) lets kernels run: threads the child starts have
     fresh libgomp pools; the thread that forked keeps its parent's pool, whose threads do not
-    exist here, so its kernels run on it alone (a team of one uses no pool)."""
+    exist here, so its kernels run on it alone (a team of one uses no pool). :data:`numba_lock` is
+    made anew: a thread of the parent may have held it at the fork."""
+    global numba_lock  # noqa: PLW0603
+    numba_lock = threading.Lock()
     try:
         layer = numba.threading_layer()
     except ValueError:
