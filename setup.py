@@ -38,7 +38,7 @@ setup(
         # The CPU fast route for clean JPEGs (libjpeg-turbo 3, SIMD; bit-equal to Pillow, decode.py).
         "simplejpeg==1.9.0",
         # FFmpeg through PyAV: video decode (its wheels bundle FFmpeg; tests also encode clips with it).
-        "av>=14",
+        "av>=17",  # VideoReformatter.reformat(threads=...)
     ],
     extras_require={
         # KimiVisionProcessor as a transformers BaseImageProcessor (plain class without it).

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 import pytest
 import reference
-from make_inputs import CORPUS, corpus_names, encode_clip, video_clips
+from make_inputs import CORPUS, corpus_names, encode_clip, photo_frames, video_clips
 from PIL import Image
 
 import kimi_vision_prep as kvp
@@ -142,6 +143,38 @@ def test_videos_equal_reference(clips: dict[str, bytes], preset: str) -> None:
         assert len(ours) == len(ref), name
         for i, (chunk, expected) in enumerate(zip(ours, ref, strict=True)):
             assert_chunk_equal(chunk, expected, f"{preset} {name} chunk {i}")
+
+
+def test_frames_whose_size_format_and_colour_change_mid_stream_equal_reference() -> None:
+    """A video's frames go through one swscale context: where a frame's size, pixel format, colour
+    matrix or range differs from the one before, the conversion is still the reference's
+    (``to_ndarray`` per frame). MPEG-TS segments, concatenated, each its own settings; chunks
+    mix frames of two segments."""
+    photo = "pil__xmp_test.jpg"
+    segments = [
+        encode_clip(photo_frames(photo, 320, 240, 30), 25, container="mpegts"),
+        encode_clip(photo_frames(photo, 256, 192, 30), 25, container="mpegts", pix_fmt="yuvj420p"),
+        encode_clip(
+            photo_frames(photo, 320, 240, 30), 25, container="mpegts", options={"x264-params": "colormatrix=bt709"}
+        ),
+        encode_clip(photo_frames(photo, 320, 240, 30), 25, container="mpegts", pix_fmt="yuv444p"),
+    ]
+    data = b"".join(segments)
+    with av.open(io.BytesIO(data)) as container:
+        frames = list(container.decode(video=0))
+    kinds = {(f.width, f.height, f.format.name, int(f.colorspace), int(f.color_range)) for f in frames}
+    assert len({kind[:3] for kind in kinds}) == 3 and len({kind[3:] for kind in kinds}) >= 3, kinds
+    # The tags change the pixels: a context kept set up for the frame before would differ.
+    tagged = next(f for f in frames if f.colorspace == 1)  # AVCOL_SPC_BT709
+    as_tagged = tagged.to_ndarray(format="rgb24")
+    tagged.colorspace = 2  # AVCOL_SPC_UNSPECIFIED, as the first segment's frames are
+    assert not np.array_equal(as_tagged, tagged.to_ndarray(format="rgb24"))
+    for preset in PRESET_NAMES:
+        ours = list(kvp.preprocess_video(data, preset))
+        ref = reference.reference_video(data, preset)
+        assert len(ours) == len(ref) > 1, preset
+        for i, (chunk, expected) in enumerate(zip(ours, ref, strict=True)):
+            assert_chunk_equal(chunk, expected, f"{preset} chunk {i}")
 
 
 def test_several_chunks_with_a_short_last_one(clips: dict[str, bytes]) -> None:
