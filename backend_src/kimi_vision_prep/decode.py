@@ -157,10 +157,10 @@ class ImageDecoder:
         self.stats = stats or DecodeStats()
         self._codec: Any = None
         self._codec_error: str | None = None
-        self._start_threads(pool_size, pool_timeout_s)
+        self._start_threads_and_locks(pool_size, pool_timeout_s)
         _decoders.add(self)
 
-    def _start_threads(self, pool_size: int, pool_timeout_s: float) -> None:
+    def _start_threads_and_locks(self, pool_size: int, pool_timeout_s: float) -> None:
         """What runs on threads, and the locks, made anew: at construction, and in a forked child,
         where the parent's threads (this decoder's pool, nvImageCodec's own) do not exist, so work
         handed to them would wait forever, and a lock one of them held at the fork would never be
@@ -432,7 +432,7 @@ def _after_fork_in_child() -> None:
     global _default_lock  # noqa: PLW0603 - a lock another thread held at the fork stays held
     _default_lock = threading.Lock()
     for decoder in list(_decoders):
-        decoder._start_threads(decoder.pool.cap, decoder.pool.timeout_s)
+        decoder._start_threads_and_locks(decoder.pool.cap, decoder.pool.timeout_s)
         decoder.stats.unlock_after_fork()
 
 
