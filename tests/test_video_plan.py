@@ -19,8 +19,12 @@ from make_inputs import planned_clips, video_clips
 from test_media import assert_chunk_equal
 
 import kimi_vision_prep as kvp
+from kimi_vision_prep import video_decode
+from kimi_vision_prep.frame_types import fresh_entries
 from kimi_vision_prep.video import sample_frame_indices
 from kimi_vision_prep.video_decode import PLANNED_CODECS, VideoInfo, decode_plan, probe_video
+
+opened = video_decode._open
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +39,16 @@ def chunks_and_decoded(data: bytes, preset: str | kvp.Preset) -> tuple[list[kvp.
 
 
 @pytest.mark.parametrize("preset", ["kimi-k2.5", "kimi-k3"])
-def test_sampled_decode_equals_the_reference(clips: dict[str, bytes], preset: str) -> None:
-    skipped = 0
+def test_sampled_decode_equals_the_reference(
+    clips: dict[str, bytes], preset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    second_opens: list[dict[str, str] | None] = []  # each open's options (a second decoder's skips the probe)
+    monkeypatch.setattr(
+        video_decode, "_open", lambda data, options=None: second_opens.append(options) or opened(data, options)
+    )
+    skipped = segmented = 0
     for name, data in clips.items():
+        opens = len(second_opens)
         ours, decoded = chunks_and_decoded(data, preset)
         ref = reference.reference_video(data, preset)
         assert len(ours) == len(ref), name
@@ -45,11 +56,18 @@ def test_sampled_decode_equals_the_reference(clips: dict[str, bytes], preset: st
             assert_chunk_equal(chunk, expected, f"{preset} {name} chunk {i}")
         info = probe_video(data)
         plan = decode_plan(info, sample_frame_indices(info.packets, info.fps, kvp.get_preset(preset)))
-        # The decoder gave exactly the frames the plan read as references, and the sampled ones.
-        assert plan is not None and not plan.optional and decoded == len(plan.shown), name
+        # The decoders gave the frames the plan read as references and the sampled ones, and at
+        # most the leading frames of the GOPs a segment starts at (an open GOP's refer to the GOP before).
+        assert plan is not None and len(plan.shown) <= decoded <= len(plan.shown) + len(plan.optional), name
         skipped += decoded < info.packets
+        segmented += len(plan.segments) > 1
+        assert second_opens[opens:].count({"skip_frame": "all"}) == (len(plan.segments) > 1), name
     if preset == "kimi-k2.5":  # 2 frames a second of 25: B-frames no frame refers to are skipped
         assert skipped == len(clips)
+        # Each clip of several GOPs (not the two of one GOP, nor MPEG-2, whose decoder state is not
+        # read) is decoded in segments, two decoders at once (under K3 sampled leading frames tie
+        # most GOPs to the one before).
+        assert segmented == len(clips) - 3
 
 
 @pytest.mark.parametrize("frames", [2, 3, 5, 7, 9])
@@ -140,3 +158,66 @@ def test_a_damaged_stream_is_the_references_or_refused(clips: dict[str, bytes]) 
                 assert_chunk_equal(chunk, expected, f"{name} packet {k} zeroed, chunk {i}")
             outcomes.add("exact")
     assert outcomes == {"exact", "refused"}
+
+
+def annex_b(*nals: bytes) -> bytes:
+    return b"".join(b"\x00\x00\x00\x01" + nal for nal in nals)
+
+
+def test_a_fresh_decoder_starts_only_where_it_decodes_as_one_that_read_on() -> None:
+    """A key packet is a segment's start only where a decoder starting there keeps what one that
+    read every packet before it keeps: the parameter sets (from the extradata or the packet),
+    film grain SEI, and a picture decoding can start at (IDR, or I after a recovery point)."""
+    sps, pps, other_sps = b"\x67\x64\x00\x1f\xac", b"\x68\xeb\xe3", b"\x67\x64\x00\x28\xac"
+    idr, i_slice, p_slice = b"\x65\x88\x84", b"\x41\x88\x84", b"\x41\x9a\x00"  # slice_type 7 (I), 5 (P)
+    recovery = b"\x06\x06\x01\x80\x80"  # SEI: a recovery point, recovery_frame_cnt 0
+    film_grain = b"\x06\x13\x01\x80\x80"
+    x264 = b"\x06\x05\x1f" + bytes(16) + b"x264 - core 164\x80"  # SEI: user data (a 16-byte UUID, text)
+    stream = [annex_b(sps, pps, idr), annex_b(p_slice), annex_b(idr), annex_b(recovery, i_slice), annex_b(i_slice)]
+    keys = [True, False, True, True, True]
+    assert fresh_entries("h264", annex_b(sps, pps), stream, keys) == ((2, 3), None)
+    # Parameter sets only in the first packet: a key packet qualifies where it repeats them.
+    assert fresh_entries("h264", None, stream, keys) == ((), None)
+    assert fresh_entries("h264", None, [*stream, annex_b(sps, pps, idr)], [*keys, True]) == ((5,), None)
+    # A parameter set sent in-band after the extradata's, or a film grain SEI: not where it is not repeated.
+    assert fresh_entries("h264", annex_b(sps, pps), [stream[0], annex_b(other_sps, p_slice), *stream[2:]], keys) == (
+        (),
+        None,
+    )
+    with_grain = [stream[0], annex_b(film_grain, p_slice), *stream[2:]]
+    assert fresh_entries("h264", annex_b(sps, pps), with_grain, keys) == ((), None)
+    # x264's version SEI in the first packet: a fresh decoder is told the build; none from a packet
+    # that names another (or one where the first packet named none).
+    assert fresh_entries("h264", annex_b(sps, pps), [annex_b(x264, idr), *stream[1:]], keys) == ((2, 3), 164)
+    two_builds = [annex_b(x264, idr), *stream[1:3], annex_b(x264.replace(b"164", b"150"), recovery, i_slice)]
+    assert fresh_entries("h264", annex_b(sps, pps), two_builds, [*keys[:4]]) == ((2,), 164)
+    named_late = [*stream[:3], annex_b(x264, recovery, i_slice)]
+    assert fresh_entries("h264", annex_b(sps, pps), named_late, [*keys[:4]]) == ((2,), None)
+    # MPEG-4: the encoder's user data (FFmpeg picks workarounds from it) outside the extradata.
+    vol, user_data = b"\x00\x00\x01\x20\x08\xc8", b"\x00\x00\x01\xb2XviD0050"
+    i_vop, p_vop = b"\x00\x00\x01\xb6\x10", b"\x00\x00\x01\xb6\x50"
+    mpeg4 = [i_vop, p_vop, i_vop, p_vop]
+    assert fresh_entries("mpeg4", vol, mpeg4, [True, False, True, True]) == ((2,), None)
+    assert fresh_entries("mpeg4", vol, [user_data + i_vop, *mpeg4[1:]], [True, False, True, True]) == ((), None)
+    assert fresh_entries("mpeg2video", None, mpeg4, [True, False, True, True]) == ((), None)
+
+
+def test_segments_start_at_fresh_entries_of_an_unbroken_stream() -> None:
+    # Decode order: I0 P3 B1 B2 | I6 B4 B5 P9 B7 B8 | I12 B10 B11 (open GOPs), entries at both I.
+    pts = [0, 3, 1, 2, 6, 4, 5, 9, 7, 8, 12, 10, 11]
+    keys = [k in (0, 4, 10) for k in range(len(pts))]
+    refs = [p % 3 == 0 for p in pts]
+    stream = dataclasses.replace(info(pts, keys, refs), fresh_entries=(4, 10))
+    plan = decode_plan(stream, [0, 7, 12])
+    assert [segment.runs for segment in plan.segments] == [((0, 4),), ((4, 10),), ((10, 13),)]
+    assert [segment.optional for segment in plan.segments] == [set(), {4, 5}, {10, 11}]
+    assert plan.shown == (0, 3, 6, 7, 9, 12)
+    # A sampled leading frame ties its GOP to the one before.
+    assert [segment.runs for segment in decode_plan(stream, [0, 5, 12]).segments] == [((0, 10),), ((10, 13),)]
+    # A GOP not sent: a flush within a segment where the entry does not qualify, a new segment where it does.
+    assert [s.runs for s in decode_plan(stream, [0, 12]).segments] == [((0, 4),), ((10, 13),)]
+    no_entries = dataclasses.replace(stream, fresh_entries=(4,))
+    assert [s.runs for s in decode_plan(no_entries, [0, 12]).segments] == [((0, 4), (10, 13))]
+    # A gap in time (a packet the demuxer lost): one decoder reads on, as the reference's does.
+    gap = dataclasses.replace(stream, pts=tuple(p + (p >= 8) for p in pts))
+    assert [s.runs for s in decode_plan(gap, [0, 7, 12]).segments] == [((0, 13),)]

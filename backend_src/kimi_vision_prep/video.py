@@ -199,7 +199,8 @@ def preprocess_video(
 
     The container is validated and its frames counted here (errors raise now); decoding happens as
     the iterator is consumed and stops when it is closed. ``threads``: FFmpeg decoder threads (0:
-    :func:`ffmpeg_threads`); ``on_frame`` is called once per decoded frame (e.g. a metric).
+    :func:`ffmpeg_threads`), shared out among the video's decoders (:func:`segment_decoders`; at
+    least one each); ``on_frame`` is called once per decoded frame (e.g. a metric).
     """
     if output not in PIXEL_OUTPUTS:
         raise ValueError(f"output must be one of {PIXEL_OUTPUTS}, got {output!r}")
@@ -225,6 +226,13 @@ def ffmpeg_threads(kernel_threads: int) -> int:
     of the seven clips of ``benchmarks/bench_media.py`` and 1.05x on the seventh (720p H.264;
     median of 9 paired runs, with two frame writers)."""
     return max(1, (os.cpu_count() or 1) - kernel_threads)
+
+
+def segment_decoders() -> int:
+    """Decoders that take a video's independent segments in turn (:class:`~.video_decode.FrameProducer`):
+    two where there are two cores or more (a GOP's reference frames form one chain, which one
+    decoder thread decodes no faster than two frame threads; two chains decode at once), else one."""
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
 def _chunk_results(chunks: Iterator[_Sampled]) -> Iterator[VideoChunkResult]:
@@ -401,7 +409,7 @@ def _sampled_chunks(
     on_frame: Callable[[], None] | None,
     new_chunk: Callable[[int], _FrameSink],
 ) -> Generator[_Sampled, None, tuple[int, int]]:
-    """Decode (in a thread: FFmpeg and numba release the GIL, so frames are written while the next
+    """Decode (in threads: FFmpeg and numba release the GIL, so frames are written while the next
     ones decode) by ``plan`` (None: every frame), hand each sampled frame to its chunk's sink
     (``new_chunk(frames)``) as it comes, yield each complete chunk once its sink is ready, and at
     the latest when the next one is complete (its consumer then waits for the writes while the
@@ -411,7 +419,8 @@ def _sampled_chunks(
     and one is open at a time."""
     chunks = chunked(indices, preset.temporal_merge_kernel_size)
     chunk_of = {index: number for number, chunk in enumerate(chunks) for index in chunk}
-    frames = FrameProducer(demuxed, threads, limits, set(chunk_of), plan, on_frame, preset.temporal_merge_kernel_size)
+    depth = preset.temporal_merge_kernel_size
+    frames = FrameProducer(demuxed, threads, limits, set(chunk_of), plan, on_frame, depth, segment_decoders())
     to_rgb = _RgbConverter()
     sink: _FrameSink | None = None
     waiting: _Sampled | None = None  # complete, its frames still being written

@@ -1,17 +1,18 @@
 """A video's frames through PyAV, decoding only what its sampled frames need.
 
 The first pass (:func:`demux`) opens the container once and lists the first video stream's
-packets (no decoding: each packet's pts, key flag and, from its picture header, whether its frame
-is a reference, :mod:`.frame_types`). The second pass decodes those packets by a
-:func:`decode_plan`: a frame that is not sampled is skipped by the decoder when nothing refers to
-it (``skip_frame`` "NONREF" for its packet), and a run of whole GOPs with no sampled frame is not
-sent to the decoder at all (drained and flushed before the next GOP, as after a seek). The plan
-applies where the frame count is the packet count: the packets' pts name each frame once, in a
-codec whose decoder gives one frame a packet (:data:`PLANNED_CODECS`); the decoder must then give
-exactly the frames the plan says (the references and the sampled frames, in order), else the
-video goes back to a full pass (:func:`every_frame`) before any frame is handed over, or is
-refused as damaged after. :class:`FrameProducer` runs a pass in a thread and hands the sampled
-frames over a bounded queue.
+packets (no decoding: each packet's pts, key flag and, from its bytes, whether its frame is a
+reference and whether a fresh decoder may start there, :mod:`.frame_types`). The second pass
+decodes those packets by a :func:`decode_plan`: a frame that is not sampled is skipped by the
+decoder when nothing refers to it (``skip_frame`` "NONREF" for its packet), a run of whole GOPs
+with no sampled frame is not sent to the decoder at all (drained and flushed before the next GOP,
+as after a seek), and the packets sent are cut into segments that decoders of their own decode at
+once. The plan applies where the frame count is the packet count: the packets' pts name each
+frame once, in a codec whose decoder gives one frame a packet (:data:`PLANNED_CODECS`); the
+decoders must then give exactly the frames the plan says (the references and the sampled frames,
+in order), else the video goes back to a full pass (:func:`every_frame`) before any frame is
+handed over, or is refused as damaged after. :class:`FrameProducer` runs a pass in threads and
+hands the sampled frames over bounded queues, in order.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
+import itertools
+import math
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +32,7 @@ from PIL import Image
 
 from kimi_vision_common.errors import InvalidVideoError, VideoTooLargeError
 
-from .frame_types import READERS, reference_reader
+from .frame_types import READERS, fresh_entries, reference_reader
 from .limits import VideoLimits
 
 
@@ -37,7 +40,9 @@ from .limits import VideoLimits
 class VideoInfo:
     """The first video stream as the first pass found it: its packets in decode order (``pts``,
     None where the container gives none; key flags; whether each frame is a reference, None where
-    :mod:`.frame_types` does not read the codec or the packet), ``average_rate``, frame size, codec."""
+    :mod:`.frame_types` does not read the codec or the packet), ``average_rate``, frame size, codec;
+    the key packets a fresh decoder may start at and the x264 build to tell it
+    (:func:`~.frame_types.fresh_entries`)."""
 
     pts: tuple[int | None, ...]
     keyframes: tuple[bool, ...]
@@ -46,6 +51,8 @@ class VideoInfo:
     width: int
     height: int
     codec: str
+    fresh_entries: tuple[int, ...] = ()
+    x264_build: int | None = None
 
     @property
     def packets(self) -> int:
@@ -58,17 +65,45 @@ PLANNED_CODECS = frozenset(READERS)
 
 
 @dataclass(frozen=True)
-class DecodePlan:
-    """What the second pass decodes and what must come out of it: ``sampled`` maps each sampled
-    frame's pts to its index; ``sent[k]`` says whether packet ``k`` (decode order) goes to the
-    decoder; ``shown`` are the pts the decoder must output, in order (the sent reference frames
-    and the sampled ones); ``optional`` the leading frames of a GOP entered after a flush, which a
-    decoder may drop or conceal (none is sampled)."""
+class Segment:
+    """Packets a decoder takes from a fresh start (or a flush): the ``runs`` of packets
+    ``[first, end)`` sent, decode order, drained and flushed between runs (whole GOPs not sent lie
+    between them); ``shown`` the pts it must output, in order; ``optional`` the leading frames of a
+    GOP entered after a flush or at the segment's start, which refer to packets not sent (the
+    decoder may drop or conceal them; none is sampled)."""
 
-    sampled: dict[int, int]
-    sent: tuple[bool, ...]
+    runs: tuple[tuple[int, int], ...]
     shown: tuple[int, ...]
     optional: frozenset[int]
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """What the second pass decodes and what must come out of it: ``sampled`` maps each sampled
+    frame's pts to its index; ``segments``, in decode order, each decodable by its own decoder
+    (:attr:`VideoInfo.fresh_entries`), their frames in presentation order one after another;
+    ``packets`` the stream's packet count."""
+
+    sampled: dict[int, int]
+    segments: tuple[Segment, ...]
+    packets: int
+
+    @property
+    def sent(self) -> tuple[bool, ...]:
+        """Whether each packet (decode order) goes to a decoder."""
+        sent = [False] * self.packets
+        for segment in self.segments:
+            for first, end in segment.runs:
+                sent[first:end] = [True] * (end - first)
+        return tuple(sent)
+
+    @property
+    def shown(self) -> tuple[int, ...]:
+        return tuple(pts for segment in self.segments for pts in segment.shown)
+
+    @property
+    def optional(self) -> frozenset[int]:
+        return frozenset().union(*(segment.optional for segment in self.segments))
 
 
 def decode_plan(info: VideoInfo, indices: Sequence[int]) -> DecodePlan | None:
@@ -79,7 +114,10 @@ def decode_plan(info: VideoInfo, indices: Sequence[int]) -> DecodePlan | None:
     Frame ``i`` is the packet of the ``i``-th smallest pts (presentation order). The packets are
     cut into GOPs at key packets; a GOP with no sampled frame is not sent, except the GOP before one
     whose sampled frames include a leading frame (shown before its key frame: in an open GOP it
-    refers to the GOP before)."""
+    refers to the GOP before). A new segment starts at each sent GOP whose key packet a fresh
+    decoder may start at (:attr:`VideoInfo.fresh_entries`), whose leading frames are not sampled,
+    and whose frames all show after every frame before it, in a stream whose frames are evenly
+    spaced in time."""
     pts, references = info.pts, info.references
     if info.codec not in PLANNED_CODECS or None in pts or None in references or len(set(pts)) != len(pts):
         return None
@@ -90,21 +128,54 @@ def decode_plan(info: VideoInfo, indices: Sequence[int]) -> DecodePlan | None:
     if any(p < pts[0] for p in pts[: gops[0][1]]):  # type: ignore[operator]
         return None  # a decoder starting here may drop them: the frame count is not the packets'
     needed = [any(p in sampled for p in pts[a:b]) for a, b in gops]
+    leading_sampled = [any(p in sampled and p < pts[a] for p in pts[a:b]) for a, b in gops]  # type: ignore[operator]
     for g in range(len(gops) - 1, 0, -1):
-        a, b = gops[g]
-        if needed[g] and any(p in sampled and p < pts[a] for p in pts[a:b]):  # type: ignore[operator]
+        if needed[g] and leading_sampled[g]:
             needed[g - 1] = True
+    shows_after = _shows_after_all_before(pts, gops)  # type: ignore[arg-type]
+    # A packet the demuxer lost (a damaged container) leaves a gap in time; a decoder that read on
+    # across it may drop frames up to the next key frame that a fresh one shows: no cut then.
+    entries = set(info.fresh_entries) if len({b - a for a, b in itertools.pairwise(order)}) <= 1 else set()
+    segments: list[Segment] = []
+    runs: list[tuple[int, int]] = []
     shown: list[int] = []
     optional: set[int] = set()
     for g, (a, b) in enumerate(gops):
+        if not needed[g]:
+            continue
         after_flush = g > 0 and not needed[g - 1]
-        for k in range(a, b) if needed[g] else ():
-            if after_flush and pts[k] < pts[a]:  # type: ignore[operator]
+        if runs and a in entries and not leading_sampled[g] and shows_after[g]:
+            segments.append(Segment(tuple(runs), tuple(sorted(shown)), frozenset(optional)))
+            runs, shown, optional = [], [], set()
+        entered = g > 0 and (after_flush or not runs)
+        for k in range(a, b):
+            if entered and pts[k] < pts[a]:  # type: ignore[operator]
                 optional.add(pts[k])  # type: ignore[arg-type]
             elif references[k] or pts[k] in sampled:
                 shown.append(pts[k])  # type: ignore[arg-type]
-    sent = tuple(needed[g] for g, (a, b) in enumerate(gops) for _ in range(a, b))
-    return DecodePlan(sampled, sent, tuple(sorted(shown)), frozenset(optional))
+        if runs and not after_flush:
+            runs[-1] = (runs[-1][0], b)
+        else:
+            runs.append((a, b))
+    segments.append(Segment(tuple(runs), tuple(sorted(shown)), frozenset(optional)))
+    return DecodePlan(sampled, tuple(segments), len(pts))
+
+
+def _shows_after_all_before(pts: Sequence[int], gops: Sequence[tuple[int, int]]) -> list[bool]:
+    """Per GOP: whether its frames but the leading ones show after every frame of the packets
+    before it, and every frame after it after those (so segments cut there output in order)."""
+    before: list[float] = []
+    latest = -math.inf
+    for a, b in gops:
+        before.append(latest)
+        latest = max(latest, *pts[a:b])
+    after: list[float] = []
+    earliest = math.inf
+    for a, b in reversed(gops):
+        after.append(earliest)
+        earliest = min(earliest, *pts[a:b])
+    after.reverse()
+    return [before[g] < pts[a] and before[g] < after[g] for g, (a, _) in enumerate(gops)]
 
 
 def _reject_images(data: bytes) -> None:
@@ -118,11 +189,11 @@ def _reject_images(data: bytes) -> None:
         raise InvalidVideoError("an image, not a video: use the image models")
 
 
-def _open(data: bytes) -> Any:
+def _open(data: bytes, options: dict[str, str] | None = None) -> Any:
     import av
 
     try:
-        return av.open(io.BytesIO(data), mode="r")
+        return av.open(io.BytesIO(data), mode="r", options=options)
     except (av.FFmpegError, ValueError, OSError) as exc:
         raise InvalidVideoError(f"not a decodable video ({len(data)} bytes, starts with {data[:8]!r}): {exc}") from None
 
@@ -146,12 +217,14 @@ def probe_video(data: bytes, limits: VideoLimits = VideoLimits()) -> VideoInfo:
 @dataclass(frozen=True)
 class Demuxed:
     """The first pass's container (open), its first video stream and that stream's packets in
-    decode order: the second pass decodes these packets, no second open or demux."""
+    decode order: the second pass decodes these packets, no second demux (``data``: the encoded
+    video, which a second decoder opens for its stream's parameters)."""
 
     info: VideoInfo
     container: Any
     stream: Any
     packets: list[Any]
+    data: bytes
 
 
 def demux(data: bytes, limits: VideoLimits) -> Demuxed:
@@ -165,9 +238,7 @@ def demux(data: bytes, limits: VideoLimits) -> Demuxed:
     if not data:
         raise InvalidVideoError("empty input: 0 bytes")
     if len(data) > limits.max_video_bytes:
-        raise VideoTooLargeError(
-            f"encoded video of {len(data)} bytes exceeds max_video_bytes={limits.max_video_bytes}"
-        )
+        raise VideoTooLargeError(f"encoded video of {len(data)} bytes exceeds max_video_bytes={limits.max_video_bytes}")
     _reject_images(data)
     container = _open(data)
     try:
@@ -196,11 +267,17 @@ def demux(data: bytes, limits: VideoLimits) -> Demuxed:
         raise
     pts = tuple(packet.pts for packet in packets)
     keyframes = tuple(bool(packet.is_keyframe) for packet in packets)
-    codec = stream.codec_context.name
-    read = reference_reader(codec, stream.codec_context.extradata)
-    references = tuple(None if read is None else read(bytes(packet)) for packet in packets)
-    info = VideoInfo(pts, keyframes, references, float(rate), width, height, codec)
-    return Demuxed(info, container, stream, packets)
+    codec, extradata = stream.codec_context.name, stream.codec_context.extradata
+    read = reference_reader(codec, extradata)
+    if read is None:
+        references: tuple[bool | None, ...] = (None,) * len(packets)
+        entries, x264_build = (), None
+    else:
+        payloads = [bytes(packet) for packet in packets]
+        references = tuple(read(payload) for payload in payloads)
+        entries, x264_build = fresh_entries(codec, extradata, payloads, keyframes)
+    info = VideoInfo(pts, keyframes, references, float(rate), width, height, codec, entries, x264_build)
+    return Demuxed(info, container, stream, packets, data)
 
 
 def _check_frame_size(width: int, height: int, limits: VideoLimits) -> None:
@@ -211,7 +288,7 @@ def _check_frame_size(width: int, height: int, limits: VideoLimits) -> None:
 
 
 def _decoder(stream: Any, threads: int) -> Any:
-    """``stream``'s decoder, ready for a pass from the first packet: set to FFmpeg's threads (0:
+    """``stream``'s decoder, ready for a pass from a key packet: set to FFmpeg's threads (0:
     FFmpeg's choice) before it opens, flushed after an earlier pass."""
     decoder = stream.codec_context
     if decoder.is_open:
@@ -224,12 +301,11 @@ def _decoder(stream: Any, threads: int) -> Any:
 
 
 def every_frame(
-    demuxed: Demuxed, threads: int, limits: VideoLimits, wanted: set[int], count: Callable[[], None]
+    decoder: Any, demuxed: Demuxed, limits: VideoLimits, wanted: set[int], count: Callable[[], None]
 ) -> Iterator[tuple[int, Any]]:
     """``(index, frame)`` of each ``wanted`` frame, every frame decoded (``count()`` after each)."""
     import av
 
-    decoder = _decoder(demuxed.stream, threads)
     index = 0
     try:
         for packet in [*demuxed.packets, None]:  # None: drain the decoder
@@ -247,22 +323,27 @@ class _PlanMismatch(Exception):
     """The decoder's frames are not the ones the plan says (one dropped, or one more)."""
 
 
-def planned_frames(
-    demuxed: Demuxed, threads: int, limits: VideoLimits, plan: DecodePlan, count: Callable[[], None]
+def segment_frames(  # noqa: PLR0917
+    decoder: Any,
+    packets: Sequence[Any],
+    plan: DecodePlan,
+    segment: Segment,
+    limits: VideoLimits,
+    count: Callable[[], None],
 ) -> Iterator[tuple[int, Any]]:
-    """``(index, frame)`` of each sampled frame in order, decoding only what ``plan`` sends (a
-    frame not sampled with ``skip_frame`` "NONREF"); after a run of packets not sent, the decoder
-    is drained and flushed, as after a seek. Raises :class:`_PlanMismatch` where the decoder's
-    frames are not ``plan.shown`` in order (a frame dropped, as a damaged stream's are)."""
+    """``(index, frame)`` of each sampled frame of ``segment`` in order, decoding only its runs (a
+    frame not sampled with ``skip_frame`` "NONREF"), the decoder drained and flushed between runs,
+    as after a seek. Raises :class:`_PlanMismatch` where the decoder's frames are not
+    ``segment.shown`` in order (a frame dropped, as a damaged stream's are)."""
     import av
 
-    expected = collections.deque(plan.shown)  # presentation order, the order the decoder outputs
+    expected = collections.deque(segment.shown)  # presentation order, the order the decoder outputs
 
     def kept(frames: list[Any]) -> Iterator[tuple[int, Any]]:
         for frame in frames:
             _check_frame_size(frame.width, frame.height, limits)
             count()
-            if frame.pts in plan.optional:
+            if frame.pts in segment.optional:
                 continue
             if not expected or frame.pts != expected[0]:
                 raise _PlanMismatch(f"the frame of pts {frame.pts} where the plan expects {list(expected)[:1]}")
@@ -270,19 +351,14 @@ def planned_frames(
             if frame.pts in plan.sampled:
                 yield plan.sampled[frame.pts], frame
 
-    decoder = _decoder(demuxed.stream, threads)
-    resume = False
     try:
-        for packet, sent in zip(demuxed.packets, plan.sent, strict=True):
-            if not sent:
-                resume = True
-                continue
-            if resume:
+        for number, (first, end) in enumerate(segment.runs):
+            if number:
                 yield from kept(decoder.decode(None))
                 decoder.flush_buffers()
-                resume = False
-            decoder.skip_frame = "DEFAULT" if packet.pts in plan.sampled else "NONREF"
-            yield from kept(decoder.decode(packet))
+            for packet in packets[first:end]:
+                decoder.skip_frame = "DEFAULT" if packet.pts in plan.sampled else "NONREF"
+                yield from kept(decoder.decode(packet))
         yield from kept(decoder.decode(None))
     except av.FFmpegError as exc:
         raise InvalidVideoError(f"cannot decode the video: {exc}") from None
@@ -290,14 +366,27 @@ def planned_frames(
         raise _PlanMismatch(f"{len(expected)} frames did not come out of the decoder")
 
 
+# A lane's decoder (a thread, an open of the video) pays for itself on this many packets and more:
+# the 10 packets of the HEVC clip in benchmarks/bench_media.py took ~1.1x the time on two lanes.
+PACKETS_A_LANE = 50
+
+# A lane's work: its segments in order, each (given the lane's stream) the frames to hand over.
+_Job = Callable[[Any], Iterator[tuple[int, Any]]]
+
+
 class FrameProducer:
-    """Decodes the video in a thread (by ``plan``, else every frame) and hands over the sampled
-    frames (PyAV frames: the consumer converts them to RGB, so this thread goes on feeding the
-    decoder) through a queue of ``depth`` frames (so at most a chunk's worth waits); iterate for
-    ``(frame index, frame)``, read ``frames_in_stream`` after (the packet count when the
-    plan held, else the frames decoded). A plan that does not hold before any frame is handed over
-    gives way to decoding every frame; after, the video is refused as damaged. Leaving the
-    ``with`` block stops the thread."""
+    """Decodes the video (by ``plan``, else every frame) in threads and hands over the sampled
+    frames in order (PyAV frames: the consumer converts them to RGB, so the decoders go on);
+    iterate for ``(frame index, frame)``, read ``frames_in_stream`` after (the packet count when
+    the plan held, else the frames decoded).
+
+    A plan's segments go to up to ``decoders`` lanes in turn (one for each :data:`PACKETS_A_LANE`
+    packets it sends, at least one), each a thread with its own decoder
+    (``threads`` FFmpeg threads shared out among them; the first lane's decoder is the demuxed
+    stream's, the others' a second open of the same bytes) and its own queue of ``depth`` frames,
+    so a lane runs at most that far ahead of the segment being handed over. A plan that does not
+    hold before any frame is handed over gives way to decoding every frame on one decoder; after,
+    the video is refused as damaged. Leaving the ``with`` block stops the threads."""
 
     def __init__(  # noqa: PLR0917
         self,
@@ -308,76 +397,131 @@ class FrameProducer:
         plan: DecodePlan | None,
         on_frame: Callable[[], None] | None,
         depth: int,
+        decoders: int = 1,
     ) -> None:
-        self._args = (demuxed, threads, limits, wanted)
-        self._plan, self._on_frame = plan, on_frame
-        self._queue: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=max(depth, 1))
+        self._demuxed, self._threads, self._limits, self._wanted = demuxed, threads, limits, wanted
+        self._plan, self._on_frame, self._depth, self._decoders = plan, on_frame, max(depth, 1), max(decoders, 1)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kimi-prep video decode", daemon=True)
+        self._lanes: list[tuple[threading.Thread, queue.Queue[tuple[str, Any, Any]]]] = []
+        self._containers: list[Any] = []  # the other lanes' opens of the video
+        self._count_lock = threading.Lock()
         self.frames_in_stream = 0
         self._decoded = 0
         self._handed = 0
 
     def __enter__(self) -> FrameProducer:
-        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._halt()
+        for container in self._containers:
+            container.close()
 
-    def _put(self, item: tuple[str, Any, Any]) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def _halt(self) -> None:
+        self._stop.set()
+        for thread, _ in self._lanes:
+            thread.join()
+        self._lanes = []
+        self._stop = threading.Event()
 
     def _count(self) -> None:
-        self._decoded += 1
-        if self._on_frame is not None:
-            self._on_frame()
+        with self._count_lock:  # lanes decode at once
+            self._decoded += 1
+            if self._on_frame is not None:
+                self._on_frame()
 
-    def _hand_over(self, frames: Iterator[tuple[int, Any]]) -> bool:
-        """Each frame into the queue; False when stopped."""
-        with contextlib.closing(frames):  # type: ignore[type-var]
-            for index, frame in frames:
-                if self._stop.is_set() or not self._put(("frame", index, frame)):
-                    return False
-                self._handed += 1
-        return True
+    def _stream(self, lane: int) -> Any:
+        """The stream whose decoder ``lane`` uses: the demuxed one, or the same stream of a second
+        open whose probe decodes nothing (FFmpeg's probe decodes an H.264 stream's first frames:
+        25-45 ms at 720p-1080p on the 2-core host), given the two values that probe finds from the
+        first open (the pixel format and the reorder depth a decoder starts with), and told the x264
+        build the stream's first packet names (it starts past that packet)."""
+        if lane == 0:
+            return self._demuxed.stream
+        container = _open(self._demuxed.data, {"skip_frame": "all"})
+        self._containers.append(container)
+        stream = _video_stream(container)
+        probed, decoder = self._demuxed.stream.codec_context, stream.codec_context
+        decoder.reorder_depth, decoder.pix_fmt = probed.reorder_depth, probed.pix_fmt
+        if self._demuxed.info.x264_build is not None:
+            decoder.options = {**decoder.options, "x264_build": str(self._demuxed.info.x264_build)}
+        if probed.sample_aspect_ratio is not None:
+            decoder.sample_aspect_ratio = probed.sample_aspect_ratio
+        return stream
 
-    def _run(self) -> None:
-        demuxed, threads, limits, wanted = self._args
-        try:
-            if self._plan is not None:
+    def _run(self, lane: int, jobs: list[_Job], out: queue.Queue[tuple[str, Any, Any]], stop: threading.Event) -> None:
+        def put(item: tuple[str, Any, Any]) -> bool:
+            while not stop.is_set():
                 try:
-                    if not self._hand_over(planned_frames(demuxed, threads, limits, self._plan, self._count)):
-                        return
-                    self.frames_in_stream = len(self._plan.sent)
-                    self._put(("end", None, None))
+                    out.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            stream = self._stream(lane)
+            for job in jobs:
+                with contextlib.closing(job(stream)) as frames:  # type: ignore[type-var]
+                    for index, frame in frames:
+                        if not put(("frame", index, frame)):
+                            return
+                if not put(("end", None, None)):
                     return
-                except _PlanMismatch as exc:
-                    if self._handed:
-                        raise InvalidVideoError(
-                            f"the decoder's frames do not match the container's packets ({exc}): the video is "
-                            f"damaged ({self._handed} frames were already sampled)"
-                        ) from None
-                    self._decoded = 0
-            if not self._hand_over(every_frame(demuxed, threads, limits, wanted, self._count)):
-                return
-            self.frames_in_stream = self._decoded
-            self._put(("end", None, None))
         except BaseException as exc:  # handed to the consumer, raised there
-            self._put(("error", exc, None))
+            put(("error", exc, None))
+
+    def _hand_over(self, jobs: list[_Job]) -> Iterator[tuple[int, Any]]:
+        """Run ``jobs`` (in order) on the lanes, job ``i`` on lane ``i % lanes``, and yield their
+        frames in job order."""
+        lanes = min(self._decoders, len(jobs))
+        for lane in range(lanes):
+            out: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=self._depth)
+            thread = threading.Thread(
+                target=self._run,
+                args=(lane, jobs[lane::lanes], out, self._stop),
+                name="kimi-prep video decode",
+                daemon=True,
+            )
+            self._lanes.append((thread, out))
+            thread.start()
+        for number in range(len(jobs)):
+            _, out = self._lanes[number % lanes]
+            while True:
+                kind, first, second = out.get()
+                if kind == "error":
+                    raise first
+                if kind == "end":
+                    break
+                self._handed += 1
+                yield first, second
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        while True:
-            kind, first, second = self._queue.get()
-            if kind == "error":
-                raise first
-            if kind == "end":
+        demuxed, limits = self._demuxed, self._limits
+        plan = self._plan
+        if plan is not None:
+            sent = sum(end - first for segment in plan.segments for first, end in segment.runs)
+            lanes = min(self._decoders, len(plan.segments), max(1, sent // PACKETS_A_LANE))
+            threads = max(1, self._threads // lanes) if self._threads else 0
+
+            def job(segment: Segment) -> _Job:
+                return lambda stream: segment_frames(
+                    _decoder(stream, threads), demuxed.packets, plan, segment, limits, self._count
+                )
+
+            try:
+                yield from self._hand_over([job(segment) for segment in plan.segments])
+                self.frames_in_stream = plan.packets
                 return
-            yield first, second
+            except _PlanMismatch as exc:
+                if self._handed:
+                    raise InvalidVideoError(
+                        f"the decoder's frames do not match the container's packets ({exc}): the video is "
+                        f"damaged ({self._handed} frames were already sampled)"
+                    ) from None
+                self._halt()
+                self._decoded = 0
+        yield from self._hand_over(
+            [lambda stream: every_frame(_decoder(stream, self._threads), demuxed, limits, self._wanted, self._count)]
+        )
+        self.frames_in_stream = self._decoded
