@@ -287,13 +287,15 @@ def _check_frame_size(width: int, height: int, limits: VideoLimits) -> None:
         )
 
 
-def _decoder(stream: Any, threads: int) -> Any:
-    """``stream``'s decoder, ready for a pass from a key packet: set to FFmpeg's threads (0:
-    FFmpeg's choice) before it opens, flushed after an earlier pass."""
+def _decoder(stream: Any, threads: int | None) -> Any:
+    """``stream``'s decoder, ready for a pass from a key packet: set to FFmpeg's threads before it
+    opens (0: FFmpeg's count; None: PyAV's defaults, slice threads of FFmpeg's count, as the
+    reference decodes: a damaged stream's error concealment differs with other thread settings),
+    flushed after an earlier pass."""
     decoder = stream.codec_context
     if decoder.is_open:
         decoder.flush_buffers()
-    else:
+    elif threads is not None:
         stream.thread_type = "AUTO"
         decoder.thread_count = threads
     decoder.skip_frame = "DEFAULT"
@@ -347,6 +349,8 @@ def segment_frames(  # noqa: PLR0917
                 continue
             if not expected or frame.pts != expected[0]:
                 raise _PlanMismatch(f"the frame of pts {frame.pts} where the plan expects {list(expected)[:1]}")
+            if frame.is_corrupt:
+                raise _PlanMismatch(f"the decoder flags the frame of pts {frame.pts} as damaged")
             expected.popleft()
             if frame.pts in plan.sampled:
                 yield plan.sampled[frame.pts], frame
@@ -380,7 +384,8 @@ class FrameProducer:
     iterate for ``(frame index, frame)``, read ``frames_in_stream`` after (the packet count when
     the plan held, else the frames decoded).
 
-    A plan's segments go to up to ``decoders`` lanes in turn (one for each :data:`PACKETS_A_LANE`
+    Every frame is decoded with the reference's thread settings (:func:`_decoder`). A plan's
+    segments go to up to ``decoders`` lanes in turn (one for each :data:`PACKETS_A_LANE`
     packets it sends, at least one), each a thread with its own decoder
     (``threads`` FFmpeg threads shared out among them; the first lane's decoder is the demuxed
     stream's, the others' a second open of the same bytes) and its own queue of ``depth`` frames,
@@ -430,14 +435,21 @@ class FrameProducer:
             if self._on_frame is not None:
                 self._on_frame()
 
-    def _stream(self, lane: int) -> Any:
-        """The stream whose decoder ``lane`` uses: the demuxed one, or the same stream of a second
-        open whose probe decodes nothing (FFmpeg's probe decodes an H.264 stream's first frames:
-        25-45 ms at 720p-1080p on the 2-core host), given the two values that probe finds from the
-        first open (the pixel format and the reorder depth a decoder starts with), and told the x264
-        build the stream's first packet names (it starts past that packet)."""
-        if lane == 0:
+    def _stream(self, lane: int, anew: bool) -> Any:
+        """The stream whose decoder ``lane`` uses: the demuxed one; after a planned pass that did
+        not hold (``anew``), the same stream of a new open (a flushed decoder keeps state of that
+        pass that a full decode's has not: a damaged stream's pixels could differ). Another lane's:
+        the same stream of a second open whose probe decodes nothing (FFmpeg's probe decodes an
+        H.264 stream's first frames: 25-45 ms at 720p-1080p on the 2-core host), given the two
+        values that probe finds from the first open (the pixel format and the reorder depth a
+        decoder starts with), and told the x264 build the stream's first packet names (it starts
+        past that packet)."""
+        if lane == 0 and not anew:
             return self._demuxed.stream
+        if lane == 0:
+            container = _open(self._demuxed.data)
+            self._containers.append(container)
+            return _video_stream(container)
         container = _open(self._demuxed.data, {"skip_frame": "all"})
         self._containers.append(container)
         stream = _video_stream(container)
@@ -449,7 +461,9 @@ class FrameProducer:
             decoder.sample_aspect_ratio = probed.sample_aspect_ratio
         return stream
 
-    def _run(self, lane: int, jobs: list[_Job], out: queue.Queue[tuple[str, Any, Any]], stop: threading.Event) -> None:
+    def _run(
+        self, lane: int, anew: bool, jobs: list[_Job], out: queue.Queue[tuple[str, Any, Any]], stop: threading.Event
+    ) -> None:
         def put(item: tuple[str, Any, Any]) -> bool:
             while not stop.is_set():
                 try:
@@ -460,7 +474,7 @@ class FrameProducer:
             return False
 
         try:
-            stream = self._stream(lane)
+            stream = self._stream(lane, anew)
             for job in jobs:
                 with contextlib.closing(job(stream)) as frames:  # type: ignore[type-var]
                     for index, frame in frames:
@@ -471,15 +485,15 @@ class FrameProducer:
         except BaseException as exc:  # handed to the consumer, raised there
             put(("error", exc, None))
 
-    def _hand_over(self, jobs: list[_Job]) -> Iterator[tuple[int, Any]]:
+    def _hand_over(self, jobs: list[_Job], anew: bool = False) -> Iterator[tuple[int, Any]]:
         """Run ``jobs`` (in order) on the lanes, job ``i`` on lane ``i % lanes``, and yield their
-        frames in job order."""
+        frames in job order (``anew``: :meth:`_stream`'s)."""
         lanes = min(self._decoders, len(jobs))
         for lane in range(lanes):
             out: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=self._depth)
             thread = threading.Thread(
                 target=self._run,
-                args=(lane, jobs[lane::lanes], out, self._stop),
+                args=(lane, anew, jobs[lane::lanes], out, self._stop),
                 name="kimi-prep video decode",
                 daemon=True,
             )
@@ -522,6 +536,7 @@ class FrameProducer:
                 self._halt()
                 self._decoded = 0
         yield from self._hand_over(
-            [lambda stream: every_frame(_decoder(stream, self._threads), demuxed, limits, self._wanted, self._count)]
+            [lambda stream: every_frame(_decoder(stream, None), demuxed, limits, self._wanted, self._count)],
+            anew=plan is not None,
         )
         self.frames_in_stream = self._decoded

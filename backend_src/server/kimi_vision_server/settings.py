@@ -158,8 +158,8 @@ SETTINGS: tuple[Setting, ...] = (
         )
     ),
     Setting(
-        "ffmpeg_threads", "FFmpeg decoder threads (0: the cores the frame kernels leave)", frozenset({"video"}), 0,
-        served=lambda r: r.threads, why="the host's layout: threads per instance",
+        "ffmpeg_threads", "FFmpeg threads of a sampled decode (0: the cores the frame kernels leave)",
+        frozenset({"video"}), 0, served=lambda r: r.threads, why="the host's layout: threads per instance",
     ),
     Setting(
         "scratch_cap_bytes", "scratch arena kept per thread for reuse", PYTHON_MODELS, DEFAULT_SCRATCH_CAP_BYTES,
