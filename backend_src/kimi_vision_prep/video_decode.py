@@ -408,7 +408,7 @@ class FrameProducer:
         self._plan, self._on_frame, self._depth, self._decoders = plan, on_frame, max(depth, 1), max(decoders, 1)
         self._stop = threading.Event()
         self._lanes: list[tuple[threading.Thread, queue.Queue[tuple[str, Any, Any]]]] = []
-        self._containers: list[Any] = []  # the other lanes' opens of the video
+        self._containers: list[Any] = []  # opens of the video beside the demuxed one (:meth:`_stream`)
         self._count_lock = threading.Lock()
         self.frames_in_stream = 0
         self._decoded = 0
@@ -485,10 +485,9 @@ class FrameProducer:
         except BaseException as exc:  # handed to the consumer, raised there
             put(("error", exc, None))
 
-    def _hand_over(self, jobs: list[_Job], anew: bool = False) -> Iterator[tuple[int, Any]]:
-        """Run ``jobs`` (in order) on the lanes, job ``i`` on lane ``i % lanes``, and yield their
-        frames in job order (``anew``: :meth:`_stream`'s)."""
-        lanes = min(self._decoders, len(jobs))
+    def _hand_over(self, jobs: list[_Job], lanes: int, anew: bool = False) -> Iterator[tuple[int, Any]]:
+        """Run ``jobs`` (in order) on ``lanes`` lanes, job ``i`` on lane ``i % lanes``, and yield
+        their frames in job order (``anew``: :meth:`_stream`'s)."""
         for lane in range(lanes):
             out: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=self._depth)
             thread = threading.Thread(
@@ -524,7 +523,7 @@ class FrameProducer:
                 )
 
             try:
-                yield from self._hand_over([job(segment) for segment in plan.segments])
+                yield from self._hand_over([job(segment) for segment in plan.segments], lanes)
                 self.frames_in_stream = plan.packets
                 return
             except _PlanMismatch as exc:
@@ -537,6 +536,7 @@ class FrameProducer:
                 self._decoded = 0
         yield from self._hand_over(
             [lambda stream: every_frame(_decoder(stream, None), demuxed, limits, self._wanted, self._count)],
+            lanes=1,
             anew=plan is not None,
         )
         self.frames_in_stream = self._decoded
