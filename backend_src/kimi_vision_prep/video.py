@@ -232,7 +232,8 @@ def ffmpeg_threads(kernel_threads: int) -> int:
 def segment_decoders() -> int:
     """Decoders that take a video's independent segments in turn (:class:`~.video_decode.FrameProducer`):
     two where there are two cores or more (a GOP's reference frames form one chain, which one
-    decoder thread decodes no faster than two frame threads; two chains decode at once), else one."""
+    decoder thread takes about as long to decode as FFmpeg's frame threads take for every frame;
+    two chains decode at once), else one."""
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
