@@ -17,7 +17,7 @@ decoded whole.
 - MPEG-2 (ISO/IEC 13818-2 6.2.3): ``picture_coding_type`` after the picture start code 0x100;
   B-pictures (3) are not references.
 
-A second reader (:func:`state_reader`) lists the units of a packet that a decoder keeps from one
+A second reader (:func:`state_readers`) lists the units of a packet that a decoder keeps from one
 GOP to the next: parameter sets (H.264 SPS, PPS, SPS extension, subset SPS; HEVC VPS, SPS, PPS),
 film grain SEI messages (FFmpeg applies them to the pictures that follow), MPEG-4's visual
 object sequence, object, object layer and user data headers (FFmpeg picks encoder workarounds,
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 START_CODE = b"\x00\x00\x01"
@@ -59,19 +59,31 @@ def h264_reference(data: bytes, length_size: int | None) -> bool | None:
     return None
 
 
-def hevc_reference(data: bytes, length_size: int | None) -> bool | None:
+def hevc_slice_type(data: bytes, length_size: int | None) -> int | None:
+    """The NAL unit type of a packet's first slice (types 0-31), None where it has none."""
     for nal in nal_units(data, length_size):
         if len(nal) >= 2 and (nal_type := (nal[0] >> 1) & 0x3F) <= 31:
-            return not (nal_type < 16 and nal_type % 2 == 0)
+            return nal_type
     return None
 
 
-def mpeg4_reference(data: bytes) -> bool | None:
+def hevc_reference(data: bytes, length_size: int | None) -> bool | None:
+    nal_type = hevc_slice_type(data, length_size)
+    return None if nal_type is None else not (nal_type < 16 and nal_type % 2 == 0)
+
+
+def vop_coding_type(data: bytes) -> int | None:
+    """``vop_coding_type`` of a packet's one VOP (0 I, 1 P, 2 B, 3 S), None where it has none or two."""
     vop = START_CODE + b"\xb6"
     first = data.find(vop)
     if first < 0 or first + 4 >= len(data) or data.find(vop, first + 4) >= 0:
         return None
-    return data[first + 4] >> 6 != 2
+    return data[first + 4] >> 6
+
+
+def mpeg4_reference(data: bytes) -> bool | None:
+    coding_type = vop_coding_type(data)
+    return None if coding_type is None else coding_type != 2
 
 
 def mpeg2_reference(data: bytes) -> bool | None:
@@ -157,6 +169,12 @@ def exp_golomb(data: bytes, count: int) -> list[int]:
     return values
 
 
+def h264_sei(nal: bytes) -> Iterator[tuple[int, bytes]]:
+    """:func:`sei_messages` of an H.264 NAL unit; none where it is not an SEI unit (type 6)."""
+    if nal and (nal[0] & 0x1F) == 6:
+        yield from sei_messages(rbsp(nal[1:]))
+
+
 def h264_key_picture(data: bytes, length_size: int | None) -> bool:
     """An IDR picture, or an I picture after a recovery point SEI whose recovery frame count is 0
     (an open GOP's key frame: the frames after it in decode order refer to none before it)."""
@@ -164,7 +182,7 @@ def h264_key_picture(data: bytes, length_size: int | None) -> bool:
     for nal in nal_units(data, length_size):
         nal_type = nal[0] & 0x1F if nal else 0
         if nal_type == 6:
-            recovery |= any(kind == 6 and exp_golomb(body, 1) == [0] for kind, body in sei_messages(rbsp(nal[1:])))
+            recovery |= any(kind == 6 and exp_golomb(body, 1) == [0] for kind, body in h264_sei(nal))
         elif nal_type == 5:
             return True
         elif nal_type == 1:
@@ -175,10 +193,7 @@ def h264_key_picture(data: bytes, length_size: int | None) -> bool:
 
 def hevc_key_picture(data: bytes, length_size: int | None) -> bool:
     """An IRAP picture (BLA, IDR or CRA: NAL types 16-23)."""
-    for nal in nal_units(data, length_size):
-        if len(nal) >= 2 and (nal_type := (nal[0] >> 1) & 0x3F) <= 31:
-            return 16 <= nal_type <= 23
-    return False
+    return 16 <= (hevc_slice_type(data, length_size) or 0) <= 23
 
 
 def x264_builds(data: bytes, length_size: int | None) -> frozenset[int]:
@@ -186,11 +201,10 @@ def x264_builds(data: bytes, length_size: int | None) -> frozenset[int]:
     FFmpeg's H.264 decoder reads one; builds 0 and 1 mean something else to it: -1 here)."""
     builds = set()
     for nal in nal_units(data, length_size):
-        if nal and (nal[0] & 0x1F) == 6:
-            for kind, body in sei_messages(rbsp(nal[1:])):
-                if kind == USER_DATA_SEI and (match := X264_VERSION.match(body, 16)):
-                    build = int(match.group(1))
-                    builds.add(build if build > 1 else -1)
+        for kind, body in h264_sei(nal):
+            if kind == USER_DATA_SEI and (match := X264_VERSION.match(body, 16)):
+                build = int(match.group(1))
+                builds.add(build if build > 1 else -1)
     return frozenset(builds)
 
 
@@ -199,21 +213,15 @@ def no_builds(data: bytes) -> frozenset[int]:
 
 
 def mpeg4_key_picture(data: bytes) -> bool:
-    """One VOP, an I-VOP (``vop_coding_type`` 0)."""
-    vop = START_CODE + b"\xb6"
-    first = data.find(vop)
-    return 0 <= first and first + 4 < len(data) and data.find(vop, first + 4) < 0 and data[first + 4] >> 6 == 0
+    """One VOP, an I-VOP."""
+    return vop_coding_type(data) == 0
 
 
 def h264_state(data: bytes, length_size: int | None) -> frozenset[bytes]:
     return frozenset(
         nal
         for nal in nal_units(data, length_size)
-        if nal
-        and (
-            (nal[0] & 0x1F) in H264_STATE_TYPES
-            or ((nal[0] & 0x1F) == 6 and any(kind == FILM_GRAIN_SEI for kind, _ in sei_messages(rbsp(nal[1:]))))
-        )
+        if nal and ((nal[0] & 0x1F) in H264_STATE_TYPES or any(kind == FILM_GRAIN_SEI for kind, _ in h264_sei(nal)))
     )
 
 
@@ -287,24 +295,28 @@ def state_readers(codec: str, extradata: bytes | None) -> StateReaders | None:
 
 
 def fresh_entries(
-    codec: str, extradata: bytes | None, packets: Sequence[bytes], keyframes: Sequence[bool]
+    codec: str, extradata: bytes | None, packets: Iterable[bytes], keyframes: Sequence[bool]
 ) -> tuple[tuple[int, ...], int | None]:
     """The key packets (after the first) where a fresh decoder may start and decode what one that
     read every packet before it decodes, and the x264 build the first packet names (FFmpeg's H.264
     decoder picks workarounds for old builds from it: a fresh decoder is told it). A key packet
     qualifies when its picture is one decoding can start at and every unit :func:`state_readers`
     reads from the packets before it is in the extradata or in the key packet; none does where the
-    codec's units are not read, nor from a packet that names another build than the first's."""
+    codec's units are not read, nor from a packet that names another build than the first's.
+    ``packets``: their bytes in decode order, read once (an iterator need not hold them all)."""
     readers = state_readers(codec, extradata)
     if readers is None or not any(keyframes[1:]):
         return (), None
-    first_builds = readers.builds(packets[0])
-    if len(first_builds) > 1 or -1 in first_builds:
-        return (), None
     entries: list[int] = []
     seen: set[bytes] = set()
+    first_builds: frozenset[int] = frozenset()
     for k, (data, key) in enumerate(zip(packets, keyframes, strict=True)):
-        if readers.builds(data) - first_builds:
+        builds = readers.builds(data)
+        if k == 0:
+            if len(builds) > 1 or -1 in builds:
+                return (), None
+            first_builds = builds
+        elif builds - first_builds:
             break
         units = readers.state(data)
         if key and k > 0 and seen <= readers.known | units and readers.key(data):

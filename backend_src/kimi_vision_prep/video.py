@@ -7,7 +7,7 @@ and the token count is per chunk, ``(gh / m) * (gw / m)`` (or ``fixed_output_tok
 
 A **video** is cut into chunks by the reference's sampling (:func:`sample_frame_indices`) over
 the frames of its first video stream, decoded by :mod:`.video_decode` (only what the sampled
-frames need, in a thread); each sampled frame is converted to RGB as
+frames need, in threads); each sampled frame is converted to RGB as
 ``frame.to_ndarray(format="rgb24")`` converts it (stored size, no rotation; one swscale context a
 video, :class:`_RgbConverter`) and written into its chunk as it comes; a complete chunk is
 yielded once its frames are written, seen as the next frames come in (and at the latest when the

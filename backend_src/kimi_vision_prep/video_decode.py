@@ -238,7 +238,9 @@ def demux(data: bytes, limits: VideoLimits) -> Demuxed:
     if not data:
         raise InvalidVideoError("empty input: 0 bytes")
     if len(data) > limits.max_video_bytes:
-        raise VideoTooLargeError(f"encoded video of {len(data)} bytes exceeds max_video_bytes={limits.max_video_bytes}")
+        raise VideoTooLargeError(
+            f"encoded video of {len(data)} bytes exceeds max_video_bytes={limits.max_video_bytes}"
+        )
     _reject_images(data)
     container = _open(data)
     try:
@@ -272,10 +274,9 @@ def demux(data: bytes, limits: VideoLimits) -> Demuxed:
     if read is None:
         references: tuple[bool | None, ...] = (None,) * len(packets)
         entries, x264_build = (), None
-    else:
-        payloads = [bytes(packet) for packet in packets]
-        references = tuple(read(payload) for payload in payloads)
-        entries, x264_build = fresh_entries(codec, extradata, payloads, keyframes)
+    else:  # each packet's bytes copied out as each reader comes to it: a 256 MiB video is not held twice
+        references = tuple(read(bytes(packet)) for packet in packets)
+        entries, x264_build = fresh_entries(codec, extradata, (bytes(packet) for packet in packets), keyframes)
     info = VideoInfo(pts, keyframes, references, float(rate), width, height, codec, entries, x264_build)
     return Demuxed(info, container, stream, packets, data)
 
@@ -374,6 +375,12 @@ def segment_frames(  # noqa: PLR0917
 # the 10 packets of the HEVC clip in benchmarks/bench_media.py took ~1.1x the time on two lanes.
 PACKETS_A_LANE = 50
 
+def plan_lanes(plan: DecodePlan, decoders: int) -> int:
+    """The lanes ``plan``'s segments run on with up to ``decoders``: one a :data:`PACKETS_A_LANE`
+    packets sent, at least one, at most one a segment."""
+    return min(decoders, len(plan.segments), max(1, sum(plan.sent) // PACKETS_A_LANE))
+
+
 # A lane's work: its segments in order, each (given the lane's stream) the frames to hand over.
 _Job = Callable[[Any], Iterator[tuple[int, Any]]]
 
@@ -384,9 +391,8 @@ class FrameProducer:
     iterate for ``(frame index, frame)``, read ``frames_in_stream`` after (the packet count when
     the plan held, else the frames decoded).
 
-    Every frame is decoded with the reference's thread settings (:func:`_decoder`). A plan's
-    segments go to up to ``decoders`` lanes in turn (one for each :data:`PACKETS_A_LANE`
-    packets it sends, at least one), each a thread with its own decoder
+    A video decoded whole gets the reference's thread settings (:func:`_decoder`). A plan's
+    segments go to :func:`plan_lanes` lanes in turn, each a thread with its own decoder
     (``threads`` FFmpeg threads shared out among them; the first lane's decoder is the demuxed
     stream's, the others' a second open of the same bytes) and its own queue of ``depth`` frames,
     so a lane runs at most that far ahead of the segment being handed over. A plan that does not
@@ -513,8 +519,7 @@ class FrameProducer:
         demuxed, limits = self._demuxed, self._limits
         plan = self._plan
         if plan is not None:
-            sent = sum(end - first for segment in plan.segments for first, end in segment.runs)
-            lanes = min(self._decoders, len(plan.segments), max(1, sent // PACKETS_A_LANE))
+            lanes = plan_lanes(plan, self._decoders)
             threads = max(1, self._threads // lanes) if self._threads else 0
 
             def job(segment: Segment) -> _Job:
