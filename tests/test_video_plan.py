@@ -223,6 +223,55 @@ def test_segments_start_at_fresh_entries_of_an_unbroken_stream() -> None:
     assert [s.runs for s in decode_plan(gap, [0, 7, 12]).segments] == [((0, 13),)]
 
 
+def garbled(data: bytes, packet: int, at: float = 0.6) -> bytes:
+    """``data`` with 16 bytes of its video packet ``packet`` (decode order; negative: from the end)
+    XORed, ``at`` of the way into the packet."""
+    with av.open(io.BytesIO(data)) as container:
+        packets = [(p.pos, p.size) for p in container.demux(video=0) if p.size]
+    pos, size = packets[packet]
+    start = pos + int(size * at)
+    return data[:start] + bytes(b ^ 0x5A for b in data[start : start + 16]) + data[start + 16 :]
+
+
+def test_a_stream_damaged_after_chunks_went_out_decodes_as_the_reference(clips: dict[str, bytes]) -> None:
+    """Damage the planned decode meets after chunks went out: the video is decoded whole again as
+    the reference decodes it, the frames already handed over checked against it (their CRC-32),
+    the rest taken from it. Pictures garbled mid-stream in two H.264 clips, the Annex B stream cut
+    short: each equal to the reference (each was refused before). At
+    packet 71 of the Annex B clip and 60 of the MP4 the decoder fills a missing picture from a
+    buffer of its pool, so a frame must be converted and let go before its decoder takes the next
+    packet, as the reference's loop does: held one packet longer, the pixels differ (checked).
+    HEVC: at packet 27 only the reference's slice threads, which start each wavefront row at its
+    entry point, give the reference's pixels (frame threads differed, silently)."""
+    annexb, mp4 = clips["h264_annexb.ts"], clips["h264_bpyramid_keyint250.mp4"]
+    hevc = clips["hevc_bframes_keyint30.mp4"]
+    whole_again = {
+        **{f"h264_annexb.ts packet {k}": garbled(annexb, k) for k in (71, 82)},
+        **{f"h264_bpyramid_keyint250.mp4 packet {k}": garbled(mp4, k) for k in (16, 60)},
+        **{f"h264_annexb.ts cut at {f:.0%}": annexb[: int(len(annexb) * f)] for f in (0.5, 0.71, 0.97)},
+    }
+    for label, damaged in {**whole_again, "hevc_bframes_keyint30.mp4 packet 27": garbled(hevc, 27)}.items():
+        ours, decoded = chunks_and_decoded(damaged, "kimi-k2.5")
+        expected = reference.reference_video(damaged, "kimi-k2.5")
+        assert len(ours) == len(expected), label
+        for i, (chunk, ref) in enumerate(zip(ours, expected, strict=True)):
+            assert_chunk_equal(chunk, ref, f"{label}, chunk {i}")
+        if label in whole_again:  # the planned frames, then every frame
+            assert decoded > probe_video(damaged).packets, label
+
+
+def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(clips: dict[str, bytes]) -> None:
+    """Open GOPs, packet 82 garbled: the planned decoder conceals it otherwise than the reference's,
+    in a B-frame shown (and sampled) before the damaged picture is; decoded whole, that frame
+    differs from the one handed over, so the video is refused after its first chunks, never
+    finished with chunks of two decodes."""
+    damaged = garbled(clips["h264_open_gop_keyint20.mkv"], 82)
+    chunks = kvp.preprocess_video(damaged, "kimi-k2.5")
+    assert next(chunks).frame_indices[0] == 0
+    with pytest.raises(kvp.InvalidVideoError, match="differs from the one already sampled"):
+        list(chunks)
+
+
 def test_a_stream_damaged_before_its_first_chunk_decodes_as_the_reference(clips: dict[str, bytes]) -> None:
     """16 bytes of the first picture garbled: the planned decode sees a frame out of place or
     flagged as damaged before any chunk went out, and decodes the video again as the reference

@@ -7,9 +7,8 @@ and the token count is per chunk, ``(gh / m) * (gw / m)`` (or ``fixed_output_tok
 
 A **video** is cut into chunks by the reference's sampling (:func:`sample_frame_indices`) over
 the frames of its first video stream, decoded by :mod:`.video_decode` (only what the sampled
-frames need, in threads); each sampled frame is converted to RGB as
-``frame.to_ndarray(format="rgb24")`` converts it (stored size, no rotation; one swscale context a
-video, :class:`_RgbConverter`) and written into its chunk as it comes; a complete chunk is
+frames need, in threads, each sampled frame converted to RGB there as the reference converts
+it); each is written into its chunk as it comes; a complete chunk is
 yielded once its frames are written, seen as the next frames come in (and at the latest when the
 next chunk is complete), so its writes and the next chunk's frames overlap; at most two chunks
 are held.
@@ -311,22 +310,6 @@ class _FrameList(list):  # type: ignore[type-arg]
         return True
 
 
-class _RgbConverter:
-    """A video's frames as RGB uint8 ``(H, W, 3)`` arrays, bit for bit what the reference's
-    ``frame.to_ndarray(format="rgb24")`` gives, through one swscale context on the calling thread:
-    ``to_ndarray`` sets up a context (and a swscale thread a core) for each frame anew, 0.6-1.1 ms
-    a frame on this project's benchmark clips. swscale sets the context up again where a frame's
-    size, pixel format or colour tags differ from the one before."""
-
-    def __init__(self) -> None:
-        from av.video.reformatter import VideoReformatter
-
-        self._reformatter = VideoReformatter()
-
-    def __call__(self, frame: Any) -> np.ndarray:
-        return self._reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
-
-
 @dataclass(frozen=True)
 class _Sampled:
     """A complete chunk: its frames' sink, their indices, its timestamp and prompt."""
@@ -423,18 +406,17 @@ def _sampled_chunks(
     chunk_of = {index: number for number, chunk in enumerate(chunks) for index in chunk}
     depth = preset.temporal_merge_kernel_size
     frames = FrameProducer(demuxed, threads, limits, set(chunk_of), plan, on_frame, depth, segment_decoders())
-    to_rgb = _RgbConverter()
     sink: _FrameSink | None = None
     waiting: _Sampled | None = None  # complete, its frames still being written
     filled, next_chunk = 0, 0
     with frames:
         try:
-            for frame_index, frame in frames:
+            for frame_index, rgb in frames:
                 if chunk_of[frame_index] != next_chunk:
                     raise AssertionError(f"frame {frame_index} came before chunk {next_chunk} was complete")
                 if sink is None:
                     sink = new_chunk(len(chunks[next_chunk]))
-                sink.add(to_rgb(frame))  # here, so the decode thread goes on feeding
+                sink.add(rgb)
                 filled += 1
                 if waiting is not None and waiting.frames.ready():
                     yield waiting

@@ -10,8 +10,8 @@ as after a seek), and the packets sent are cut into segments that decoders of th
 once. The plan applies where the frame count is the packet count: the packets' pts name each
 frame once, in a codec whose decoder gives one frame a packet (:data:`PLANNED_CODECS`); the
 decoders must then give exactly the frames the plan says (the references and the sampled frames,
-in order), else the video goes back to a full pass (:func:`every_frame`) before any frame is
-handed over, or is refused as damaged after. :class:`FrameProducer` runs a pass in threads and
+in order, none flagged as damaged), else the video goes back to a full pass (:func:`every_frame`),
+which checks the frames already handed over. :class:`FrameProducer` runs a pass in threads and
 hands the sampled frames over bounded queues, in order.
 """
 
@@ -24,10 +24,12 @@ import itertools
 import math
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 from kimi_vision_common.errors import InvalidVideoError, VideoTooLargeError
@@ -62,6 +64,14 @@ class VideoInfo:
 # Decoders that give one frame a packet, honour ``skip_frame`` per packet (FFmpeg copies it to
 # each frame thread as the packet is sent) and whose reference frames :mod:`.frame_types` reads.
 PLANNED_CODECS = frozenset(READERS)
+# Decoders whose pixels on a damaged stream depend on slice threads, with no error or damage flag
+# to tell: HEVC's wavefront rows each start at their entry point under slice threads, where one
+# thread reads on from wherever the row before ended. A planned pass of these keeps the
+# reference's thread settings (PyAV's: slice threads, FFmpeg's count) instead of frame threads.
+REFERENCE_THREADED_CODECS = frozenset({"hevc"})
+# Decoders that flag no damaged frame (``frame.is_corrupt``) where they conceal one: a planned pass
+# of these stops at the first error FFmpeg finds (``err_detect`` explode), so that the plan ends.
+EXPLODING_CODECS = frozenset({"hevc"})
 
 
 @dataclass(frozen=True)
@@ -288,17 +298,20 @@ def _check_frame_size(width: int, height: int, limits: VideoLimits) -> None:
         )
 
 
-def _decoder(stream: Any, threads: int | None) -> Any:
-    """``stream``'s decoder, ready for a pass from a key packet: set to FFmpeg's threads before it
-    opens (0: FFmpeg's count; None: PyAV's defaults, slice threads of FFmpeg's count, as the
-    reference decodes: a damaged stream's error concealment differs with other thread settings),
-    flushed after an earlier pass."""
+def _decoder(stream: Any, threads: int | None, explode: bool = False) -> Any:
+    """``stream``'s decoder, ready for a pass from a key packet: set before it opens to FFmpeg's
+    threads (0: FFmpeg's count; None: PyAV's defaults, slice threads of FFmpeg's count, as the
+    reference decodes: a damaged stream's error concealment differs with other thread settings)
+    and, with ``explode``, to fail at the first error it finds; flushed after an earlier pass."""
     decoder = stream.codec_context
     if decoder.is_open:
         decoder.flush_buffers()
-    elif threads is not None:
-        stream.thread_type = "AUTO"
-        decoder.thread_count = threads
+    else:
+        if threads is not None:
+            stream.thread_type = "AUTO"
+            decoder.thread_count = threads
+        if explode:
+            decoder.options = {**decoder.options, "err_detect": "+explode"}
     decoder.skip_frame = "DEFAULT"
     return decoder
 
@@ -337,7 +350,8 @@ def segment_frames(  # noqa: PLR0917
     """``(index, frame)`` of each sampled frame of ``segment`` in order, decoding only its runs (a
     frame not sampled with ``skip_frame`` "NONREF"), the decoder drained and flushed between runs,
     as after a seek. Raises :class:`_PlanMismatch` where the decoder's frames are not
-    ``segment.shown`` in order (a frame dropped, as a damaged stream's are)."""
+    ``segment.shown`` in order (a frame dropped, as a damaged stream's are), where it flags one as
+    damaged, and where it fails."""
     import av
 
     expected = collections.deque(segment.shown)  # presentation order, the order the decoder outputs
@@ -365,8 +379,8 @@ def segment_frames(  # noqa: PLR0917
                 decoder.skip_frame = "DEFAULT" if packet.pts in plan.sampled else "NONREF"
                 yield from kept(decoder.decode(packet))
         yield from kept(decoder.decode(None))
-    except av.FFmpegError as exc:
-        raise InvalidVideoError(f"cannot decode the video: {exc}") from None
+    except av.FFmpegError as exc:  # the full pass decides: the reference's decoder may read on
+        raise _PlanMismatch(f"the decoder failed: {exc}") from None
     if expected:
         raise _PlanMismatch(f"{len(expected)} frames did not come out of the decoder")
 
@@ -383,21 +397,53 @@ def plan_lanes(plan: DecodePlan, decoders: int) -> int:
 
 # A lane's work: its segments in order, each (given the lane's stream) the frames to hand over.
 _Job = Callable[[Any], Iterator[tuple[int, Any]]]
+# What a lane hands over: ("frame", index, (rgb, its CRC-32 or None)), ("end", None, None) after
+# each job, ("error", exception, None).
+_Item = tuple[str, Any, Any]
+
+
+class _RgbConverter:
+    """A video's frames as RGB uint8 ``(H, W, 3)`` arrays, bit for bit what the reference's
+    ``frame.to_ndarray(format="rgb24")`` gives, through one swscale context on the calling thread:
+    ``to_ndarray`` sets up a context (and a swscale thread a core) for each frame anew, 0.6-1.1 ms
+    a frame on this project's benchmark clips. swscale sets the context up again where a frame's
+    size, pixel format or colour tags differ from the one before."""
+
+    def __init__(self) -> None:
+        from av.video.reformatter import VideoReformatter
+
+        self._reformatter = VideoReformatter()
+
+    def __call__(self, frame: Any) -> np.ndarray:
+        return self._reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
+
+
+def _crc32(rgb: np.ndarray) -> int:
+    """CRC-32 of an RGB frame's pixels, row by row where its rows are padded."""
+    if rgb.flags.c_contiguous:
+        return zlib.crc32(rgb)
+    checksum = 0
+    for row in rgb:
+        checksum = zlib.crc32(row, checksum)
+    return checksum
 
 
 class FrameProducer:
     """Decodes the video (by ``plan``, else every frame) in threads and hands over the sampled
-    frames in order (PyAV frames: the consumer converts them to RGB, so the decoders go on);
-    iterate for ``(frame index, frame)``, read ``frames_in_stream`` after (the packet count when
-    the plan held, else the frames decoded).
+    frames in order, each converted to RGB uint8 ``(H, W, 3)`` in its decoding thread before that
+    decoder takes its next packet (:class:`_RgbConverter`, as the reference converts); iterate for
+    ``(frame index, rgb)``, read ``frames_in_stream`` after (the packet count when the plan held,
+    else the frames decoded).
 
     A video decoded whole gets the reference's thread settings (:func:`_decoder`). A plan's
     segments go to :func:`plan_lanes` lanes in turn, each a thread with its own decoder
     (``threads`` FFmpeg threads shared out among them; the first lane's decoder is the demuxed
     stream's, the others' a second open of the same bytes) and its own queue of ``depth`` frames,
     so a lane runs at most that far ahead of the segment being handed over. A plan that does not
-    hold before any frame is handed over gives way to decoding every frame on one decoder; after,
-    the video is refused as damaged. Leaving the ``with`` block stops the threads."""
+    hold gives way to decoding every frame on one decoder, from the start; frames it handed over
+    already are not handed again but checked (the CRC-32 of their RGB, taken as they went out):
+    where one differs the video is refused as damaged. Leaving the ``with`` block stops the
+    threads."""
 
     def __init__(  # noqa: PLR0917
         self,
@@ -418,7 +464,7 @@ class FrameProducer:
         self._count_lock = threading.Lock()
         self.frames_in_stream = 0
         self._decoded = 0
-        self._handed = 0
+        self._handed: dict[int, int | None] = {}  # frames handed over: index -> CRC-32 of the RGB
 
     def __enter__(self) -> FrameProducer:
         return self
@@ -467,10 +513,8 @@ class FrameProducer:
             decoder.sample_aspect_ratio = probed.sample_aspect_ratio
         return stream
 
-    def _run(
-        self, lane: int, anew: bool, jobs: list[_Job], out: queue.Queue[tuple[str, Any, Any]], stop: threading.Event
-    ) -> None:
-        def put(item: tuple[str, Any, Any]) -> bool:
+    def _run(self, lane: int, anew: bool, jobs: list[_Job], out: queue.Queue[_Item], stop: threading.Event) -> None:
+        def put(item: _Item) -> bool:
             while not stop.is_set():
                 try:
                     out.put(item, timeout=0.1)
@@ -481,21 +525,33 @@ class FrameProducer:
 
         try:
             stream = self._stream(lane, anew)
+            to_rgb = _RgbConverter()
             for job in jobs:
                 with contextlib.closing(job(stream)) as frames:  # type: ignore[type-var]
                     for index, frame in frames:
-                        if not put(("frame", index, frame)):
+                        # Converted before the decoder takes its next packet, and the frame let go,
+                        # as in the reference's loop: a damaged H.264 stream's decoder fills missing
+                        # pictures from buffers of its pool, so which frames are still held decides
+                        # the pixels of later ones.
+                        rgb = to_rgb(frame)
+                        del frame
+                        checksum = _crc32(rgb) if self._plan is not None else None
+                        if not put(("frame", index, (rgb, checksum))):
                             return
                 if not put(("end", None, None)):
                     return
         except BaseException as exc:  # handed to the consumer, raised there
             put(("error", exc, None))
 
-    def _hand_over(self, jobs: list[_Job], lanes: int, anew: bool = False) -> Iterator[tuple[int, Any]]:
+    def _hand_over(
+        self, jobs: list[_Job], lanes: int, anew: bool = False, handed: Mapping[int, int | None] | None = None
+    ) -> Iterator[tuple[int, Any]]:
         """Run ``jobs`` (in order) on ``lanes`` lanes, job ``i`` on lane ``i % lanes``, and yield
-        their frames in job order (``anew``: :meth:`_stream`'s)."""
+        their frames in job order (``anew``: :meth:`_stream`'s), but for those ``handed`` over
+        before (index -> CRC-32): checked against it instead."""
+        handed = handed or {}
         for lane in range(lanes):
-            out: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=self._depth)
+            out: queue.Queue[_Item] = queue.Queue(maxsize=self._depth)
             thread = threading.Thread(
                 target=self._run,
                 args=(lane, anew, jobs[lane::lanes], out, self._stop),
@@ -512,36 +568,44 @@ class FrameProducer:
                     raise first
                 if kind == "end":
                     break
-                self._handed += 1
-                yield first, second
+                rgb, checksum = second
+                if first in handed:
+                    if checksum != handed[first]:
+                        raise InvalidVideoError(
+                            f"the video is damaged: decoded whole, frame {first} differs from the one already "
+                            f"sampled ({len(handed)} frames were)"
+                        )
+                    continue
+                self._handed[first] = checksum
+                yield first, rgb
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         demuxed, limits = self._demuxed, self._limits
         plan = self._plan
         if plan is not None:
             lanes = plan_lanes(plan, self._decoders)
-            threads = max(1, self._threads // lanes) if self._threads else 0
+            threads: int | None = max(1, self._threads // lanes) if self._threads else 0
+            if demuxed.info.codec in REFERENCE_THREADED_CODECS:
+                threads = None
+
+            explode = demuxed.info.codec in EXPLODING_CODECS
 
             def job(segment: Segment) -> _Job:
                 return lambda stream: segment_frames(
-                    _decoder(stream, threads), demuxed.packets, plan, segment, limits, self._count
+                    _decoder(stream, threads, explode), demuxed.packets, plan, segment, limits, self._count
                 )
 
             try:
                 yield from self._hand_over([job(segment) for segment in plan.segments], lanes)
                 self.frames_in_stream = plan.packets
                 return
-            except _PlanMismatch as exc:
-                if self._handed:
-                    raise InvalidVideoError(
-                        f"the decoder's frames do not match the container's packets ({exc}): the video is "
-                        f"damaged ({self._handed} frames were already sampled)"
-                    ) from None
+            except _PlanMismatch:
                 self._halt()
                 self._decoded = 0
         yield from self._hand_over(
             [lambda stream: every_frame(_decoder(stream, None), demuxed, limits, self._wanted, self._count)],
             lanes=1,
             anew=plan is not None,
+            handed=dict(self._handed),
         )
         self.frames_in_stream = self._decoded
