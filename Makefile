@@ -16,7 +16,7 @@ apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	&& apt-get update -qq >/tmp/kimi-prep-apt.log 2>&1 \
 	&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >>/tmp/kimi-prep-apt.log 2>&1; }
 
-.PHONY: setup doors test serve repository demo lint bench perf-analyzer peer-venv soak fuzz clean
+.PHONY: setup doors test serve repository demo lint bench perf-analyzer peer-venv soak fuzz fuzz-videos clean
 
 # The three doors' packaging: the library (pyproject.toml, setup.py), the server (backend_src/server/),
 # the client and the package they share (client/).
@@ -144,6 +144,10 @@ lint: setup
 fuzz: setup
 	$(PY) fuzz/fuzz_preprocess.py --seconds 120
 	$(PY) fuzz/fuzz_steps.py --seconds 120
+
+# Damaged videos against the PyAV reference; it reports the findings docs/media.md describes.
+fuzz-videos: setup
+	$(PY) fuzz/fuzz_preprocess.py --target videos --seconds 120
 
 clean:
 	rm -rf $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) .pytest_cache .ruff_cache

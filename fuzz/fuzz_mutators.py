@@ -1,12 +1,15 @@
-"""Byte mutations for the preprocessing fuzzer: generic ones plus structure-aware JPEG and PNG ones.
+"""Byte mutations for the preprocessing fuzzer: generic ones plus structure-aware JPEG, PNG and
+video ones.
 
 Every mutator is ``(data, rng) -> bytes``, pure and deterministic for a given ``random.Random``
 state, and never raises on malformed input (a structure mutator that finds no structure returns
-the input unchanged). Standard library only, so the fuzzer's guard process stays light.
+the input unchanged). Standard library only, so the fuzzer's guard process stays light; the video
+mutators import PyAV (to find the packets) when they run, in the fuzzing process.
 """
 
 from __future__ import annotations
 
+import io
 import random
 import struct
 import zlib
@@ -329,6 +332,51 @@ def png_duplicate_chunk(data: bytes, rng: random.Random) -> bytes:
     return data[: chunk.end] + data[chunk.start : chunk.end] + data[chunk.end :]
 
 
+# -- videos -------------------------------------------------------------------------------------
+
+
+def video_packets(data: bytes) -> list[tuple[int, int]]:
+    """(file offset, size) of each packet of the first video stream, as PyAV's demuxer finds them."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            return [(p.pos, p.size) for p in container.demux(video=0) if p.size and p.pos is not None and p.pos >= 0]
+    except (av.FFmpegError, ValueError, IndexError):
+        return []
+
+
+def video_garble_packet(data: bytes, rng: random.Random) -> bytes:
+    """1-16 bytes inside one video packet XORed: damage where a picture's data lies."""
+    packets = video_packets(data)
+    if not packets:
+        return data
+    pos, size = rng.choice(packets)
+    start = min(pos + rng.randrange(max(size, 1)), len(data) - 1)
+    end = min(start + rng.randint(1, 16), pos + size, len(data))
+    return data[:start] + bytes(b ^ rng.randrange(1, 256) for b in data[start:end]) + data[end:]
+
+
+def video_zero_packet_tail(data: bytes, rng: random.Random) -> bytes:
+    """One video packet's bytes zeroed from somewhere in it to its end (a picture cut short)."""
+    packets = video_packets(data)
+    if not packets:
+        return data
+    pos, size = rng.choice(packets)
+    start = min(pos + rng.randrange(max(size, 1)), len(data))
+    end = min(pos + size, len(data))
+    return data[:start] + bytes(end - start) + data[end:]
+
+
+def video_drop_packet(data: bytes, rng: random.Random) -> bytes:
+    """One video packet's bytes removed (the container's index then points past its data)."""
+    packets = video_packets(data)
+    if not packets:
+        return data
+    pos, size = rng.choice(packets)
+    return data[:pos] + data[pos + size :]
+
+
 # -- dispatch ---------------------------------------------------------------------------------
 
 GENERIC: dict[str, Mutator] = {
@@ -361,6 +409,17 @@ def mutators_for(data: bytes) -> dict[str, Mutator]:
     if data.startswith(PNG_SIGNATURE):
         return PNG
     return GENERIC
+
+
+VIDEO: dict[str, Mutator] = {f.__name__: f for f in (video_garble_packet, video_zero_packet_tail, video_drop_packet)}
+
+
+def mutate_video(data: bytes, rng: random.Random, max_size: int) -> bytes:
+    """Apply 1-3 mutations to an encoded video, packet-aware two times in three; at most ``max_size`` bytes."""
+    for _ in range(rng.randint(1, 3)):
+        pool = VIDEO if rng.random() < 2 / 3 else GENERIC
+        data = rng.choice(list(pool.values()))(data, rng)
+    return data[:max_size]
 
 
 def mutate(data: bytes, rng: random.Random, max_size: int) -> bytes:

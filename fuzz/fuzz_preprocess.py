@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Fuzz ``kimi_vision_prep.preprocess_bytes`` against the Pillow reference (issue 5).
+"""Fuzz ``kimi_vision_prep.preprocess_bytes`` against the Pillow reference (issue 5), and
+``preprocess_video`` against the PyAV reference (``--target videos``).
 
-Every input, for both presets, must be processed exactly as Pillow would or rejected with a typed
-bad-input error (see ``fuzz_oracle.py``). Inputs start from small shared-corpus files and synthetic
-images and are mutated by atheris/libFuzzer (coverage-guided, when atheris is installed) or by a
-plain random loop, both mixing in structure-aware JPEG/PNG mutations (``fuzz_mutators.py``).
+Every input, for both presets, must be processed exactly as the reference would or rejected with a
+typed bad-input error (see ``fuzz_oracle.py``). Image inputs start from small shared-corpus files
+and synthetic images, video inputs from short clips of every kind the planned decode reads; they
+are mutated by atheris/libFuzzer (coverage-guided, when atheris is installed) or by a plain random
+loop, both mixing in structure-aware JPEG/PNG or packet-aware video mutations (``fuzz_mutators.py``).
 
-    python fuzz/fuzz_preprocess.py --seconds 120          # what `make fuzz` runs
-    python fuzz/fuzz_preprocess.py --replay fuzz/crashes/X.bin
+    python fuzz/fuzz_preprocess.py --seconds 120                    # what `make fuzz` runs
+    python fuzz/fuzz_preprocess.py --target videos --seconds 120    # and this
+    python fuzz/fuzz_preprocess.py --replay fuzz/crashes/X.bin      # (--target videos for a video)
 
 The command is a guard: the fuzzing runs in a child process whose resident memory is capped and
 whose wall time is bounded; each input has a time limit (libFuzzer ``-timeout`` or ``SIGALRM``).
@@ -31,15 +34,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fuzz_mutators import mutate
+from fuzz_mutators import mutate, mutate_video
 
 if TYPE_CHECKING:
     from fuzz_oracle import Finding
-
-    from kimi_vision_prep import ImageDecoder
 
 FUZZ_DIR = Path(__file__).resolve().parent
 STARTUP_GRACE_S = 120.0  # imports, numba cache load, seed generation
@@ -55,6 +57,7 @@ CHILD_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", choices=("images", "videos"), default="images", help="what is fuzzed")
     parser.add_argument("--seconds", type=float, default=120.0, help="fuzzing time budget")
     parser.add_argument("--engine", choices=("auto", "atheris", "random"), default="auto")
     parser.add_argument("--timeout", type=int, default=10, help="seconds allowed per input")
@@ -71,16 +74,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 # -- the fuzzing process ------------------------------------------------------------------------
 
 
+Judge = Callable[[bytes, str], str]  # (input, preset) -> verdict label, or raises fuzz_oracle.Finding
+
+
+def target_judge(target: str) -> Judge:
+    """The verdict rule of ``target`` (``fuzz_oracle``: imported late, atheris must instrument Pillow first)."""
+    import fuzz_oracle
+
+    if target == "videos":
+        return fuzz_oracle.judge_video
+    decoder = fuzz_oracle.make_decoder()
+    return lambda data, preset: fuzz_oracle.judge(data, preset, decoder)
+
+
+def target_mutate(target: str) -> Callable[[bytes, random.Random, int], bytes]:
+    return mutate_video if target == "videos" else mutate
+
+
+def max_input_bytes(target: str) -> int:
+    from fuzz_oracle import FUZZ_LIMITS, FUZZ_VIDEO_LIMITS
+
+    return FUZZ_VIDEO_LIMITS.max_video_bytes if target == "videos" else FUZZ_LIMITS.max_encoded_bytes
+
+
 class Session:
     """Runs inputs through the oracle and keeps the counts the guard reports."""
 
-    def __init__(self, workdir: Path, crash_dir: Path, seconds: float, decoder: ImageDecoder) -> None:
-        import fuzz_oracle  # imported late: atheris must instrument Pillow first
+    def __init__(self, workdir: Path, crash_dir: Path, seconds: float, judge: Judge) -> None:
+        import fuzz_oracle
 
         self.oracle = fuzz_oracle
         self.workdir = workdir
         self.crash_dir = crash_dir
-        self.decoder = decoder
+        self.judge = judge
         self.deadline = time.monotonic() + seconds
         self.next_stats = 0.0
         self.executions = 0
@@ -96,7 +122,7 @@ class Session:
         new = False
         for preset in self.oracle.PRESET_NAMES:
             try:
-                verdict = self.oracle.judge(data, preset, self.decoder)
+                verdict = self.judge(data, preset)
             except self.oracle.Finding as finding:
                 self._record(finding, data)
                 verdict = f"{preset} FINDING {finding.signature}"
@@ -137,10 +163,11 @@ def write_engine_info(workdir: Path, engine: str, seed: int) -> None:
     (workdir / "engine.json").write_text(json.dumps({"engine": engine, "seed": seed}))
 
 
-def load_seeds(max_corpus_bytes: int, max_bytes: int) -> dict[str, bytes]:
-    from fuzz_seeds import all_seeds
+def load_seeds(target: str, max_corpus_bytes: int, max_bytes: int) -> dict[str, bytes]:
+    from fuzz_seeds import all_seeds, video_seeds
 
-    return {name: data for name, data in all_seeds(max_corpus_bytes).items() if len(data) <= max_bytes}
+    seeds = video_seeds() if target == "videos" else all_seeds(max_corpus_bytes)
+    return {name: data for name, data in seeds.items() if len(data) <= max_bytes}
 
 
 def run_atheris(args: argparse.Namespace, workdir: Path, seed: int) -> None:
@@ -153,16 +180,13 @@ def run_atheris(args: argparse.Namespace, workdir: Path, seed: int) -> None:
         import kimi_vision_prep  # noqa: F401
 
         PIL.Image.init()  # import every format plugin under instrumentation
-    from fuzz_oracle import make_decoder
-
-    decoder = make_decoder()
-    max_len = decoder.limits.max_encoded_bytes
+    max_len, mutate_target = max_input_bytes(args.target), target_mutate(args.target)
     seed_dir, corpus_dir = workdir / "seeds", workdir / "corpus"
     seed_dir.mkdir()
     corpus_dir.mkdir()
-    for name, data in load_seeds(args.max_corpus_bytes, max_len).items():
+    for name, data in load_seeds(args.target, args.max_corpus_bytes, max_len).items():
         (seed_dir / slug(name)).write_bytes(data)
-    session = Session(workdir, args.crash_dir, args.seconds, decoder)
+    session = Session(workdir, args.crash_dir, args.seconds, target_judge(args.target))
 
     def test_one_input(data: bytes) -> None:
         if session.expired():
@@ -174,7 +198,7 @@ def run_atheris(args: argparse.Namespace, workdir: Path, seed: int) -> None:
         rng = random.Random(mutator_seed)
         if rng.random() < 1 / 3:
             return atheris.Mutate(data, max_size)
-        return mutate(data, rng, max_size)
+        return mutate_target(data, rng, max_size)
 
     args.crash_dir.mkdir(parents=True, exist_ok=True)
     libfuzzer_args = [
@@ -191,16 +215,13 @@ def run_atheris(args: argparse.Namespace, workdir: Path, seed: int) -> None:
 
 def run_random(args: argparse.Namespace, workdir: Path, seed: int) -> int:
     """Mutation fuzzing without coverage: seeds, then mutants of seeds and of inputs with new verdicts."""
-    from fuzz_oracle import make_decoder
-
-    decoder = make_decoder()
-    max_len = decoder.limits.max_encoded_bytes
-    pool = list(load_seeds(args.max_corpus_bytes, max_len).values())
-    session = Session(workdir, args.crash_dir, args.seconds, decoder)
+    max_len, mutate_target = max_input_bytes(args.target), target_mutate(args.target)
+    pool = list(load_seeds(args.target, args.max_corpus_bytes, max_len).values())
+    session = Session(workdir, args.crash_dir, args.seconds, target_judge(args.target))
     rng = random.Random(seed)
     queue = list(pool)
     while not session.expired():
-        data = queue.pop() if queue else mutate(rng.choice(pool), rng, max_len)
+        data = queue.pop() if queue else mutate_target(rng.choice(pool), rng, max_len)
         signal.alarm(args.timeout)  # SIGALRM's default action ends the process, even inside C code
         if session.run_one(data) and not queue:
             pool.append(data)
@@ -322,15 +343,15 @@ def guard_main(argv: list[str], args: argparse.Namespace) -> int:
         return 1
 
 
-def replay_main(paths: list[Path]) -> int:
-    from fuzz_oracle import PRESET_NAMES, Finding, judge, make_decoder
+def replay_main(target: str, paths: list[Path]) -> int:
+    from fuzz_oracle import PRESET_NAMES, Finding
 
-    decoder = make_decoder()
+    judge = target_judge(target)
     failed = 0
     for path in paths:
         for preset in PRESET_NAMES:
             try:
-                print(f"{path}: {judge(path.read_bytes(), preset, decoder)}")
+                print(f"{path}: {judge(path.read_bytes(), preset)}")
             except Finding as finding:
                 failed += 1
                 print(f"{path}: FINDING {finding}")
@@ -341,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.replay:
-        return replay_main(args.replay)
+        return replay_main(args.target, args.replay)
     if args.child:
         return child_main(args)
     return guard_main(argv, args)

@@ -78,3 +78,10 @@ def corpus_seeds(max_bytes: int) -> dict[str, bytes]:
 
 def all_seeds(max_corpus_bytes: int) -> dict[str, bytes]:
     return {**synthetic_seeds(), **corpus_seeds(max_corpus_bytes)}
+
+
+def video_seeds() -> dict[str, bytes]:
+    """Name -> encoded bytes of short clips of every kind the planned video decode reads
+    (``tests/make_inputs.planned_clips``: B-frame pyramids, open GOPs, a variable frame rate,
+    MPEG-4, MPEG-2, HEVC; MP4, Matroska and MPEG-TS), small enough to decode many a second."""
+    return mi.planned_clips(width=160, height=96, seconds=2)

@@ -255,7 +255,11 @@ def hostile_videos(
 ) -> dict[str, tuple[bytes, type[kvp.PreprocessError], str | None]]:
     mp4 = clips["h264_25fps_1280x720.mp4"]
     noise = np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes()
+    mkv = clips["mpeg4_1000fps_64x48.mkv"]
+    assert mkv.count(b"V_MPEG4/ISO/ASP") == 1
     return {
+        # found by `make fuzz-videos`: a stream PyAV opens without a codec context
+        "unknown_codec": (mkv.replace(b"V_MPEG4/ISO/ASP", b"V_UNKNOWN/CODEC"), kvp.InvalidVideoError, "codec"),
         "empty": (b"", kvp.InvalidVideoError, "empty"),
         "random": (noise, kvp.InvalidVideoError, None),
         "text": (b"hello, this is not a video\n" * 20, kvp.InvalidVideoError, "not a decodable video"),

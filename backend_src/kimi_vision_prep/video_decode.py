@@ -214,7 +214,10 @@ def _video_stream(container: Any) -> Any:
         raise InvalidVideoError(f"an image ({container.format.name}), not a video: use the image models")
     if not container.streams.video:
         raise InvalidVideoError("no video stream")
-    return container.streams.video[0]
+    stream = container.streams.video[0]
+    if stream.codec_context is None:  # a codec id FFmpeg has no decoder for
+        raise InvalidVideoError("the video stream's codec is not one FFmpeg decodes")
+    return stream
 
 
 def probe_video(data: bytes, limits: VideoLimits = VideoLimits()) -> VideoInfo:
@@ -487,16 +490,17 @@ class FrameProducer:
             if self._on_frame is not None:
                 self._on_frame()
 
-    def _stream(self, lane: int, anew: bool) -> Any:
-        """The stream whose decoder ``lane`` uses: the demuxed one; after a planned pass that did
-        not hold (``anew``), the same stream of a new open (a flushed decoder keeps state of that
-        pass that a full decode's has not: a damaged stream's pixels could differ). Another lane's:
+    def _stream(self, lane: int) -> Any:
+        """The stream whose decoder ``lane`` uses: the demuxed one for the first pass that decodes;
+        for a later pass (a full one after a plan that did not hold, or one sampled again from the
+        decoded frame count), the same stream of a new open (a flushed decoder keeps state of the
+        pass before that a full decode's has not: a damaged stream's pixels differed). Another lane's:
         the same stream of a second open whose probe decodes nothing (FFmpeg's probe decodes an
         H.264 stream's first frames: 25-45 ms at 720p-1080p on the 2-core host), given the two
         values that probe finds from the first open (the pixel format and the reorder depth a
         decoder starts with), and told the x264 build the stream's first packet names (it starts
         past that packet)."""
-        if lane == 0 and not anew:
+        if lane == 0 and not self._demuxed.stream.codec_context.is_open:
             return self._demuxed.stream
         if lane == 0:
             container = _open(self._demuxed.data)
@@ -513,7 +517,7 @@ class FrameProducer:
             decoder.sample_aspect_ratio = probed.sample_aspect_ratio
         return stream
 
-    def _run(self, lane: int, anew: bool, jobs: list[_Job], out: queue.Queue[_Item], stop: threading.Event) -> None:
+    def _run(self, lane: int, jobs: list[_Job], out: queue.Queue[_Item], stop: threading.Event) -> None:
         def put(item: _Item) -> bool:
             while not stop.is_set():
                 try:
@@ -524,7 +528,7 @@ class FrameProducer:
             return False
 
         try:
-            stream = self._stream(lane, anew)
+            stream = self._stream(lane)
             to_rgb = _RgbConverter()
             for job in jobs:
                 with contextlib.closing(job(stream)) as frames:  # type: ignore[type-var]
@@ -544,17 +548,17 @@ class FrameProducer:
             put(("error", exc, None))
 
     def _hand_over(
-        self, jobs: list[_Job], lanes: int, anew: bool = False, handed: Mapping[int, int | None] | None = None
+        self, jobs: list[_Job], lanes: int, handed: Mapping[int, int | None] | None = None
     ) -> Iterator[tuple[int, Any]]:
         """Run ``jobs`` (in order) on ``lanes`` lanes, job ``i`` on lane ``i % lanes``, and yield
-        their frames in job order (``anew``: :meth:`_stream`'s), but for those ``handed`` over
+        their frames in job order, but for those ``handed`` over
         before (index -> CRC-32): checked against it instead."""
         handed = handed or {}
         for lane in range(lanes):
             out: queue.Queue[_Item] = queue.Queue(maxsize=self._depth)
             thread = threading.Thread(
                 target=self._run,
-                args=(lane, anew, jobs[lane::lanes], out, self._stop),
+                args=(lane, jobs[lane::lanes], out, self._stop),
                 name="kimi-prep video decode",
                 daemon=True,
             )
@@ -605,7 +609,6 @@ class FrameProducer:
         yield from self._hand_over(
             [lambda stream: every_frame(_decoder(stream, None), demuxed, limits, self._wanted, self._count)],
             lanes=1,
-            anew=plan is not None,
             handed=dict(self._handed),
         )
         self.frames_in_stream = self._decoded
