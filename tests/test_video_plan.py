@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Iterator
 from pathlib import Path
 
 import av
@@ -234,39 +235,98 @@ def garbled(data: bytes, packet: int, at: float = 0.6) -> bytes:
 
 
 def test_a_stream_damaged_after_chunks_went_out_decodes_as_the_reference(clips: dict[str, bytes]) -> None:
-    """Damage the planned decode meets after chunks went out: the video is decoded whole again as
-    the reference decodes it, the frames already handed over checked against it (their CRC-32),
-    the rest taken from it. Pictures garbled mid-stream in two H.264 clips, the Annex B stream cut
-    short: each equal to the reference (each was refused before). At
+    """Damage the planned decode meets after chunks went out (whether its frame threads flag it
+    varies from run to run): the video is decoded whole again as the reference decodes it, the
+    frames already handed over checked against it (their CRC-32), the rest taken from it. Pictures
+    garbled mid-stream in two H.264 clips, the Annex B stream cut short: each equal to the
+    reference (each was refused before). At
     packet 71 of the Annex B clip and 60 of the MP4 the decoder fills a missing picture from a
     buffer of its pool, so a frame must be converted and let go before its decoder takes the next
     packet, as the reference's loop does: held one packet longer, the pixels differ (checked).
     HEVC: at packet 27 only the reference's slice threads, which start each wavefront row at its
     entry point, give the reference's pixels (frame threads differed, silently)."""
     annexb, mp4 = clips["h264_annexb.ts"], clips["h264_bpyramid_keyint250.mp4"]
-    hevc = clips["hevc_bframes_keyint30.mp4"]
-    whole_again = {
+    damaged_clips = {
         **{f"h264_annexb.ts packet {k}": garbled(annexb, k) for k in (71, 82)},
         **{f"h264_bpyramid_keyint250.mp4 packet {k}": garbled(mp4, k) for k in (16, 60)},
         **{f"h264_annexb.ts cut at {f:.0%}": annexb[: int(len(annexb) * f)] for f in (0.5, 0.71, 0.97)},
+        "hevc_bframes_keyint30.mp4 packet 27": garbled(clips["hevc_bframes_keyint30.mp4"], 27),
     }
-    for label, damaged in {**whole_again, "hevc_bframes_keyint30.mp4 packet 27": garbled(hevc, 27)}.items():
-        ours, decoded = chunks_and_decoded(damaged, "kimi-k2.5")
+    for label, damaged in damaged_clips.items():
+        ours = list(kvp.preprocess_video(damaged, "kimi-k2.5"))
         expected = reference.reference_video(damaged, "kimi-k2.5")
         assert len(ours) == len(expected), label
         for i, (chunk, ref) in enumerate(zip(ours, expected, strict=True)):
             assert_chunk_equal(chunk, ref, f"{label}, chunk {i}")
-        if label in whole_again:  # the planned frames, then every frame
-            assert decoded > probe_video(damaged).packets, label
 
 
-def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(clips: dict[str, bytes]) -> None:
-    """Open GOPs, packet 82 garbled: the planned decoder conceals it otherwise than the reference's,
-    in a B-frame shown (and sampled) before the damaged picture is; decoded whole, that frame
-    differs from the one handed over, so the video is refused after its first chunks, never
-    finished with chunks of two decodes."""
+@pytest.mark.parametrize("after", [1, 5, 9])
+def test_a_plan_that_fails_after_chunks_went_out_goes_on_from_a_whole_decode(
+    clips: dict[str, bytes], after: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan made to fail after ``after`` sampled frames went out (1: inside the first chunk; 5,
+    9: inside later ones), on every clip of several GOPs: the whole decode that follows checks
+    those frames and hands over only the rest, so the chunks are the reference's, each frame once."""
+    handed = 0
+    real = video_decode.segment_frames
+
+    def failing(*args: object) -> Iterator[tuple[int, object]]:
+        nonlocal handed
+        for item in real(*args):  # type: ignore[arg-type]
+            if handed == after:
+                raise video_decode._PlanMismatch("made to fail")
+            handed += 1
+            yield item
+
+    monkeypatch.setattr(video_decode, "segment_frames", failing)
+    monkeypatch.setattr(kvp.video, "segment_decoders", lambda: 1)  # one lane: the count is the order
+    for name in ("h264_open_gop_keyint20.mkv", "h264_annexb.ts", "mpeg4_bframes_gop12.mkv"):
+        handed = 0
+        ours, decoded = chunks_and_decoded(clips[name], "kimi-k2.5")
+        expected = reference.reference_video(clips[name], "kimi-k2.5")
+        assert handed == after and decoded > probe_video(clips[name]).packets, name  # the plan, then every frame
+        assert [c.frame_indices for c in ours] == [r.frame_indices for r in expected], name
+        for i, (chunk, ref) in enumerate(zip(ours, expected, strict=True)):
+            assert_chunk_equal(chunk, ref, f"{name} failed after {after} frames, chunk {i}")
+
+
+def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(
+    clips: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame the plan handed over that the whole decode gives otherwise (its CRC-32 made to
+    differ here) refuses the video after its first chunks: never finished with chunks of two
+    decodes. Open GOPs with packet 82 garbled, as it comes (the planned decoder may conceal it in a
+    B-frame shown before the damaged picture otherwise than the reference's): the reference's
+    chunks, or that refusal, never other chunks."""
     damaged = garbled(clips["h264_open_gop_keyint20.mkv"], 82)
+    expected = reference.reference_video(damaged, "kimi-k2.5")
     chunks = kvp.preprocess_video(damaged, "kimi-k2.5")
+    try:
+        for i, (chunk, ref) in enumerate(zip(chunks, expected, strict=True)):
+            assert_chunk_equal(chunk, ref, f"open GOPs, packet 82 garbled, chunk {i}")
+    except kvp.InvalidVideoError as exc:
+        assert "differs from the one already sampled" in str(exc)
+    clip = clips["h264_annexb.ts"]
+    real_crc, real_frames = video_decode._crc32, video_decode.segment_frames
+    calls = yielded = 0
+
+    def off_by_one(rgb: object) -> int:  # the plan's 5 records (the first calls) made to differ
+        nonlocal calls
+        calls += 1
+        return real_crc(rgb) ^ (calls <= 5)  # type: ignore[arg-type]
+
+    def failing(*args: object) -> Iterator[tuple[int, object]]:  # the plan fails after 5 frames
+        nonlocal yielded
+        for item in real_frames(*args):  # type: ignore[arg-type]
+            if yielded == 5:
+                raise video_decode._PlanMismatch("made to fail")
+            yielded += 1
+            yield item
+
+    monkeypatch.setattr(video_decode, "_crc32", off_by_one)
+    monkeypatch.setattr(video_decode, "segment_frames", failing)
+    monkeypatch.setattr(kvp.video, "segment_decoders", lambda: 1)
+    chunks = kvp.preprocess_video(clip, "kimi-k2.5")
     assert next(chunks).frame_indices[0] == 0
     with pytest.raises(kvp.InvalidVideoError, match="differs from the one already sampled"):
         list(chunks)

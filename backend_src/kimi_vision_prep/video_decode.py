@@ -400,8 +400,8 @@ def plan_lanes(plan: DecodePlan, decoders: int) -> int:
 
 # A lane's work: its segments in order, each (given the lane's stream) the frames to hand over.
 _Job = Callable[[Any], Iterator[tuple[int, Any]]]
-# What a lane hands over: ("frame", index, (rgb, its CRC-32 or None)), ("end", None, None) after
-# each job, ("error", exception, None).
+# What a lane hands over: ("frame", index, rgb), ("end", None, None) after each job,
+# ("error", exception, None).
 _Item = tuple[str, Any, Any]
 
 
@@ -467,7 +467,7 @@ class FrameProducer:
         self._count_lock = threading.Lock()
         self.frames_in_stream = 0
         self._decoded = 0
-        self._handed: dict[int, int | None] = {}  # frames handed over: index -> CRC-32 of the RGB
+        self._handed: dict[int, int] = {}  # frames a plan handed over: index -> CRC-32 of the RGB
 
     def __enter__(self) -> FrameProducer:
         return self
@@ -539,8 +539,7 @@ class FrameProducer:
                         # the pixels of later ones.
                         rgb = to_rgb(frame)
                         del frame
-                        checksum = _crc32(rgb) if self._plan is not None else None
-                        if not put(("frame", index, (rgb, checksum))):
+                        if not put(("frame", index, rgb)):
                             return
                 if not put(("end", None, None)):
                     return
@@ -548,12 +547,13 @@ class FrameProducer:
             put(("error", exc, None))
 
     def _hand_over(
-        self, jobs: list[_Job], lanes: int, handed: Mapping[int, int | None] | None = None
+        self, jobs: list[_Job], lanes: int, handed: Mapping[int, int] | None = None
     ) -> Iterator[tuple[int, Any]]:
         """Run ``jobs`` (in order) on ``lanes`` lanes, job ``i`` on lane ``i % lanes``, and yield
-        their frames in job order, but for those ``handed`` over
-        before (index -> CRC-32): checked against it instead."""
-        handed = handed or {}
+        their frames in job order, but for those ``handed`` over before (index -> CRC-32):
+        checked against it instead. A plan's frames (``handed`` None) are recorded with their
+        CRC-32 as they go out, here, off the decoders' threads."""
+        planned, handed = handed is None, handed or {}
         for lane in range(lanes):
             out: queue.Queue[_Item] = queue.Queue(maxsize=self._depth)
             thread = threading.Thread(
@@ -572,15 +572,16 @@ class FrameProducer:
                     raise first
                 if kind == "end":
                     break
-                rgb, checksum = second
+                rgb = second
                 if first in handed:
-                    if checksum != handed[first]:
+                    if _crc32(rgb) != handed[first]:
                         raise InvalidVideoError(
                             f"the video is damaged: decoded whole, frame {first} differs from the one already "
                             f"sampled ({len(handed)} frames were)"
                         )
                     continue
-                self._handed[first] = checksum
+                if planned:
+                    self._handed[first] = _crc32(rgb)
                 yield first, rgb
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
