@@ -11,8 +11,10 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 TEST_FILES = sorted([*TESTS.glob("test_*.py"), *(TESTS / "gpu").glob("test_*.py")])
-# pytest's and numpy's checks, and fuzz_oracle.judge (raises a Finding, an AssertionError).
-CHECKING_CALLS = ("raises", "warns", "fail", "assert_array_equal", "assert_allclose", "assert_equal", "judge")
+# pytest's and numpy's checks, and fuzz_oracle's judge and judge_video (raise a Finding, an AssertionError).
+CHECKING_CALLS = (
+    "raises", "warns", "fail", "assert_array_equal", "assert_allclose", "assert_equal", "judge", "judge_video",
+)  # fmt: skip
 
 
 def asserts(node: ast.AST, checking: set[str]) -> bool:
