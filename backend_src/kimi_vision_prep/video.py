@@ -197,10 +197,10 @@ def preprocess_video(
     """An encoded video -> its chunks, one :class:`VideoChunkResult` at a time as each is ready.
 
     The container is validated and its frames counted here (errors raise now); decoding happens as
-    the iterator is consumed and stops when it is closed. ``threads``: FFmpeg threads of a sampled
-    decode (0: :func:`ffmpeg_threads`), shared out among the video's decoders
-    (:func:`segment_decoders`; at least one each; a video decoded whole gets the reference's
-    settings); ``on_frame`` is called once per decoded frame (e.g. a metric).
+    the iterator is consumed and stops when it is closed. ``threads``: FFmpeg threads of a planned
+    decode of H.264, MPEG-4 or MPEG-2 (0: :func:`ffmpeg_threads`), shared out among the video's
+    decoders (:func:`segment_decoders`; at least one each; HEVC, and a video decoded whole, get the
+    reference's settings); ``on_frame`` is called once per decoded frame (e.g. a metric).
     """
     if output not in PIXEL_OUTPUTS:
         raise ValueError(f"output must be one of {PIXEL_OUTPUTS}, got {output!r}")

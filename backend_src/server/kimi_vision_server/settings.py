@@ -158,7 +158,9 @@ SETTINGS: tuple[Setting, ...] = (
         )
     ),
     Setting(
-        "ffmpeg_threads", "FFmpeg threads of a sampled decode (0: the cores the frame kernels leave)",
+        "ffmpeg_threads",
+        "FFmpeg threads of a planned H.264, MPEG-4 or MPEG-2 decode (0: the cores the frame kernels leave; "
+        "HEVC and whole decodes keep the reference's)",
         frozenset({"video"}), 0, served=lambda r: r.threads, why="the host's layout: threads per instance",
     ),
     Setting(
