@@ -73,14 +73,19 @@ def test_structure_mutators_change_their_format() -> None:
             assert outputs - {seeds[magic]}, f"{name} never changed its input"
 
 
+def run_fuzzer(crash_dir: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``fuzz/fuzz_preprocess.py`` with ``args`` (seed 1), its failing inputs saved under
+    ``crash_dir``: the finished process and the executions it reports."""
+    cmd = [sys.executable, str(FUZZ_DIR / "fuzz_preprocess.py"), *args, "--seed", "1", "--crash-dir", str(crash_dir)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    found = re.search(r"^executions: (\d+)", done.stdout, re.MULTILINE)
+    return done, int(found.group(1)) if found else 0
+
+
 def test_harness_runs_clean_in_a_guarded_process(tmp_path: Path) -> None:
     """The `make fuzz` command, for 20 s: exits 0, executes inputs, reports verdicts and peak RSS."""
-    cmd = [sys.executable, str(FUZZ_DIR / "fuzz_preprocess.py"), "--seconds", "20", "--seed", "1"]
-    done = subprocess.run(
-        [*cmd, "--crash-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, check=False
-    )
+    done, executions = run_fuzzer(tmp_path, "--seconds", "20")
     assert done.returncode == 0, done.stdout + done.stderr
-    executions = int(re.search(r"^executions: (\d+)", done.stdout, re.MULTILINE).group(1))
     assert executions > 0, done.stdout
     assert re.search(r"^peak RSS: [1-9]\d* MiB", done.stdout, re.MULTILINE), done.stdout
     assert "findings: 0" in done.stdout
@@ -154,13 +159,9 @@ def test_video_harness_runs_to_its_end_in_a_guarded_process(tmp_path: Path) -> N
     """`make fuzz`'s video target for 15 s: no crash, hang or memory blow-up, inputs executed and
     judged, and no finding but the kinds docs/media.md says a damaged video can still give
     (chunks that differ, chunks where the reference refuses): no exception escapes, no wrong error."""
-    cmd = [sys.executable, str(FUZZ_DIR / "fuzz_preprocess.py"), "--target", "videos", "--seconds", "15"]
-    done = subprocess.run(
-        [*cmd, "--seed", "1", "--crash-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, check=False
-    )
+    done, executions = run_fuzzer(tmp_path, "--target", "videos", "--seconds", "15")
     assert "fuzzing process failed" not in done.stdout, done.stdout + done.stderr
     assert done.returncode in (0, 1), done.stdout + done.stderr
-    executions = int(re.search(r"^executions: (\d+)", done.stdout, re.MULTILINE).group(1))
     assert executions > 0 and " video ok" in done.stdout, done.stdout
     findings = re.findall(r"^\s+\d+\s+(kimi-k[\d.]+:video:\S+)$", done.stdout, re.MULTILINE)
     assert all(re.fullmatch(r"kimi-k[\d.]+:video:(pixels|accepted-bad-input:\w+)", f) for f in findings), findings

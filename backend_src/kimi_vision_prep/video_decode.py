@@ -305,7 +305,8 @@ def _decoder(stream: Any, threads: int | None, explode: bool = False) -> Any:
     """``stream``'s decoder, ready for a pass from a key packet: set before it opens to FFmpeg's
     threads (0: FFmpeg's count; None: PyAV's defaults, slice threads of FFmpeg's count, as the
     reference decodes: a damaged stream's error concealment differs with other thread settings)
-    and, with ``explode``, to fail at the first error it finds; flushed after an earlier pass."""
+    and, with ``explode``, to fail at the first error it finds; flushed after the segment its lane
+    decoded before."""
     decoder = stream.codec_context
     if decoder.is_open:
         decoder.flush_buffers()
@@ -462,7 +463,7 @@ class FrameProducer:
         self._demuxed, self._threads, self._limits, self._wanted = demuxed, threads, limits, wanted
         self._plan, self._on_frame, self._depth, self._decoders = plan, on_frame, max(depth, 1), max(decoders, 1)
         self._stop = threading.Event()
-        self._lanes: list[tuple[threading.Thread, queue.Queue[tuple[str, Any, Any]]]] = []
+        self._lanes: list[tuple[threading.Thread, queue.Queue[_Item]]] = []
         self._containers: list[Any] = []  # opens of the video beside the demuxed one (:meth:`_stream`)
         self._count_lock = threading.Lock()
         self.frames_in_stream = 0
@@ -592,7 +593,6 @@ class FrameProducer:
             threads: int | None = max(1, self._threads // lanes) if self._threads else 0
             if demuxed.info.codec in REFERENCE_THREADED_CODECS:
                 threads = None
-
             explode = demuxed.info.codec in EXPLODING_CODECS
 
             def job(segment: Segment) -> _Job:
