@@ -14,8 +14,10 @@ import inspect
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -140,14 +142,35 @@ def send_until(stop: threading.Event, server: EmbeddedServer, images: list, outc
         client.close()
 
 
-def wait_for(condition: Callable[[], bool], what: str) -> float:
-    """Seconds until ``condition()`` held; fails with ``what`` after :data:`HANG_GUARD_S`."""
+def wait_for(condition: Callable[[], bool], what: str, server: EmbeddedServer | None = None) -> float:
+    """Seconds until ``condition()`` held; fails with ``what`` after :data:`HANG_GUARD_S`, and with
+    what ``server`` was doing then (:func:`server_state`) where one is given."""
     started = time.monotonic()
     while not condition():
         if time.monotonic() - started > HANG_GUARD_S:
-            pytest.fail(f"{what} within {HANG_GUARD_S:g} s")
+            state = "" if server is None else f"\n{server_state(server)}"
+            pytest.fail(f"{what} within {HANG_GUARD_S:g} s{state}")
         time.sleep(0.05)
     return time.monotonic() - started
+
+
+def server_state(server: EmbeddedServer) -> str:
+    """What a wait that never ended needs to be explained: the stubs, the watchdog thread's stack
+    and the tail of tritonserver's log, with each live stub's Python stacks (SIGUSR1, contract.py)."""
+    assert server.process is not None
+    live = stub_processes(server.process.pid)
+    for stub in live:
+        if not stub.zombie:
+            os.kill(stub.pid, signal.SIGUSR1)
+    time.sleep(2)  # the stubs write their stacks
+    stubs = "\n".join(f"  {stub}" for stub in live)
+    frames = sys._current_frames()
+    stacks = [
+        "".join(traceback.format_stack(frames[thread.ident]))
+        for thread in threading.enumerate()
+        if thread.name == "kimi-prep-stub-watchdog" and thread.ident in frames
+    ]
+    return f"stubs:\n{stubs}\nwatchdog thread:\n{''.join(stacks)}\ntritonserver log:\n{server.log_tail(20000)}"
 
 
 def serves_exactly(server: EmbeddedServer, images: list) -> Callable[[], bool]:
@@ -195,7 +218,9 @@ def kill_under_load_and_recover(server: EmbeddedServer, images: list, model: str
         wait_for(lambda: outcomes.exact >= LOAD_THREADS, "exact results under load before the kill")
         killed_at = time.monotonic()
         pid = kill_stub(server, f"{model}_0_0")
-        recovered_s = wait_for(serves_exactly(server, images), f"{MODEL} served exactly again after killing {model}")
+        recovered_s = wait_for(
+            serves_exactly(server, images), f"{MODEL} served exactly again after killing {model}", server
+        )
         wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz back to 200")
         ready_s = time.monotonic() - killed_at
         exact_at_recovery = outcomes.exact
@@ -249,7 +274,7 @@ def test_each_kill_of_a_two_instance_models_stub_is_one_death_and_one_recovery(i
         for kills in (1, 2, 3):
             wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the kill")
             kill_stub(server, f"{model}_0_0")
-            wait_for(serves_exactly(server, images), f"{MODEL} served exactly again after kill {kills}")
+            wait_for(serves_exactly(server, images), f"{MODEL} served exactly again after kill {kills}", server)
             wait_for(lambda n=kills: counter(server, "kimi_prep_recoveries_total", model) >= n, f"recovery {kills}")
             wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 after the recovery")
             # A replaced version that unloads does so within a few scans (its surviving stub ends
@@ -294,7 +319,7 @@ def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_surviv
         try:
             wait_for(lambda: outcomes.exact >= LOAD_THREADS, "exact results under load before the kill")
             kill_stub(server, f"{model}_0_0")
-            wait_for(lambda: counter(server, "kimi_prep_recoveries_total", model) >= 1, "the recovery")
+            wait_for(lambda: counter(server, "kimi_prep_recoveries_total", model) >= 1, "the recovery", server)
         finally:
             stop.set()
             for thread in threads:
@@ -385,3 +410,15 @@ def test_the_watchdog_says_why_a_stub_died() -> None:
     wait_for(lambda: death_cause(exited.pid).startswith("a zombie"), "the exited child is a zombie")
     assert death_cause(exited.pid) == "a zombie, exited with code 3"
     exited.wait()
+
+
+def test_sigusr1_writes_a_stubs_python_stacks_to_the_log(server: EmbeddedServer, images: list) -> None:
+    """docs/faults.md: where a stub is stuck, ``kill -USR1`` shows it, and the stub goes on serving."""
+    assert server.process is not None
+    (stub,) = [s for s in stub_processes(server.process.pid) if s.instance == "kimi_k25_decode_0_0" and not s.zombie]
+    assert server.log_path is not None
+    logged_before = server.log_path.stat().st_size
+    os.kill(stub.pid, signal.SIGUSR1)
+    wait_for(lambda: "most recent call first" in server.log_path.read_text(errors="replace")[logged_before:], "stacks")
+    assert [s.identity for s in stub_processes(server.process.pid) if s.identity == stub.identity and not s.zombie]
+    assert serves_exactly(server, images)()

@@ -14,6 +14,8 @@ asked for); outputs a model returns beyond the requested ones are dropped by the
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import time
 import traceback
 import uuid
@@ -276,6 +278,10 @@ def triton_python_model(model_class: type[ServingModel]) -> type:
         def initialize(self, args: dict[str, Any]) -> None:
             import triton_python_backend_utils as pb_utils  # only importable inside the stub
 
+            # A stub that stops answering (an initialize or execute that never returns keeps a load
+            # or its requests waiting, its health thread still beating) shows where it is stuck:
+            # ``kill -USR1 <stub pid>`` writes every Python thread's stack to the server's log.
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
             self.model = model_class(pb_utils, args)
 
         def execute(self, requests: list[Any]) -> list[Any] | None:
