@@ -107,6 +107,9 @@ def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     assert f"Every {defaults['interval_s']:g} s it lists the stub children" in text
     assert f"has not grown for {defaults['replaced_idle_s']:g} s (`replaced_idle_s`;" in text
     assert f"(1 s, 2 s, ... at most {defaults['max_backoff_s']:g} s)" in text
+    assert f"A load still running {defaults['load_stall_s']:g} s (`load_stall_s`)" in text
+    assert f"reloads still running after {defaults['load_stall_s']:g} s (`load_stall_s`)" in text
+    assert f"has not completed in {defaults['load_stall_s']:g} s;" in text
     assert defaults["initial_backoff_s"] == 1.0
     assert f"has run no stub for {PINNED_ONLY_AFTER_S:g} s (`launcher.PINNED_ONLY_AFTER_S`:" in text
     for name, _ in METRIC_FAMILIES.values():

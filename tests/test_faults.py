@@ -10,6 +10,7 @@ waits here only keep a broken recovery from hanging the suite.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import signal
@@ -422,3 +423,66 @@ def test_sigusr1_writes_a_stubs_python_stacks_to_the_log(server: EmbeddedServer,
     wait_for(lambda: "most recent call first" in server.log_path.read_text(errors="replace")[logged_before:], "stacks")
     assert [s.identity for s in stub_processes(server.process.pid) if s.identity == stub.identity and not s.zombie]
     assert serves_exactly(server, images)()
+
+
+STALLING_CONFIG = """name: "stalling"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+STALLING_MODEL = '''import faulthandler
+import signal
+import time
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        marker = Path(args["model_repository"]).parent / "stall"
+        while marker.exists():  # a stub whose initialize never returns while the marker is there
+            time.sleep(0.05)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+'''
+
+
+def test_a_load_stuck_in_a_stubs_initialize_is_ended_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/faults.md, step 3: a model whose stub was killed reloads, and the new stub's initialize
+    never returns (here: while a marker file exists). The load is ended after ``load_stall_s``, the
+    stub's Python stacks in the log first, and tried again until one completes; the model serves.
+    ``load_stall_s`` is 3 s here (120 s by default)."""
+    from kimi_vision_server import launcher
+
+    require_tritonserver()
+    (tmp_path / "stalling" / "1").mkdir(parents=True)
+    (tmp_path / "stalling" / "config.pbtxt").write_text(STALLING_CONFIG)
+    (tmp_path / "stalling" / "1" / "model.py").write_text(STALLING_MODEL)
+    marker = tmp_path / "stall"
+    monkeypatch.setattr(launcher, "StubWatchdog", functools.partial(StubWatchdog, load_stall_s=3.0))
+    with EmbeddedServer(model_repository=tmp_path, probe_port=free_port()) as server:
+        marker.touch()
+        kill_stub(server, "stalling_0_0")
+        # A second stalled load began once the first had failed: its stub was ended while the marker stood.
+        stalled = "kimi_prep_stalled_loads_total"
+        wait_for(lambda: counter(server, stalled, "stalling") >= 2, "a second stalled load", server)
+        assert probe(server, "/readyz")[0] == 503
+        marker.unlink()
+        wait_for(lambda: counter(server, "kimi_prep_recoveries_total", "stalling") == 1, "the recovery", server)
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        tensor = grpcclient.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([7], dtype=np.int32))
+        assert client.infer("stalling", [tensor], client_timeout=CLIENT_TIMEOUT_S).as_numpy("Y").tolist() == [7]
+        client.close()
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 after the recovery")
+        assert counter(server, "kimi_prep_stub_deaths_total", "stalling") == 1
+        log = server.log_tail(200_000)
+    assert "in initialize" in log and "most recent call first" in log  # the stalled stub's stack

@@ -114,7 +114,11 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> tuple[ScriptedServer, StubWatch
 
 
 def counts(guard: StubWatchdog) -> dict[str, Any]:
-    return {name: values.get(MODEL, 0) for name, values in guard.counters().items() if name != "replaced_stubs_ended"}
+    """Deaths and recoveries of :data:`MODEL`, and its stalled loads where there were any."""
+    counters = guard.counters()
+    stalled = {"stalled_loads": counters["stalled_loads"][MODEL]} if MODEL in counters["stalled_loads"] else {}
+    deaths, recoveries = counters["stub_deaths"].get(MODEL, 0), counters["recoveries"].get(MODEL, 0)
+    return {"stub_deaths": deaths, "recoveries": recoveries} | stalled
 
 
 def ended(guard: StubWatchdog) -> int:
@@ -282,3 +286,34 @@ def test_a_model_with_no_other_live_instance_is_reloaded_by_unload_and_load(tmp_
     guard.poll_once()
     assert server.unloads == [MODEL] and server.loads == [MODEL]
     assert counts(guard) == {"stub_deaths": 1, "recoveries": 1}
+
+
+def test_a_load_stuck_in_a_new_stubs_initialize_ends_that_stub_and_is_tried_again(tmp_path: Path, monkeypatch) -> None:
+    """The Python backend waits for a new stub's initialize as long as the stub lives: the load
+    still running after ``load_stall_s`` has its new stub ended, fails, and the next attempt loads."""
+    server = ScriptedServer(instances=1, repository=repository_of(tmp_path))
+    monkeypatch.setattr(watchdog, "STACKS_WRITTEN_S", 0.0)
+    guard = watched(server, monkeypatch)
+    guard.load_stall_s, guard.initial_backoff_s = 0.2, 0.0
+    loaded = server.load
+
+    def stuck(model: str) -> None:
+        """The first load's stub never finishes initialize: the load returns once it is ended."""
+        server.loads.append(model)
+        (stub,) = server.start()
+        while not server.stubs[stub].zombie:
+            time.sleep(0.01)
+        monkeypatch.setattr(server, "load", loaded)
+        raise watchdog.RepositoryError(f"POST load: HTTP 400: Stub process '{MODEL}_0_0' is not healthy.")
+
+    monkeypatch.setattr(server, "load", stuck)
+    (only,) = server.stubs
+    guard.poll_once()
+    server.kill(only)
+    guard.poll_once()  # the death, a reload whose load stalls and fails
+    assert counts(guard) == {"stub_deaths": 1, "recoveries": 0, "stalled_loads": 1}
+    assert not guard.readiness()[0]
+    guard.poll_once()  # the ended stub is no death of a READY model; the next attempt loads
+    assert server.unloads == [MODEL, MODEL] and server.loads == [MODEL, MODEL]
+    assert counts(guard) == {"stub_deaths": 1, "recoveries": 1, "stalled_loads": 1}
+    assert [stub.zombie for stub in server.stubs.values()].count(False) == 1

@@ -3,8 +3,9 @@
 - ``GET /livez``: 200 while tritonserver runs (the launcher answers, so it runs too), else 503.
 - ``GET /readyz``: 200 when :meth:`StubWatchdog.readiness` holds (server ready, every model
   ``READY``, no stub known dead, no reload in progress), else 503 with the reason as the body.
-- ``GET /metrics``: ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}``
-  and ``kimi_prep_replaced_stubs_ended_total{model}`` in the Prometheus text format.
+- ``GET /metrics``: ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}``,
+  ``kimi_prep_replaced_stubs_ended_total{model}`` and ``kimi_prep_stalled_loads_total{model}`` in
+  the Prometheus text format.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ METRIC_FAMILIES = {
     "replaced_stubs_ended": (
         "kimi_prep_replaced_stubs_ended_total",
         "Stubs of a replaced model version that never unloaded, ended once idle, by model",
+    ),
+    "stalled_loads": (
+        "kimi_prep_stalled_loads_total",
+        "Reloads still running after load_stall_s, their new stubs ended so that they fail and are retried, by model",
     ),
 }
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -33,10 +33,15 @@ the load completes.
   After a recovery, each such stub is ended once it has been idle for ``replaced_idle_s`` (no
   more than a clock tick of CPU a scan: it finishes the requests it had first, and no new one
   reaches a version being unloaded);
-- ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}`` and
-  ``kimi_prep_replaced_stubs_ended_total{model}`` count deaths, completed recoveries and the
-  stubs ended so; :meth:`StubWatchdog.readiness` is false while a stub is known dead or its
-  recovery is in progress.
+- a load is bounded: the Python backend waits for a new stub's ``initialize`` for as long as the
+  stub's health thread beats, so a stub stuck there would hold the load, and the watchdog, for
+  good. A load still running ``load_stall_s`` after it began has the stubs it started write their
+  Python stacks to the server's log (SIGUSR1, :func:`~.contract.triton_python_model`) and ends
+  them: the load fails, and is tried again after the backoff;
+- ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}``,
+  ``kimi_prep_replaced_stubs_ended_total{model}`` and ``kimi_prep_stalled_loads_total{model}``
+  count deaths, completed recoveries, the stubs ended so and the loads ended for stalling;
+  :meth:`StubWatchdog.readiness` is false while a stub is known dead or its recovery is in progress.
 
 Process scanning is used instead of canary requests: it sees every crash within one interval,
 costs nothing per request and never mistakes a slow or overloaded model for a dead one.
@@ -263,6 +268,8 @@ class ReplacedStub:
 # CPU a replaced stub may use in one scan and still count as idle: its health thread wakes every
 # 300 ms, and a clock tick (10 ms) is charged now and then to whatever runs when it fires.
 IDLE_TICKS_PER_SCAN = 1
+# Time a stub ending for a stalled load is given to write its Python stacks (faulthandler, SIGUSR1).
+STACKS_WRITTEN_S = 1.0
 
 
 @dataclass
@@ -275,6 +282,7 @@ class WatchdogState:
     deaths: Counter[str] = field(default_factory=Counter)
     recoveries: Counter[str] = field(default_factory=Counter)
     replaced_ended: Counter[str] = field(default_factory=Counter)
+    stalled_loads: Counter[str] = field(default_factory=Counter)
     last_round_at: float | None = None
 
 
@@ -291,6 +299,7 @@ class StubWatchdog:
         initial_backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
         replaced_idle_s: float = 10.0,
+        load_stall_s: float = 120.0,
         headers: dict[str, str] | None = None,
     ) -> None:
         self.process = process
@@ -300,6 +309,7 @@ class StubWatchdog:
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
         self.replaced_idle_s = replaced_idle_s
+        self.load_stall_s = load_stall_s
         self._state = WatchdogState()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -328,12 +338,14 @@ class StubWatchdog:
     # -- what the probes read --
 
     def counters(self) -> dict[str, dict[str, int]]:
-        """``{"stub_deaths": {model: n}, "recoveries": {model: n}, "replaced_stubs_ended": {model: n}}``."""
+        """``{"stub_deaths": {model: n}, "recoveries": {model: n}, "replaced_stubs_ended": {model: n},
+        "stalled_loads": {model: n}}``."""
         with self._lock:
             return {
                 "stub_deaths": dict(self._state.deaths),
                 "recoveries": dict(self._state.recoveries),
                 "replaced_stubs_ended": dict(self._state.replaced_ended),
+                "stalled_loads": dict(self._state.stalled_loads),
             }
 
     def pinned_versions(self) -> list[str]:
@@ -471,12 +483,55 @@ class StubWatchdog:
         if not (survivors and self._load_in_background(model)):
             self.repository.unload(model)
             self.repository.wait_not_ready(model)
-            self.repository.load(model)
+            self._load(model)
         states = self.repository.model_states()
         for name in sorted(ready_before - {model}):
             if states.get(name) != READY:
                 log.warning("loading %s again (it composes %s)", name, model)
-                self.repository.load(name)
+                self._load(name)
+
+    def _load(self, model: str) -> None:
+        """``load`` of ``model``, its new stubs ended should it still run after ``load_stall_s``
+        (:meth:`_end_stalled_load`): the load then fails (RepositoryError) instead of waiting."""
+        finished = threading.Event()
+        timer = threading.Timer(self.load_stall_s, self._end_stalled_load, (model, finished))
+        timer.daemon = True
+        timer.start()
+        try:
+            self.repository.load(model)
+        finally:
+            finished.set()
+            timer.cancel()
+
+    def _end_stalled_load(self, model: str, finished: threading.Event) -> None:
+        """The load of ``model`` has run ``load_stall_s``: the live stubs it started (not retired)
+        write their Python stacks to the server's log, then are ended unless the load ``finished``
+        meanwhile, so that the Python backend stops waiting for their ``initialize``. They are not
+        marked handled: one ended as its load completed after all is a death the next scan sees."""
+        with self._lock:
+            retired = set(self._state.handled)
+            self._state.stalled_loads[model] += 1
+        stalled = [
+            stub
+            for stub in stub_processes(self.process.pid)
+            if stub.model == model and not stub.zombie and stub.identity not in retired
+        ]
+        names = ", ".join(f"{stub.instance} (pid {stub.pid})" for stub in stalled) or "none"
+        log.error(
+            "the load of %s has not completed in %g s; the stubs it started (%s) write their Python "
+            "stacks to the server's log and are ended, so that it fails and is tried again",
+            model,
+            self.load_stall_s,
+            names,
+        )
+        for stub in stalled:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stub.pid, signal.SIGUSR1)
+        if finished.wait(STACKS_WRITTEN_S):
+            log.warning("the load of %s completed after all: its stubs are left running", model)
+            return
+        for stub in stalled:
+            end_process(stub.pid)
 
     def _retire_stubs_of(self, model: str) -> None:
         """Before a reload: ``model``'s stubs now belong to the version being replaced, and none is
@@ -501,7 +556,7 @@ class StubWatchdog:
         except OSError as exc:
             log.warning("cannot mark %s's version folders changed (%s): reloading it by unload and load", model, exc)
             return False
-        self.repository.load(model)
+        self._load(model)
         with self._lock:
             retired = set(self._state.handled)
         stubs = stub_processes(self.process.pid)
