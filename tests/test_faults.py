@@ -36,7 +36,7 @@ from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server import shm_regions
 from kimi_vision_server.embedded import EmbeddedServer, free_port
 from kimi_vision_server.render_blocks import RenderOptions
-from kimi_vision_server.watchdog import StubWatchdog, stub_processes
+from kimi_vision_server.watchdog import StubWatchdog, stub_processes, stubs_in_group
 
 pytestmark = pytest.mark.server
 
@@ -155,23 +155,35 @@ def wait_for(condition: Callable[[], bool], what: str, server: EmbeddedServer | 
     return time.monotonic() - started
 
 
+def parent_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except OSError:
+        return "(gone)"
+
+
 def server_state(server: EmbeddedServer) -> str:
-    """What a wait that never ended needs to be explained: the stubs, the watchdog thread's stack
-    and the tail of tritonserver's log, with each live stub's Python stacks (SIGUSR1, contract.py)."""
+    """What a wait that never ended needs to be explained: whether tritonserver runs, every stub
+    process with its parent, the stack of this server's watchdog thread and the tail of
+    tritonserver's log, with each live stub's Python stacks (SIGUSR1, contract.py)."""
     assert server.process is not None
-    live = stub_processes(server.process.pid)
-    for stub in live:
+    pid = server.process.pid
+    stubs = stubs_in_group(pid)
+    for stub in stubs:
         if not stub.zombie:
             os.kill(stub.pid, signal.SIGUSR1)
     time.sleep(2)  # the stubs write their stacks
-    stubs = "\n".join(f"  {stub}" for stub in live)
+    listed = "\n".join(f"  {stub} parent {parent_of(stub.pid)}" for stub in stubs)
     frames = sys._current_frames()
     stacks = [
         "".join(traceback.format_stack(frames[thread.ident]))
         for thread in threading.enumerate()
-        if thread.name == "kimi-prep-stub-watchdog" and thread.ident in frames
+        if thread.name == f"kimi-prep-stub-watchdog-{pid}" and thread.ident in frames
     ]
-    return f"stubs:\n{stubs}\nwatchdog thread:\n{''.join(stacks)}\ntritonserver log:\n{server.log_tail(20000)}"
+    return (
+        f"tritonserver {pid}: exit code {server.process.poll()}\nstubs in its process group:\n{listed}\n"
+        f"its watchdog thread:\n{''.join(stacks)}\ntritonserver log:\n{server.log_tail(20000)}"
+    )
 
 
 def serves_exactly(server: EmbeddedServer, images: list) -> Callable[[], bool]:
@@ -352,9 +364,12 @@ def test_killed_server_is_not_live_and_leaves_no_shared_memory() -> None:
 
 
 def killed_server_is_not_live_and_leaves_no_shared_memory(server: EmbeddedServer) -> None:
+    """Also no stub left running: one that cannot see its server die by itself (stopped here; a
+    stub deadlocked in the Python backend's own exit path sleeps the same way) is ended."""
     assert server.process is not None
     stubs = stub_processes(server.process.pid)
     assert list(Path("/dev/shm").glob(f"{server.shm_prefix}*")), "the Python backend's regions carry the prefix"
+    os.kill(stubs[0].pid, signal.SIGSTOP)
     server.process.send_signal(signal.SIGKILL)
     wait_for(lambda: probe(server, "/livez")[0] == 503, "/livez 503 after tritonserver was killed")
     assert probe(server, "/readyz")[0] == 503
@@ -470,6 +485,7 @@ def test_a_load_stuck_in_a_stubs_initialize_is_ended_and_retried(
     monkeypatch.setattr(launcher, "StubWatchdog", functools.partial(StubWatchdog, load_stall_s=3.0))
     with EmbeddedServer(model_repository=tmp_path, probe_port=free_port()) as server:
         marker.touch()
+        time.sleep(2 * STUB_SCAN_S)  # a scan has seen the stub (docs/faults.md: one it never saw is not watched)
         kill_stub(server, "stalling_0_0")
         # A second stalled load began once the first had failed: its stub was ended while the marker stood.
         stalled = "kimi_prep_stalled_loads_total"

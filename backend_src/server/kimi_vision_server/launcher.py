@@ -41,7 +41,7 @@ from .render_blocks import SERVING_DEFAULTS
 from .repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
 from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver, patchify_library
-from .watchdog import RepositoryError, StubWatchdog, stub_processes
+from .watchdog import RepositoryError, StubProcess, StubWatchdog, end_process, stub_processes, stubs_in_group
 
 # One FP32 PIXEL_VALUES of a 1920x1080 image is ~25 MiB, K3's largest ~145 MiB: start each stub's
 # shared-memory pool large enough for typical images and grow it in big steps.
@@ -128,6 +128,20 @@ class ServerStop:
 
     def stop(self, process: subprocess.Popen[bytes], pinned: Callable[[], list[str]]) -> None:
         self.exit_code = stop_process(process, pinned=pinned)
+        end_left_in_group(process.pid)
+
+
+def end_left_in_group(pgid: int) -> list[StubProcess]:
+    """SIGKILL the stubs still in an exited server's process group (its pgid is its pid:
+    :func:`_server_process_setup`); those stubs. A stub exits once it sees its server gone, unless
+    its health thread blocks first: the Python backend's stub stops its queue monitors under a
+    lock held by a thread that waits for the dead server to take a log message, and then sleeps
+    for good (seen after a server was killed: an orphan holding 150 MiB)."""
+    left = [stub for stub in stubs_in_group(pgid) if not stub.zombie]
+    for stub in left:
+        log.warning("ending %s (pid %d): a stub left running after tritonserver exited", stub.instance, stub.pid)
+        end_process(stub.pid)
+    return left
 
 
 @dataclass

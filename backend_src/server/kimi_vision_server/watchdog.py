@@ -60,6 +60,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,8 +103,8 @@ class StubProcess:
 
 
 def _stat_fields(pid_dir: Path) -> list[str]:
-    """Fields of ``/proc/<pid>/stat`` after the command name: state is [0], ppid [1], utime [11],
-    stime [12], starttime [19]."""
+    """Fields of ``/proc/<pid>/stat`` after the command name: state is [0], ppid [1], pgrp [2],
+    utime [11], stime [12], starttime [19]."""
     stat = (pid_dir / "stat").read_text()
     return stat.rsplit(")", 1)[1].split()
 
@@ -171,13 +172,23 @@ def end_process(pid: int) -> None:
 
 def stub_processes(server_pid: int) -> list[StubProcess]:
     """The Python-backend stubs whose parent is ``server_pid`` (zombies included)."""
+    return _stubs_where(lambda fields: int(fields[1]) == server_pid)
+
+
+def stubs_in_group(pgid: int) -> list[StubProcess]:
+    """The Python-backend stubs in process group ``pgid``, whatever their parent (orphans too)."""
+    return _stubs_where(lambda fields: int(fields[2]) == pgid)
+
+
+def _stubs_where(keep: Callable[[list[str]], bool]) -> list[StubProcess]:
+    """The stubs whose ``/proc/<pid>/stat`` fields (:func:`_stat_fields`) ``keep`` holds for."""
     stubs = []
     for pid_dir in PROC.iterdir():
         if not pid_dir.name.isdigit():
             continue
         try:
             fields = _stat_fields(pid_dir)
-            if int(fields[1]) != server_pid:
+            if not keep(fields):
                 continue
             argv = [a.decode(errors="replace") for a in (pid_dir / "cmdline").read_bytes().split(b"\0")]
         except (OSError, IndexError, ValueError):  # exited while we looked
@@ -313,7 +324,7 @@ class StubWatchdog:
         self._state = WatchdogState()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kimi-prep-stub-watchdog", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"kimi-prep-stub-watchdog-{process.pid}", daemon=True)
 
     def start(self) -> StubWatchdog:
         self._thread.start()
