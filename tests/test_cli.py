@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -369,6 +370,44 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
     assert not noisy, noisy
     assert output.count("CPU-only host: CUDA and pinned memory disabled") == 1
     assert "stub exit seen" not in output  # a shutdown on purpose is not reported as stub deaths
+
+
+@pytest.mark.server
+def test_serve_exits_when_its_tritonserver_dies(triton_server: Any) -> None:
+    """docs/faults.md: a tritonserver that dies (here SIGKILL; the Python backend can abort it when a
+    stub dies holding a shared-memory lock) ends `kimi-prep serve` with the shell's status for
+    it, 128 + 9, and a line that says so, for its supervisor to start it again."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from kimi_vision_server.embedded import free_port
+
+    ports = [free_port() for _ in range(3)]
+    command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", "kimi_k25_tokens"]
+    command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/models/kimi_k25_tokens/ready", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("kimi-prep serve did not become ready")
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        (server,) = [int(pid) for pid in children if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver"]
+        os.kill(server, signal.SIGKILL)
+        output = process.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGKILL, output[-3000:]
+    assert "tritonserver exited by itself (killed by SIGKILL (9))" in output
 
 
 @pytest.mark.server

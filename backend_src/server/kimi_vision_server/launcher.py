@@ -446,8 +446,24 @@ def _log_to_stderr() -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s kimi-prep %(levelname)s %(name)s: %(message)s")
 
 
+def describe_exit(code: int) -> str:
+    """A Popen return code in words: ``killed by SIGABRT (6)`` or ``exit code 1``."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name} ({-code})"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def exit_status(code: int) -> int:
+    """A Popen return code as a shell reports it: 128 + N for a process killed by signal N."""
+    return code if code >= 0 else 128 - code
+
+
 def serve(spec: LaunchSpec) -> int:
-    """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit code.
+    """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit status
+    (128 + N where a signal N ended it).
 
     The handlers are in place before the server starts: a signal that arrives while it starts
     is held and forwarded as soon as there is a process to forward it to."""
@@ -474,7 +490,14 @@ def serve(spec: LaunchSpec) -> int:
             threading.Thread(target=announce_ready, args=(launched, spec.host, sys.stderr), daemon=True).start()
             while launched.process.poll() is None and not stopping.wait(0.5):
                 pass
-            return wait_stopping(launched.process, None, launched.watchdog.pinned_versions)
+            code = wait_stopping(launched.process, None, launched.watchdog.pinned_versions)
+            if not stopping.is_set():
+                log.error(
+                    "tritonserver exited by itself (%s): kimi-prep serve exits too, for its supervisor "
+                    "to start it again (docs/faults.md)",
+                    describe_exit(code),
+                )
+            return exit_status(code)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
