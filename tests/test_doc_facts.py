@@ -100,7 +100,7 @@ def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
 
     from kimi_vision_server.launcher import PINNED_ONLY_AFTER_S
     from kimi_vision_server.probes import METRIC_FAMILIES
-    from kimi_vision_server.watchdog import StubWatchdog
+    from kimi_vision_server.watchdog import SERVER_QUICK_EXIT_S, StubWatchdog
 
     defaults = {name: p.default for name, p in inspect.signature(StubWatchdog).parameters.items()}
     text = one_line("faults.md")
@@ -110,10 +110,11 @@ def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     assert f"A load still running {defaults['load_stall_s']:g} s (`load_stall_s`)" in text
     assert f"reloads still running after {defaults['load_stall_s']:g} s (`load_stall_s`)" in text
     assert f"has not completed in {defaults['load_stall_s']:g} s;" in text
+    assert f"within {SERVER_QUICK_EXIT_S:g} s of its start (`watchdog.SERVER_QUICK_EXIT_S`)" in text
     assert defaults["initial_backoff_s"] == 1.0
     assert f"has run no stub for {PINNED_ONLY_AFTER_S:g} s (`launcher.PINNED_ONLY_AFTER_S`:" in text
-    for name, _ in METRIC_FAMILIES.values():
-        assert f"`{name}{{model}}`" in text
+    for key, (name, _) in METRIC_FAMILIES.items():
+        assert f"`{name}`" in text if key == "server_restarts" else f"`{name}{{model}}`" in text
 
 
 def test_the_idle_spin_library_md_gives_is_the_one_set() -> None:

@@ -126,8 +126,10 @@ class ServerStop:
 
     exit_code: int | None = None
 
-    def stop(self, process: subprocess.Popen[bytes], pinned: Callable[[], list[str]]) -> None:
-        self.exit_code = stop_process(process, pinned=pinned)
+    def stop(self, watchdog: StubWatchdog) -> None:
+        """Stop the server ``watchdog`` runs now (it stood down first: nothing starts it again)."""
+        process = watchdog.process
+        self.exit_code = stop_process(process, pinned=watchdog.pinned_versions)
         end_left_in_group(process.pid)
 
 
@@ -146,11 +148,11 @@ def end_left_in_group(pgid: int) -> list[StubProcess]:
 
 @dataclass
 class Launched:
-    """A started server: its process, repository, shared-memory prefix, watchdog and access policy
+    """A started server: its repository, shared-memory prefix, watchdog (which starts tritonserver
+    again should it exit by itself: ``process`` is the one running now) and access policy
     (``key_file``: where a generated admin key was written; None for the operator's), and how its
     stop ended (``stopped``)."""
 
-    process: subprocess.Popen[bytes]
     repository: Path
     shm_prefix: str
     watchdog: StubWatchdog
@@ -158,6 +160,10 @@ class Launched:
     ports: Ports = field(default_factory=Ports)
     key_file: Path | None = None
     stopped: ServerStop = field(default_factory=ServerStop)
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.watchdog.process
 
 
 def _load_prctl() -> Any:
@@ -173,7 +179,9 @@ _prctl = _load_prctl()
 
 def _server_process_setup() -> None:
     """In the forked child: own process group (a terminal's Ctrl-C reaches tritonserver once, through
-    the launcher, not twice) and SIGTERM when the launcher dies (no orphaned servers on a shared host)."""
+    the launcher, not twice) and SIGTERM when the launcher dies (no orphaned servers on a shared host).
+    The signal follows the thread that started the server: for a server the watchdog started again,
+    the watchdog's thread, which ends only when the server is being stopped anyway."""
     os.setpgrp()
     if _prctl is not None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -354,32 +362,46 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
         cache_bytes=spec.cache_bytes,
     )  # fmt: skip
     log.debug("tritonserver %s", " ".join(redacted(args, access.key)))
-    process = subprocess.Popen(
-        args,
-        env=install.env,
-        stdout=spec.stdout or subprocess.PIPE,  # None: relayed to ours, filtered (relay_log)
-        stderr=subprocess.STDOUT,
-        preexec_fn=_server_process_setup,  # noqa: PLW1509  (async-signal-safe calls only)
-    )
-    if spec.stdout is None:
-        drop = () if cuda_device_count() else CPU_ONLY_NOISE
-        relay = threading.Thread(
-            target=relay_log,
-            args=(process.stdout, sys.stdout.buffer, drop),
-            kwargs={"verbose": spec.verbose},
-            daemon=True,
+    relays: list[threading.Thread] = []
+    stack.callback(lambda: [relay.join(10) for relay in relays])
+
+    def start_server() -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            args,
+            env=install.env,
+            stdout=spec.stdout or subprocess.PIPE,  # None: relayed to ours, filtered (relay_log)
+            stderr=subprocess.STDOUT,
+            preexec_fn=_server_process_setup,  # noqa: PLW1509  (async-signal-safe calls only)
         )
-        relay.start()
-        stack.callback(relay.join, 10)
+        if spec.stdout is None:
+            drop = () if cuda_device_count() else CPU_ONLY_NOISE
+            relay = threading.Thread(
+                target=relay_log,
+                args=(process.stdout, sys.stdout.buffer, drop),
+                kwargs={"verbose": spec.verbose},
+                daemon=True,
+            )
+            relay.start()
+            relays.append(relay)
+        return process
+
+    def start_again(exited: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        """A server in place of one that exited by itself: what it left (stubs, regions) removed first."""
+        end_left_in_group(exited.pid)
+        remove_shm_regions(shm_prefix)
+        return start_server()
+
     http_url = f"{access.connect_host}:{spec.ports.http}"
-    watchdog = StubWatchdog(process, http_url, model_repository=repository, headers=access.headers("http"))
+    watchdog = StubWatchdog(
+        start_server(), http_url, model_repository=repository, headers=access.headers("http"), restart=start_again
+    )
     stopped = ServerStop()
-    stack.callback(stopped.stop, process, watchdog.pinned_versions)
+    stack.callback(stopped.stop, watchdog)
     stack.enter_context(watchdog)
     if spec.ports.probe is not None:
         stack.enter_context(ProbeServer(watchdog, spec.ports.probe, spec.host))
     log.info("%s; %s", describe_listeners(spec.host, spec.ports, access, key_file), describe_cache(spec.cache_bytes))
-    return Launched(process, repository, shm_prefix, watchdog, access, spec.ports, key_file, stopped)
+    return Launched(repository, shm_prefix, watchdog, access, spec.ports, key_file, stopped)
 
 
 def check_ports_free(host: str, ports: Ports) -> None:
@@ -446,16 +468,6 @@ def _log_to_stderr() -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s kimi-prep %(levelname)s %(name)s: %(message)s")
 
 
-def describe_exit(code: int) -> str:
-    """A Popen return code in words: ``killed by SIGABRT (6)`` or ``exit code 1``."""
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name} ({-code})"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
 def exit_status(code: int) -> int:
     """A Popen return code as a shell reports it: 128 + N for a process killed by signal N."""
     return code if code >= 0 else 128 - code
@@ -488,16 +500,11 @@ def serve(spec: LaunchSpec) -> int:
             if held:
                 forward(held[0], None)
             threading.Thread(target=announce_ready, args=(launched, spec.host, sys.stderr), daemon=True).start()
-            while launched.process.poll() is None and not stopping.wait(0.5):
+            # A server that exits by itself is started again by the watchdog, unless it exited
+            # cleanly (code 0: a signal sent to tritonserver itself), which ends the launcher too.
+            while not stopping.wait(0.5) and (launched.process.poll() is None or launched.watchdog.watching()):
                 pass
-            code = wait_stopping(launched.process, None, launched.watchdog.pinned_versions)
-            if not stopping.is_set():
-                log.error(
-                    "tritonserver exited by itself (%s): kimi-prep serve exits too, for its supervisor "
-                    "to start it again (docs/faults.md)",
-                    describe_exit(code),
-                )
-            return exit_status(code)
+            return exit_status(wait_stopping(launched.process, None, launched.watchdog.pinned_versions))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -4,8 +4,8 @@
 - ``GET /readyz``: 200 when :meth:`StubWatchdog.readiness` holds (server ready, every model
   ``READY``, no stub known dead, no reload in progress), else 503 with the reason as the body.
 - ``GET /metrics``: ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}``,
-  ``kimi_prep_replaced_stubs_ended_total{model}`` and ``kimi_prep_stalled_loads_total{model}`` in
-  the Prometheus text format.
+  ``kimi_prep_replaced_stubs_ended_total{model}``, ``kimi_prep_stalled_loads_total{model}`` and
+  ``kimi_prep_server_restarts_total`` in the Prometheus text format.
 """
 
 from __future__ import annotations
@@ -28,16 +28,24 @@ METRIC_FAMILIES = {
         "kimi_prep_stalled_loads_total",
         "Reloads still running after load_stall_s, their new stubs ended so that they fail and are retried, by model",
     ),
+    "server_restarts": (
+        "kimi_prep_server_restarts_total",
+        "tritonserver processes started again after the last one exited by itself",
+    ),
 }
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def prometheus_text(counters: dict[str, dict[str, int]]) -> str:
-    """The watchdog's counters as Prometheus exposition text (a family is listed even when empty)."""
+    """The watchdog's counters as Prometheus exposition text (a family is listed even when empty; a
+    value keyed "" has no label)."""
     lines = []
     for key, (name, description) in METRIC_FAMILIES.items():
         lines += [f"# HELP {name} {description}", f"# TYPE {name} counter"]
-        lines += [f'{name}{{model="{model}"}} {value}' for model, value in sorted(counters.get(key, {}).items())]
+        lines += [
+            f'{name}{{model="{model}"}} {value}' if model else f"{name} {value}"
+            for model, value in sorted(counters.get(key, {}).items())
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -38,9 +38,16 @@ the load completes.
   good. A load still running ``load_stall_s`` after it began has the stubs it started write their
   Python stacks to the server's log (SIGUSR1, :func:`~.contract.triton_python_model`) and ends
   them: the load fails, and is tried again after the backoff;
+- a tritonserver that exits by itself after it started serving (the Python backend aborts it
+  when it finds a lock a dead stub held, docs/faults.md) is started again with the same command
+  line (``restart``, from the launcher: it ends the stubs and removes the shared memory the old
+  one left first), at once, or after the backoff where the last one also exited within
+  :data:`SERVER_QUICK_EXIT_S` of its start; one that exits cleanly (code 0), or with an error
+  code before it answered ``/v2/health/live`` (a start-up failure), is not;
 - ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}``,
-  ``kimi_prep_replaced_stubs_ended_total{model}`` and ``kimi_prep_stalled_loads_total{model}``
-  count deaths, completed recoveries, the stubs ended so and the loads ended for stalling;
+  ``kimi_prep_replaced_stubs_ended_total{model}``, ``kimi_prep_stalled_loads_total{model}`` and
+  ``kimi_prep_server_restarts_total`` count deaths, completed recoveries, the stubs ended so, the
+  loads ended for stalling and the servers started again;
   :meth:`StubWatchdog.readiness` is false while a stub is known dead or its recovery is in progress.
 
 Process scanning is used instead of canary requests: it sees every crash within one interval,
@@ -115,6 +122,16 @@ def process_start_ticks(pid: int) -> int | None:
         return int(_stat_fields(PROC / str(pid))[19])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def describe_exit(code: int) -> str:
+    """A Popen return code in words: ``killed by SIGABRT (6)`` or ``exit code 1``."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name} ({-code})"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def death_cause(pid: int) -> str:
@@ -232,8 +249,14 @@ class TritonRepository:
         return {entry["name"]: _state(entry) for entry in self.index()}
 
     def server_ready(self) -> bool:
+        return self._health("ready")
+
+    def server_live(self) -> bool:
+        return self._health("live")
+
+    def _health(self, which: str) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.base}/health/ready", timeout=5) as response:
+            with urllib.request.urlopen(f"{self.base}/health/{which}", timeout=5) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError):
             return False
@@ -279,22 +302,43 @@ class ReplacedStub:
 # CPU a replaced stub may use in one scan and still count as idle: its health thread wakes every
 # 300 ms, and a clock tick (10 ms) is charged now and then to whatever runs when it fires.
 IDLE_TICKS_PER_SCAN = 1
+# A tritonserver that exits this soon after its start, and the last one did too, is started again
+# after a backoff (the watchdog's initial_backoff_s, doubling up to max_backoff_s), not at once.
+SERVER_QUICK_EXIT_S = 60.0
 # Time a stub ending for a stalled load is given to write its Python stacks (faulthandler, SIGUSR1).
 STACKS_WRITTEN_S = 1.0
 
 
 @dataclass
-class WatchdogState:
+class ServerState:
+    """What the watchdog knows of the running tritonserver's stubs (begun anew with each server)."""
+
     known: dict[tuple[int, int], StubProcess] = field(default_factory=dict)  # live stubs seen
     handled: set[tuple[int, int]] = field(default_factory=set)  # dead or retired stubs, not watched
     pending: dict[str, PendingRecovery] = field(default_factory=dict)
     recovering: str | None = None
     replaced: dict[tuple[int, int], ReplacedStub] = field(default_factory=dict)  # ended once idle
+    pinned: set[str] = field(default_factory=set)  # models with a version that never unloads
+    started_at: float = field(default_factory=time.monotonic)
+    live_seen: bool = False  # it answered /v2/health/live: it started, whatever exits later is no start-up failure
+
+
+@dataclass
+class WatchdogState(ServerState):
+    """:class:`ServerState` and the counters, kept across the servers the watchdog starts again."""
+
     deaths: Counter[str] = field(default_factory=Counter)
     recoveries: Counter[str] = field(default_factory=Counter)
     replaced_ended: Counter[str] = field(default_factory=Counter)
     stalled_loads: Counter[str] = field(default_factory=Counter)
+    server_restarts: int = 0
+    quick_exits: int = 0  # servers in a row that exited within SERVER_QUICK_EXIT_S of their start
     last_round_at: float | None = None
+
+    def new_server(self) -> None:
+        """Forget the stubs of a server that exited; keep the counters."""
+        for name, value in vars(ServerState()).items():
+            setattr(self, name, value)
 
 
 class StubWatchdog:
@@ -312,6 +356,7 @@ class StubWatchdog:
         replaced_idle_s: float = 10.0,
         load_stall_s: float = 120.0,
         headers: dict[str, str] | None = None,
+        restart: Callable[[subprocess.Popen[bytes]], subprocess.Popen[bytes]] | None = None,
     ) -> None:
         self.process = process
         self.repository = TritonRepository(http_url, headers=headers)
@@ -321,6 +366,7 @@ class StubWatchdog:
         self.max_backoff_s = max_backoff_s
         self.replaced_idle_s = replaced_idle_s
         self.load_stall_s = load_stall_s
+        self.restart = restart
         self._state = WatchdogState()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -340,6 +386,11 @@ class StubWatchdog:
         if self._thread.is_alive():
             self._thread.join(timeout=self.repository.load_timeout_s)
 
+    def watching(self) -> bool:
+        """Whether the watchdog still runs: while it does, a server that exited by itself is started
+        again (one that exited cleanly, code 0, ends it)."""
+        return self._thread.is_alive()
+
     def __enter__(self) -> StubWatchdog:
         return self.start()
 
@@ -350,20 +401,21 @@ class StubWatchdog:
 
     def counters(self) -> dict[str, dict[str, int]]:
         """``{"stub_deaths": {model: n}, "recoveries": {model: n}, "replaced_stubs_ended": {model: n},
-        "stalled_loads": {model: n}}``."""
+        "stalled_loads": {model: n}, "server_restarts": {"": n}}`` ("": no label)."""
         with self._lock:
             return {
                 "stub_deaths": dict(self._state.deaths),
                 "recoveries": dict(self._state.recoveries),
                 "replaced_stubs_ended": dict(self._state.replaced_ended),
                 "stalled_loads": dict(self._state.stalled_loads),
+                "server_restarts": {"": self._state.server_restarts},
             }
 
     def pinned_versions(self) -> list[str]:
         """The models of which a replaced version never unloads (the watchdog ended its surviving
         stubs): stopping the server waits its whole exit timeout for them (docs/faults.md)."""
         with self._lock:
-            return sorted(model for model, ended in self._state.replaced_ended.items() if ended)
+            return sorted(self._state.pinned)
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why not): watching, no stub known dead, no reload in progress, every model READY."""
@@ -390,14 +442,54 @@ class StubWatchdog:
     # -- the loop --
 
     def _run(self) -> None:
-        while not self._stopped.is_set() and self.process.poll() is None:
+        while not self._stopped.is_set():
+            if self.process.poll() is not None and not self._start_server_again():
+                return
             try:
                 self.poll_once()
+                if not self._state.live_seen and self.repository.server_live():
+                    with self._lock:
+                        self._state.live_seen = True
             except Exception:  # the watchdog must outlive any surprise; the next round tries again
                 log.exception("stub watchdog round failed")
             with self._lock:
                 self._state.last_round_at = time.monotonic()
             self._stopped.wait(self.interval_s)
+
+    def _start_server_again(self) -> bool:
+        """tritonserver exited without being asked to: start it again (``restart``; after a backoff
+        where the last ones exited soon after their start); False where it exited cleanly (code 0:
+        an operator's signal to the server itself), exited with an error code before it answered
+        ``/v2/health/live`` (a start-up failure, the launcher's to report), there is no
+        ``restart``, or the watchdog stood down meanwhile. A signal always counts as a crash."""
+        code = self.process.returncode
+        if code == 0 or self.restart is None or (code > 0 and not self._state.live_seen):
+            return False
+        with self._lock:
+            quick = time.monotonic() - self._state.started_at < SERVER_QUICK_EXIT_S
+            self._state.quick_exits = self._state.quick_exits + 1 if quick else 0
+            repeats = self._state.quick_exits - 1  # the first start again is at once
+            delay = min(self.max_backoff_s, self.initial_backoff_s * 2 ** (repeats - 1)) if repeats > 0 else 0
+        log.error(
+            "tritonserver (pid %d) exited by itself (%s); starting it again%s",
+            self.process.pid,
+            describe_exit(code),
+            f" in {delay:g} s" if delay else "",
+        )
+        if self._stopped.wait(delay):
+            return False
+        try:
+            process = self.restart(self.process)
+        except OSError as exc:
+            log.error("starting tritonserver again failed: %s", exc)
+            with self._lock:
+                self._state.started_at = time.monotonic()  # counts as a quick exit: the next try backs off
+            return not self._stopped.wait(self.initial_backoff_s)
+        with self._lock:
+            self.process = process
+            self._state.new_server()
+            self._state.server_restarts += 1
+        return True
 
     def poll_once(self) -> None:
         """One round: scan the stubs, record deaths, end replaced stubs that are idle, run the
@@ -594,6 +686,7 @@ class StubWatchdog:
                     if now - replaced.busy_at >= self.replaced_idle_s:
                         del self._state.replaced[identity]
                         self._state.replaced_ended[stub.model] += 1
+                        self._state.pinned.add(stub.model)
                         idle.append(stub)
         for stub in idle:
             log.warning(
