@@ -369,7 +369,8 @@ def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_surviv
         if restarts(server):
             # tritonserver aborted on a lock the killed stub held (docs/faults.md) and was started
             # again: that is the recovery, and none of the replaced version's story below follows.
-            assert restarts(server) == 1 and serves_exactly(server, images)()
+            wait_for(serves_exactly(server, images), f"{MODEL} served exactly by the server started again", server)
+            assert restarts(server) == 1
             return
         assert any("is not healthy" in message for message in outcomes.errors), (
             f"no request reached the dead stub, the case this test is about: {dict(outcomes.errors)}"

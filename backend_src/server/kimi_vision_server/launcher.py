@@ -474,8 +474,9 @@ def exit_status(code: int) -> int:
 
 
 def serve(spec: LaunchSpec) -> int:
-    """Run tritonserver in the foreground until it exits or SIGINT/SIGTERM; returns its exit status
-    (128 + N where a signal N ended it).
+    """Run tritonserver in the foreground until SIGINT/SIGTERM, or until it exits cleanly or fails
+    to start (one that dies once it served is started again by the watchdog); returns its exit
+    status (128 + N where a signal N ended it).
 
     The handlers are in place before the server starts: a signal that arrives while it starts
     is held and forwarded as soon as there is a process to forward it to."""

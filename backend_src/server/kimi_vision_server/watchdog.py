@@ -318,7 +318,7 @@ class ServerState:
     pending: dict[str, PendingRecovery] = field(default_factory=dict)
     recovering: str | None = None
     replaced: dict[tuple[int, int], ReplacedStub] = field(default_factory=dict)  # ended once idle
-    pinned: set[str] = field(default_factory=set)  # models with a version that never unloads
+    pinned: set[str] = field(default_factory=set)  # models reloaded: a replaced version may never unload
     started_at: float = field(default_factory=time.monotonic)
     live_seen: bool = False  # it answered /v2/health/live: it started, whatever exits later is no start-up failure
 
@@ -412,8 +412,9 @@ class StubWatchdog:
             }
 
     def pinned_versions(self) -> list[str]:
-        """The models of which a replaced version never unloads (the watchdog ended its surviving
-        stubs): stopping the server waits its whole exit timeout for them (docs/faults.md)."""
+        """The models reloaded after a stub died: a replaced version of theirs never unloads where a
+        request reached the dead stub, and stopping the server would wait its whole exit timeout
+        for it (docs/faults.md)."""
         with self._lock:
             return sorted(self._state.pinned)
 
@@ -489,6 +490,7 @@ class StubWatchdog:
             self.process = process
             self._state.new_server()
             self._state.server_restarts += 1
+        self._thread.name = f"kimi-prep-stub-watchdog-{process.pid}"
         return True
 
     def poll_once(self) -> None:
@@ -571,6 +573,7 @@ class StubWatchdog:
             for identity, stub in pending.replaced.items():
                 self._state.replaced[identity] = ReplacedStub(stub.cpu_ticks, busy_at=now)
             self._state.recoveries[model] += 1
+            self._state.pinned.add(model)
             self._state.recovering = None
         log.warning("%s recovered %.1f s after its stub died (attempt %d)", model, elapsed, pending.attempts)
 
@@ -686,7 +689,6 @@ class StubWatchdog:
                     if now - replaced.busy_at >= self.replaced_idle_s:
                         del self._state.replaced[identity]
                         self._state.replaced_ended[stub.model] += 1
-                        self._state.pinned.add(stub.model)
                         idle.append(stub)
         for stub in idle:
             log.warning(
