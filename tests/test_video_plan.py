@@ -333,15 +333,17 @@ def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(
 
 
 def test_a_stream_damaged_before_its_first_chunk_decodes_as_the_reference(clips: dict[str, bytes]) -> None:
-    """16 bytes of the first picture garbled: the planned decode sees a frame out of place or
-    flagged as damaged before any chunk went out, and decodes the video again as the reference
+    """16 bytes of the first picture garbled: where the planned decode sees a frame out of place or
+    flagged as damaged before any chunk went out, it decodes the video again as the reference
     does (a new open, PyAV's thread settings: a decoder reused from the planned pass, or one
-    thread instead of slice threads, conceals the damage otherwise)."""
+    thread instead of slice threads, conceals the damage otherwise). Whether frame threads flag
+    the damage varies from run to run (a CI run once decoded only the planned 79 frames of the
+    open-GOP clip), so the chunks are what is asserted."""
     for name in ("h264_bpyramid_keyint250.mp4", "h264_open_gop_keyint20.mkv", "mpeg4_bframes_gop12.mkv"):
         for offset in (0.3, 0.6):
             damaged = garbled(clips[name], 0, offset)
-            ours, decoded = chunks_and_decoded(damaged, "kimi-k2.5")
+            ours, _ = chunks_and_decoded(damaged, "kimi-k2.5")
             expected = reference.reference_video(damaged, "kimi-k2.5")
-            assert len(ours) == len(expected) and decoded > probe_video(damaged).packets, (name, offset)
+            assert len(ours) == len(expected), (name, offset)
             for i, (chunk, ref) in enumerate(zip(ours, expected, strict=True)):
                 assert_chunk_equal(chunk, ref, f"{name} first picture garbled at {offset}, chunk {i}")
