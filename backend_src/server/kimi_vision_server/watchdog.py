@@ -124,14 +124,17 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
+def killed_by(number: int) -> str:
+    """``killed by SIGABRT (6)``, or ``killed by signal N`` for a number with no name."""
+    try:
+        return f"killed by {signal.Signals(number).name} ({number})"
+    except ValueError:
+        return f"killed by signal {number}"
+
+
 def describe_exit(code: int) -> str:
     """A Popen return code in words: ``killed by SIGABRT (6)`` or ``exit code 1``."""
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name} ({-code})"
-    except ValueError:
-        return f"killed by signal {-code}"
+    return f"exit code {code}" if code >= 0 else killed_by(-code)
 
 
 def death_cause(pid: int) -> str:
@@ -145,12 +148,7 @@ def death_cause(pid: int) -> str:
         return "gone (its pid is another process now)" if fields[0] != "Z" else "a zombie"
     status = int(fields[49])
     if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = f"signal {number}"
-        return f"a zombie, killed by {name} ({number})"
+        return f"a zombie, {killed_by(os.WTERMSIG(status))}"
     return f"a zombie, exited with code {os.WEXITSTATUS(status)}"
 
 
@@ -615,13 +613,8 @@ class StubWatchdog:
         meanwhile, so that the Python backend stops waiting for their ``initialize``. They are not
         marked handled: one ended as its load completed after all is a death the next scan sees."""
         with self._lock:
-            retired = set(self._state.handled)
             self._state.stalled_loads[model] += 1
-        stalled = [
-            stub
-            for stub in stub_processes(self.process.pid)
-            if stub.model == model and not stub.zombie and stub.identity not in retired
-        ]
+        stalled = self._new_stubs_of(model)
         names = ", ".join(f"{stub.instance} (pid {stub.pid})" for stub in stalled) or "none"
         log.error(
             "the load of %s has not completed in %g s; the stubs it started (%s) write their Python "
@@ -663,13 +656,20 @@ class StubWatchdog:
             log.warning("cannot mark %s's version folders changed (%s): reloading it by unload and load", model, exc)
             return False
         self._load(model)
-        with self._lock:
-            retired = set(self._state.handled)
-        stubs = stub_processes(self.process.pid)
-        if any(stub.model == model and not stub.zombie and stub.identity not in retired for stub in stubs):
+        if self._new_stubs_of(model):
             return True
         log.warning("the load of %s started no new stub (its version folders' change not seen): unload and load", model)
         return False
+
+    def _new_stubs_of(self, model: str) -> list[StubProcess]:
+        """``model``'s live stubs that no reload has retired: those its load in progress started."""
+        with self._lock:
+            retired = set(self._state.handled)
+        return [
+            stub
+            for stub in stub_processes(self.process.pid)
+            if stub.model == model and not stub.zombie and stub.identity not in retired
+        ]
 
     def _end_idle_replaced(self, stubs: list[StubProcess]) -> None:
         """End each stub of a replaced version still running ``replaced_idle_s`` after its CPU time
