@@ -1,15 +1,16 @@
-"""How fast a killed Python-backend stub is noticed and its model serves exactly again, idle and
-under load.
+"""How fast a killed Python-backend stub, or a killed tritonserver, is noticed and the model serves
+exactly again, idle and under load.
 
     .venv/bin/python benchmarks/bench_recovery.py [--serve repository|default] [--rounds 3] [--load 4]
-        [--out-dir bench_results]
+        [--no-kill-server] [--out-dir bench_results]
 
 One embedded server with the stub watchdog and a probe port: ``--serve repository`` (the default)
 serves the checked-in repository as it is (an instance a model; ``kimi_k25_vision`` is
 ``kimi_k25_decode`` then the Python ``kimi_k25_preprocess``), ``--serve default`` what `kimi-prep
 serve` renders on this host (its layout; on a CPU host the ensemble ends with the C patchify step,
 which runs inside tritonserver and has no stub). Each round kills the first stub of each Python
-step of ``kimi_k25_vision`` in turn with SIGKILL, first with the server idle, then under load
+step of ``kimi_k25_vision`` in turn with SIGKILL, then tritonserver itself (the watchdog starts
+it again: docs/faults.md; not with ``--no-kill-server``), first with the server idle, then under load
 (``--load`` client threads, in a process of their own, sending corpus photos and undecodable bytes
 to ``kimi_k25_vision`` over gRPC without pause), and measures, from the kill: the seconds until
 ``kimi_k25_vision`` answers every corpus image bit-equal to ``preprocess_bytes`` again once
@@ -53,10 +54,11 @@ from plots import saved_axes
 from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server.embedded import EmbeddedServer, free_port
 from kimi_vision_server.repository import RenderOptions, default_model_names, host_rendering
-from kimi_vision_server.watchdog import stub_processes
+from kimi_vision_server.watchdog import SERVER_QUICK_EXIT_S, stub_processes
 
 MODEL = "kimi_k25_vision"
 KILLED = ("kimi_k25_decode", "kimi_k25_preprocess")
+SERVER = "tritonserver"  # killed last in each round: the watchdog starts it again (docs/faults.md)
 IMAGES = ("pil__hopper.jpg", "imagers__large_image.jpg")
 GIVE_UP_S = 600.0
 
@@ -154,13 +156,25 @@ def seconds_until(condition, started: float) -> float:
     return time.monotonic() - started
 
 
-def kill_and_time(server: EmbeddedServer, model: str, cases: list[tuple[bytes, np.ndarray]]) -> tuple[float, float]:
-    """SIGKILL ``model``'s stub once the server is ready; (seconds until exact again, until ready)."""
+def victim(server: EmbeddedServer, killed: str) -> int:
+    """The pid to kill: tritonserver itself, or the first stub of the model ``killed``."""
     assert server.process is not None
+    if killed == SERVER:
+        return server.process.pid
+    (stub,) = [s for s in stub_processes(server.process.pid) if s.instance == f"{killed}_0_0" and not s.zombie]
+    return stub.pid
+
+
+def kill_and_time(
+    server: EmbeddedServer, killed: str, cases: list[tuple[bytes, np.ndarray]], not_before: float
+) -> tuple[float, float]:
+    """SIGKILL ``killed`` (a model's stub, or tritonserver) once the server is ready and not before
+    the monotonic time ``not_before``; (seconds until exact again, until ready)."""
     seconds_until(lambda: ready(server), time.monotonic())
-    (stub,) = [s for s in stub_processes(server.process.pid) if s.instance == f"{model}_0_0" and not s.zombie]
+    time.sleep(max(0.0, not_before - time.monotonic()))
+    pid = victim(server, killed)
     killed_at = time.monotonic()
-    os.kill(stub.pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     # Until the death is noticed: with two instances the surviving one can answer the check first.
     seconds_until(lambda: not ready(server), killed_at)
     exact_s = seconds_until(lambda: serves_exactly(server.grpc_url, cases), killed_at)
@@ -202,6 +216,12 @@ def main() -> int:
         help="the checked-in repository as it is (an instance a model, the Python preprocess step), or "
         "what `kimi-prep serve` renders on this host (its layout; a CPU host ends with the C patchify step)",
     )
+    parser.add_argument(
+        "--kill-server",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="end each round by killing tritonserver itself (the watchdog starts it again)",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     args = parser.parse_args()
     cases = [((CORPUS / n).read_bytes(), preprocess_bytes((CORPUS / n).read_bytes()).pixel_values) for n in IMAGES]
@@ -212,14 +232,20 @@ def main() -> int:
         assert server.process is not None and serves_exactly(server.grpc_url, cases)
         stubbed = {stub.model for stub in stub_processes(server.process.pid)}
         killed = [model for model in KILLED if model in stubbed]  # a C step has no stub to kill
-        results = {c: {m: {"exact_s": [], "ready_s": []} for m in killed} for c in conditions}
+        killed_all = [*killed, *([SERVER] if args.kill_server else [])]
+        results = {c: {m: {"exact_s": [], "ready_s": []} for m in killed_all} for c in conditions}
         stubs_before, pss_before = live_stubs(server, killed), pss_mib(server.process_tree())
+        restarted_at = -SERVER_QUICK_EXIT_S  # the first server's first exit is started again at once
         for condition in conditions:
             with contextlib.ExitStack() as stack:
                 load = stack.enter_context(Load(server.grpc_url, cases, args.load)) if condition != "idle" else None
                 for _ in range(args.rounds):
-                    for model in killed:
-                        exact_s, ready_s = kill_and_time(server, model, cases)
+                    for model in killed_all:
+                        # A tritonserver that dies within SERVER_QUICK_EXIT_S of a restart is started
+                        # again after a backoff (a crash loop's): this measures the start at once.
+                        not_before = restarted_at + SERVER_QUICK_EXIT_S if model == SERVER else 0.0
+                        exact_s, ready_s = kill_and_time(server, model, cases, not_before)
+                        restarted_at = time.monotonic() if model == SERVER else restarted_at
                         results[condition][model]["exact_s"].append(exact_s)
                         results[condition][model]["ready_s"].append(ready_s)
                         print(f"{condition} {model}: exact after {exact_s:.2f} s, ready after {ready_s:.2f} s")
@@ -265,12 +291,12 @@ def main() -> int:
     report |= {"summary": summary, "load_outcomes": outcomes, "after_the_rounds": after}
     (args.out_dir / "bench_recovery.json").write_text(json.dumps(report, indent=2))
     with saved_axes(args.out_dir / "bench_recovery.png", (7, 3.5)) as ax:
-        x = np.arange(len(killed))
+        x = np.arange(len(killed_all))
         width = 0.8 / len(conditions)
         for i, condition in enumerate(conditions):
-            medians = [summary[condition][m]["exact_s_median"] for m in killed]
+            medians = [summary[condition][m]["exact_s_median"] for m in killed_all]
             ax.bar(x - 0.4 + width * (i + 0.5), medians, width, label=f"exact again, {condition.replace('_', ' ')}")
-        ax.set_xticks(x, [f"kill -9 {m}" for m in killed])
+        ax.set_xticks(x, [f"kill -9 {m}" for m in killed_all])
         ax.set_ylabel(f"seconds after the kill (median of {args.rounds})")
         ax.legend()
     return 0
