@@ -31,6 +31,29 @@ BAD = ["pilx__broken.png", "pil__truncated_jpeg.jpg"]
 MIXED = [GOOD[0], BAD[0], GOOD[1], GOOD[2], BAD[1], GOOD[3]]
 
 
+def tokens_serve_command() -> tuple[list[str], int]:
+    """`kimi-prep serve --models kimi_k25_tokens` on free ports: (the command line, its HTTP port)."""
+    import sys
+
+    from kimi_vision_server.embedded import free_port
+
+    ports = [free_port() for _ in range(3)]
+    command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", "kimi_k25_tokens"]
+    command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    return command, ports[0]
+
+
+def tokens_model_ready(http_port: int) -> bool:
+    """Whether the server on ``http_port`` says kimi_k25_tokens is ready."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/kimi_k25_tokens/ready", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def expected_npz(paths: list[Path], preset: str) -> dict[str, np.ndarray]:
     """The npz ``kimi-prep`` should write for ``paths``: the accepted images, in order."""
     results, names = [], []
@@ -334,29 +357,20 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
     import re
     import signal
     import subprocess
-    import sys
     import time
-    import urllib.request
 
-    from kimi_vision_server.embedded import free_port
     from kimi_vision_server.host import cuda_device_count
 
     if cuda_device_count():
         pytest.skip("GPU host")
-    ports = [free_port() for _ in range(3)]
-    command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", "kimi_k25_tokens"]
-    command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    command, http_port = tokens_serve_command()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/models/kimi_k25_tokens/ready", timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("kimi-prep serve did not become ready")
+        while not tokens_model_ready(http_port):
+            if time.monotonic() >= deadline:
+                pytest.fail("kimi-prep serve did not become ready")
+            time.sleep(0.5)
         process.send_signal(signal.SIGINT)
         output = process.communicate(timeout=120)[0].decode(errors="replace")
     finally:
@@ -379,15 +393,9 @@ def test_serve_starts_its_tritonserver_again_when_it_dies(triton_server: Any) ->
     and serves on; a SIGINT then stops it cleanly (0)."""
     import signal
     import subprocess
-    import sys
     import time
-    import urllib.request
 
-    from kimi_vision_server.embedded import free_port
-
-    ports = [free_port() for _ in range(3)]
-    command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", "kimi_k25_tokens"]
-    command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    command, http_port = tokens_serve_command()
 
     def tritonservers() -> list[int]:
         """The launcher's tritonserver children (the watchdog's thread starts the later ones)."""
@@ -395,23 +403,20 @@ def test_serve_starts_its_tritonserver_again_when_it_dies(triton_server: Any) ->
         children = [pid for task in tasks for pid in (task / "children").read_text().split()]
         return [int(pid) for pid in children if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver"]
 
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/models/kimi_k25_tokens/ready", timeout=2):
-                return True
-        except OSError:
-            return False
-
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
-        while not ready() and time.monotonic() < deadline:
+        while not tokens_model_ready(http_port) and time.monotonic() < deadline:
             time.sleep(0.5)
         (first,) = tritonservers()
         os.kill(first, signal.SIGKILL)
-        while not (tritonservers() not in ([], [first]) and ready()) and time.monotonic() < deadline:
+
+        def served_again() -> bool:
+            return tritonservers() not in ([], [first]) and tokens_model_ready(http_port)
+
+        while not served_again() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert ready() and tritonservers() not in ([], [first]), "no new tritonserver served"
+        assert served_again(), "no new tritonserver served"
         process.send_signal(signal.SIGINT)
         output = process.communicate(timeout=120)[0].decode(errors="replace")
     finally:

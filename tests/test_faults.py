@@ -49,6 +49,7 @@ HANG_GUARD_S = 300.0  # a wait that never ends fails the test instead; not a per
 LOAD_THREADS = 3
 STUB_SCAN_S = inspect.signature(StubWatchdog).parameters["interval_s"].default  # the launcher's
 DEATHS, RECOVERIES = "kimi_prep_stub_deaths_total", "kimi_prep_recoveries_total"
+STALLED = "kimi_prep_stalled_loads_total"
 
 
 @dataclass
@@ -227,8 +228,8 @@ def readyz_watcher(server: EmbeddedServer, stop: threading.Event, seen: list[int
 def kill_under_load_and_recover(server: EmbeddedServer, images: list, model: str) -> None:
     """Kill ``model``'s stub while requests flow; assert errors not hangs, exact service again, counters."""
     assert probe(server, "/readyz")[0] == 200
-    recoveries_before, restarts_before = counter(server, "kimi_prep_recoveries_total", model), restarts(server)
-    deaths_before = counter(server, "kimi_prep_stub_deaths_total", model)
+    recoveries_before, restarts_before = counter(server, RECOVERIES, model), restarts(server)
+    deaths_before = counter(server, DEATHS, model)
     outcomes, stop, readyz = Outcomes(), threading.Event(), []
     threads = [
         threading.Thread(target=send_until, args=(stop, server, images, outcomes), daemon=True)
@@ -267,11 +268,11 @@ def kill_under_load_and_recover(server: EmbeddedServer, images: list, model: str
         # The Python backend aborted tritonserver on a lock the killed stub held (docs/faults.md):
         # the server was started again, which is the recovery; at most the death was counted first.
         assert server_started_again == 1
-        assert counter(server, "kimi_prep_recoveries_total", model) == recoveries_before
-        assert counter(server, "kimi_prep_stub_deaths_total", model) - deaths_before in (0, 1)
+        assert counter(server, RECOVERIES, model) == recoveries_before
+        assert counter(server, DEATHS, model) - deaths_before in (0, 1)
         return
-    assert counter(server, "kimi_prep_recoveries_total", model) == recoveries_before + 1
-    assert counter(server, "kimi_prep_stub_deaths_total", model) == deaths_before + 1
+    assert counter(server, RECOVERIES, model) == recoveries_before + 1
+    assert counter(server, DEATHS, model) == deaths_before + 1
 
 
 def test_probes_answer_on_a_healthy_server(server: EmbeddedServer) -> None:
@@ -385,8 +386,8 @@ def test_a_two_instance_model_killed_under_load_keeps_serving_and_its_old_surviv
         live = [s for s in stub_processes(server.process.pid) if s.model == model and not s.zombie]
         assert len(live) == 2 and not {s.identity for s in live} & before, live
         assert serves_exactly(server, images)()
-        assert counter(server, "kimi_prep_stub_deaths_total", model) == 1
-        assert counter(server, "kimi_prep_recoveries_total", model) == 1
+        assert counter(server, DEATHS, model) == 1
+        assert counter(server, RECOVERIES, model) == 1
         # The replaced version never unloads, so tritonserver alone would wait its whole exit
         # timeout and exit with 1; once it runs no stub the launcher ends it as stopped.
         assert server.watchdog.pinned_versions() == [model]
@@ -527,17 +528,16 @@ def test_a_load_stuck_in_a_stubs_initialize_is_ended_and_retried(
         time.sleep(2 * STUB_SCAN_S)  # a scan has seen the stub (docs/faults.md: one it never saw is not watched)
         kill_stub(server, "stalling_0_0")
         # A second stalled load began once the first had failed: its stub was ended while the marker stood.
-        stalled = "kimi_prep_stalled_loads_total"
-        wait_for(lambda: counter(server, stalled, "stalling") >= 2, "a second stalled load", server)
+        wait_for(lambda: counter(server, STALLED, "stalling") >= 2, "a second stalled load", server)
         assert probe(server, "/readyz")[0] == 503
         marker.unlink()
-        wait_for(lambda: counter(server, "kimi_prep_recoveries_total", "stalling") == 1, "the recovery", server)
+        wait_for(lambda: counter(server, RECOVERIES, "stalling") == 1, "the recovery", server)
         client = grpcclient.InferenceServerClient(server.grpc_url)
         tensor = grpcclient.InferInput("X", [1], "INT32")
         tensor.set_data_from_numpy(np.array([7], dtype=np.int32))
         assert client.infer("stalling", [tensor], client_timeout=CLIENT_TIMEOUT_S).as_numpy("Y").tolist() == [7]
         client.close()
         wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 after the recovery")
-        assert counter(server, "kimi_prep_stub_deaths_total", "stalling") == 1
+        assert counter(server, DEATHS, "stalling") == 1
         log = server.log_tail(200_000)
     assert "in initialize" in log and "most recent call first" in log  # the stalled stub's stack
