@@ -36,7 +36,13 @@ from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server import shm_regions
 from kimi_vision_server.embedded import EmbeddedServer, free_port
 from kimi_vision_server.render_blocks import RenderOptions
-from kimi_vision_server.watchdog import StubWatchdog, stub_processes, stubs_in_group
+from kimi_vision_server.watchdog import (
+    StubWatchdog,
+    parent_pid,
+    stub_processes,
+    stubs_in_group,
+    watchdog_thread_name,
+)
 
 pytestmark = pytest.mark.server
 
@@ -165,13 +171,6 @@ def wait_for(condition: Callable[[], bool], what: str, server: EmbeddedServer | 
     return time.monotonic() - started
 
 
-def parent_of(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-    except OSError:
-        return "(gone)"
-
-
 def server_state(server: EmbeddedServer) -> str:
     """What a wait that never ended needs to be explained: whether tritonserver runs, every stub
     process with its parent, the stack of this server's watchdog thread and the tail of
@@ -183,12 +182,12 @@ def server_state(server: EmbeddedServer) -> str:
         if not stub.zombie:
             os.kill(stub.pid, signal.SIGUSR1)
     time.sleep(2)  # the stubs write their stacks
-    listed = "\n".join(f"  {stub} parent {parent_of(stub.pid)}" for stub in stubs)
+    listed = "\n".join(f"  {stub} parent {parent_pid(stub.pid) or '(gone)'}" for stub in stubs)
     frames = sys._current_frames()
     stacks = [
         "".join(traceback.format_stack(frames[thread.ident]))
         for thread in threading.enumerate()
-        if thread.name == f"kimi-prep-stub-watchdog-{pid}" and thread.ident in frames
+        if thread.name == watchdog_thread_name(pid) and thread.ident in frames
     ]
     return (
         f"tritonserver {pid}: exit code {server.process.poll()}\nstubs in its process group:\n{listed}\n"

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import av
+import numpy as np
 import pytest
 import reference
 from make_inputs import planned_clips, video_clips
@@ -237,7 +238,7 @@ def garbled(data: bytes, packet: int, at: float = 0.6) -> bytes:
 def test_a_stream_damaged_after_chunks_went_out_decodes_as_the_reference(clips: dict[str, bytes]) -> None:
     """Damage the planned decode meets after chunks went out (whether its frame threads flag it
     varies from run to run): the video is decoded whole again as the reference decodes it, the
-    frames already handed over checked against it (their CRC-32), the rest taken from it. Pictures
+    frames already handed over checked against it (their digests), the rest taken from it. Pictures
     garbled mid-stream in two H.264 clips, the Annex B stream cut short: each equal to the
     reference (each was refused before). At
     packet 71 of the Annex B clip and 60 of the MP4 the decoder fills a missing picture from a
@@ -290,10 +291,30 @@ def test_a_plan_that_fails_after_chunks_went_out_goes_on_from_a_whole_decode(
             assert_chunk_equal(chunk, ref, f"{name} failed after {after} frames, chunk {i}")
 
 
+def test_the_frame_digest_tells_frames_apart_by_every_byte_and_their_shape() -> None:
+    """The digest the full pass checks handed-over frames by: equal for equal pixels whether the
+    rows are padded or not, different for any one byte changed (every position of a small frame,
+    in the four words of a lane group and in a row's tail) and for the same bytes in another shape."""
+    rng = np.random.default_rng(7)
+    frame = rng.integers(0, 256, (5, 13, 3), dtype=np.uint8)  # rows of 39 bytes: a 32-byte group and a tail
+    padded = np.zeros((5, 16, 3), dtype=np.uint8)[:, :13]
+    padded[:] = frame
+    assert not padded.flags.c_contiguous
+    digest = video_decode.frame_digest(frame)
+    assert video_decode.frame_digest(padded) == digest
+    seen = {digest}
+    for index in np.ndindex(frame.shape):
+        changed = frame.copy()
+        changed[index] ^= 1
+        seen.add(video_decode.frame_digest(changed))
+    assert len(seen) == frame.size + 1
+    assert video_decode.frame_digest(frame.reshape(13, 5, 3)) != digest
+
+
 def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(
     clips: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A frame the plan handed over that the whole decode gives otherwise (its CRC-32 made to
+    """A frame the plan handed over that the whole decode gives otherwise (its digest made to
     differ here) refuses the video after its first chunks: never finished with chunks of two
     decodes. Open GOPs with packet 82 garbled, as it comes (the planned decoder may conceal it in a
     B-frame shown before the damaged picture otherwise than the reference's): the reference's
@@ -307,13 +328,13 @@ def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(
     except kvp.InvalidVideoError as exc:
         assert "differs from the one already sampled" in str(exc)
     clip = clips["h264_annexb.ts"]
-    real_crc, real_frames = video_decode._crc32, video_decode.segment_frames
+    real_digest, real_frames = video_decode.frame_digest, video_decode.segment_frames
     calls = yielded = 0
 
     def off_by_one(rgb: object) -> int:  # the plan's 5 records (the first calls) made to differ
         nonlocal calls
         calls += 1
-        return real_crc(rgb) ^ (calls <= 5)  # type: ignore[arg-type]
+        return real_digest(rgb) ^ (calls <= 5)  # type: ignore[arg-type]
 
     def failing(*args: object) -> Iterator[tuple[int, object]]:  # the plan fails after 5 frames
         nonlocal yielded
@@ -323,7 +344,7 @@ def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(
             yielded += 1
             yield item
 
-    monkeypatch.setattr(video_decode, "_crc32", off_by_one)
+    monkeypatch.setattr(video_decode, "frame_digest", off_by_one)
     monkeypatch.setattr(video_decode, "segment_frames", failing)
     monkeypatch.setattr(kvp.video, "segment_decoders", lambda: 1)
     chunks = kvp.preprocess_video(clip, "kimi-k2.5")

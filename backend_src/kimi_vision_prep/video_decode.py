@@ -22,14 +22,15 @@ import contextlib
 import io
 import itertools
 import math
+import os
 import queue
 import threading
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 from PIL import Image
 
 from kimi_vision_common.errors import InvalidVideoError, VideoTooLargeError
@@ -422,14 +423,63 @@ class _RgbConverter:
         return self._reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
 
 
-def _crc32(rgb: np.ndarray) -> int:
-    """CRC-32 of an RGB frame's pixels, row by row where its rows are padded."""
-    if rgb.flags.c_contiguous:
-        return zlib.crc32(rgb)
-    checksum = 0
-    for row in rgb:
-        checksum = zlib.crc32(row, checksum)
-    return checksum
+# The frame digest's primes (xxHash64's) and its key, random in each process: unlike a CRC's, a
+# digest's value cannot be worked out ahead of time from the pixels a damaged stream decodes to.
+_P1, _P2, _P3 = np.uint64(0x9E3779B185EBCA87), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9)
+_DIGEST_KEY = np.uint64(int.from_bytes(os.urandom(8), "little"))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mix(acc: np.uint64, word: np.uint64) -> np.uint64:
+    """xxHash64's round: ``rotl(acc + word * P2, 31) * P1``, uint64 wrapping."""
+    acc = acc + word * _P2
+    return ((acc << np.uint64(31)) | (acc >> np.uint64(33))) * _P1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _word(row: np.ndarray, i: int) -> np.uint64:
+    """uint64 of bytes ``row[i : i + 8]``, little-endian (one unaligned load)."""
+    word = np.uint64(0)
+    for k in range(8):
+        word |= np.uint64(row[i + k]) << np.uint64(8 * k)
+    return word
+
+
+@njit(cache=True, nogil=True)
+def _digest_rows(rows: np.ndarray, key: np.uint64) -> np.uint64:
+    """64-bit keyed digest of uint8 ``rows (H, L)`` (rows may be apart): four lanes of 8-byte words
+    through :func:`_mix`, each row's last ``L % 32`` bytes one at a time, then the shape and
+    xxHash64's final avalanche."""
+    a0, a1, a2, a3 = key + _P1 + _P2, key + _P2, key, key - _P1
+    length = rows.shape[1]
+    for r in range(rows.shape[0]):
+        row = rows[r]
+        i = 0
+        while i + 32 <= length:
+            a0, a1 = _mix(a0, _word(row, i)), _mix(a1, _word(row, i + 8))
+            a2, a3 = _mix(a2, _word(row, i + 16)), _mix(a3, _word(row, i + 24))
+            i += 32
+        while i < length:
+            a0 = _mix(a0, np.uint64(row[i]) | np.uint64(256))
+            i += 1
+    h = a0 ^ _mix(np.uint64(1), a1) ^ _mix(np.uint64(2), a2) ^ _mix(np.uint64(3), a3)
+    h ^= _mix(np.uint64(rows.shape[0]), np.uint64(length))
+    h ^= h >> np.uint64(33)
+    h *= _P2
+    h ^= h >> np.uint64(29)
+    h *= _P3
+    return h ^ (h >> np.uint64(32))
+
+
+def frame_digest(rgb: np.ndarray) -> int:
+    """A keyed 64-bit digest of an RGB uint8 ``(H, W, 3)`` frame's pixels (its rows may be padded):
+    equal where two decodes gave the same frame. It runs on every sampled frame of a planned
+    decode, so it is one pass of multiplies over 8-byte words rather than zlib's CRC-32, which
+    takes 2.5 times as long."""
+    if rgb.strides[1:] != (3, 1):
+        rgb = np.ascontiguousarray(rgb)
+    rows = np.lib.stride_tricks.as_strided(rgb, (rgb.shape[0], 3 * rgb.shape[1]), (rgb.strides[0], 1))
+    return int(_digest_rows(rows, _DIGEST_KEY))
 
 
 class FrameProducer:
@@ -445,7 +495,7 @@ class FrameProducer:
     stream's, the others' a second open of the same bytes) and its own queue of ``depth`` frames,
     so a lane runs at most that far ahead of the segment being handed over. A plan that does not
     hold gives way to decoding every frame on one decoder, from the start; frames it handed over
-    already are not handed again but checked (the CRC-32 of their RGB, taken as they went out):
+    already are not handed again but checked (the digest of their RGB, :func:`frame_digest`, taken as they went out):
     where one differs the video is refused as damaged. Leaving the ``with`` block stops the
     threads."""
 
@@ -468,7 +518,7 @@ class FrameProducer:
         self._count_lock = threading.Lock()
         self.frames_in_stream = 0
         self._decoded = 0
-        self._handed: dict[int, int] = {}  # frames a plan handed over: index -> CRC-32 of the RGB
+        self._handed: dict[int, int] = {}  # frames a plan handed over: index -> digest of the RGB
 
     def __enter__(self) -> FrameProducer:
         return self
@@ -551,9 +601,9 @@ class FrameProducer:
         self, jobs: list[_Job], lanes: int, handed: Mapping[int, int] | None = None
     ) -> Iterator[tuple[int, Any]]:
         """Run ``jobs`` (in order) on ``lanes`` lanes, job ``i`` on lane ``i % lanes``, and yield
-        their frames in job order, but for those ``handed`` over before (index -> CRC-32):
+        their frames in job order, but for those ``handed`` over before (index -> digest):
         checked against it instead. A plan's frames (``handed`` None) are recorded with their
-        CRC-32 as they go out, here, off the decoders' threads."""
+        digest as they go out, here, off the decoders' threads."""
         planned, handed = handed is None, handed or {}
         for lane in range(lanes):
             out: queue.Queue[_Item] = queue.Queue(maxsize=self._depth)
@@ -575,14 +625,14 @@ class FrameProducer:
                     break
                 rgb = second
                 if first in handed:
-                    if _crc32(rgb) != handed[first]:
+                    if frame_digest(rgb) != handed[first]:
                         raise InvalidVideoError(
                             f"the video is damaged: decoded whole, frame {first} differs from the one already "
                             f"sampled ({len(handed)} frames were)"
                         )
                     continue
                 if planned:
-                    self._handed[first] = _crc32(rgb)
+                    self._handed[first] = frame_digest(rgb)
                 yield first, rgb
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:

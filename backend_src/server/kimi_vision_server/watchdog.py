@@ -124,6 +124,14 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid``; None when no such process is visible."""
+    try:
+        return int(_stat_fields(PROC / str(pid))[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def killed_by(number: int) -> str:
     """``killed by SIGABRT (6)``, or ``killed by signal N`` for a number with no name."""
     try:
@@ -179,10 +187,20 @@ def mark_changed(folders: list[Path]) -> None:
         os.utime(folder, ns=(mtime, mtime))
 
 
+def signal_process(pid: int, signum: int) -> None:
+    """Send ``signum`` to ``pid``; nothing if it has gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
 def end_process(pid: int) -> None:
     """SIGKILL ``pid``; nothing if it has gone."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    signal_process(pid, signal.SIGKILL)
+
+
+def watchdog_thread_name(server_pid: int) -> str:
+    """The name of the thread watching tritonserver ``server_pid`` (its stacks are looked up by it)."""
+    return f"kimi-prep-stub-watchdog-{server_pid}"
 
 
 def stub_processes(server_pid: int) -> list[StubProcess]:
@@ -368,7 +386,7 @@ class StubWatchdog:
         self._state = WatchdogState()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"kimi-prep-stub-watchdog-{process.pid}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=watchdog_thread_name(process.pid), daemon=True)
 
     def start(self) -> StubWatchdog:
         self._thread.start()
@@ -488,7 +506,7 @@ class StubWatchdog:
             self.process = process
             self._state.new_server()
             self._state.server_restarts += 1
-        self._thread.name = f"kimi-prep-stub-watchdog-{process.pid}"
+        self._thread.name = watchdog_thread_name(process.pid)
         return True
 
     def poll_once(self) -> None:
@@ -624,8 +642,7 @@ class StubWatchdog:
             names,
         )
         for stub in stalled:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(stub.pid, signal.SIGUSR1)
+            signal_process(stub.pid, signal.SIGUSR1)
         if finished.wait(STACKS_WRITTEN_S):
             log.warning("the load of %s completed after all: its stubs are left running", model)
             return
