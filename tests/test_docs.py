@@ -9,6 +9,7 @@ or calls a function (``configure_buffers(...)``) must resolve.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -139,6 +140,43 @@ def test_every_cited_name_exists(document: Path) -> None:
 def test_readme_and_benchmarks_stay_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 170
     assert len((ROOT / "BENCHMARKS.md").read_text().splitlines()) <= 260
+
+
+# A section of BENCHMARKS.md cited by name: `(BENCHMARKS.md, "Served: memory")` or `"Served:
+# memory" in BENCHMARKS.md`; a commit's BENCHMARKS.md (`abc1234`'s BENCHMARKS.md) is history.
+CITED_SECTION = re.compile(r'(?<!\'s )BENCHMARKS\.md\)?,\s+"([^"]+)"|"([^"]+)"\s+in\s+\[?BENCHMARKS\.md')
+
+
+def missing_sections(document: Path) -> list[str]:
+    """Sections of BENCHMARKS.md that ``document`` cites by a name no heading of it contains."""
+    headings = [line for line in (ROOT / "BENCHMARKS.md").read_text().splitlines() if line.startswith("#")]
+    cited = [a or b for a, b in CITED_SECTION.findall(document.read_text())]
+    return [name for name in cited if not any(" ".join(name.split()) in heading for heading in headings)]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_cited_benchmarks_section_exists(document: Path) -> None:
+    assert not missing_sections(document)
+
+
+def test_a_missing_benchmarks_section_is_found(tmp_path: Path) -> None:
+    cites = tmp_path / "cites.md"
+    cites.write_text(
+        'Measured (BENCHMARKS.md, "Served: memory"); "No such\nsection" in BENCHMARKS.md;\n'
+        '(BENCHMARKS.md,\n"late"); (`abc1234`\'s BENCHMARKS.md, "gone since").\n'
+    )
+    assert missing_sections(cites) == ["No such\nsection", "late"]
+
+
+def test_the_device_memory_the_memory_doc_gives_is_the_gpu_reports() -> None:
+    """docs/memory.md's C_ctx and M_dec are what the checked-in GPU report measured."""
+    memory = json.loads((ROOT / "docs" / "benchmarks" / "gpu_report.json").read_text())["memory"]
+    context = next(value for key, value in memory.items() if key.startswith("device_used_at_start_mib"))
+    per_decoder = [decoder["after_warm_decode_mib"] for decoder in memory["per_decoder"]]
+    text = " ".join((ROOT / "docs" / "memory.md").read_text().split())
+    assert f"`C_ctx` was {round(context)} MiB" in text
+    image = memory["warm_decode_image"].split()[0]
+    assert f"`M_dec` {round(min(per_decoder))}-{round(max(per_decoder))} MiB a decoder after a {image}" in text
 
 
 # -- links and the repository's edges ------------------------------------------------------------
