@@ -1115,11 +1115,13 @@ def test_without_a_pinned_version_a_server_that_does_not_stop_is_killed_at_the_t
     assert launcher.stop_process(process, timeout_s=1.0) == -signal.SIGKILL
 
 
-@pytest.mark.parametrize("kind", ["decode+preprocess", "fused"])
+@pytest.mark.parametrize("kind", ["decode+preprocess", "fused", "video", "video_chunk"])
 def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
     """After initialize(), real requests (writable or read-only buffers, any selection of outputs)
     hit no new numba signature: the preprocess model's (the decode model's outputs, as Triton hands
-    them over) and the fused model's (its own decoder's), each warmed up on its own.
+    them over), the fused model's (its own decoder's), the video model's (clips of every codec,
+    frame size and row padding of the media tests, planned or decoded whole) and the video-chunk
+    model's (corpus images as frames), each warmed up on its own.
 
     Runs in a fresh interpreter so earlier tests' compilations cannot hide a missing warm-up."""
     script = textwrap.dedent(f"""\
@@ -1129,13 +1131,15 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
         import numpy as np
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import test_serving_units as t
-        from kimi_vision_prep import normalize, resize_numba
+        from kimi_vision_prep import normalize, resize_numba, video_decode
+        from kimi_vision_server.media_models import VideoChunkModel, VideoModel
+        from make_inputs import video_clips
         from types import SimpleNamespace
 
         def signatures():
             return {{
                 (mod.__name__, name): len(fn.signatures)
-                for mod in (normalize, resize_numba)
+                for mod in (normalize, resize_numba, video_decode)
                 for name, fn in vars(mod).items()
                 if isinstance(fn, numba.core.registry.CPUDispatcher)
             }}
@@ -1152,7 +1156,26 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
         # float32 ensembles, uint8 ensembles, the embed chain, and a client naming no outputs (all)
         selections = [("PIXEL_VALUES", "GRID_THW", "NUM_TOKENS"), ("PIXEL_PATCHES", "GRID_THW", "NUM_TOKENS"),
                       ("PIXEL_VALUES",), None]
+        clips = list(video_clips().values()) if {kind!r} == "video" else []
         for family in ("k25", "k3"):
+            if {kind!r} == "video":
+                video = VideoModel(pb, t.model_args(f"kimi_{{family}}_video"))
+                before = signatures()
+                for clip, requested in itertools.product(clips, selections):
+                    request = t.FakeRequest(VIDEO_BYTES=np.array([[clip]], dtype=np.object_), requested=requested)
+                    for _ in video.stream(request):
+                        pass
+                check(family, before, signatures())
+                continue
+            if {kind!r} == "video_chunk":
+                chunk = VideoChunkModel(pb, t.model_args(f"kimi_{{family}}_video_chunk"))
+                before = signatures()
+                for name, requested in itertools.product(names, selections):
+                    data = open({str(corpus)!r} + "/" + name, "rb").read()
+                    frames = np.array([[data, data]], dtype=np.object_)
+                    chunk.chunk(t.FakeRequest(FRAME_BYTES=frames, requested=requested))
+                check(family, before, signatures())
+                continue
             if {kind!r} == "fused":
                 fused = t.FusedVisionModel(pb, t.model_args(f"kimi_{{family}}_vision_fused"))
                 before = signatures()

@@ -22,13 +22,14 @@ model                      inputs                           outputs (the leading
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from kimi_vision_common.errors import VideoTooLargeError
 from kimi_vision_common.presets import preset_from_parameters
+from kimi_vision_common.results import VideoChunkResult
 from kimi_vision_common.wire import (
     FRAME_BYTES,
     FRAME_INDICES,
@@ -42,14 +43,15 @@ from kimi_vision_common.wire import (
     TIMESTAMP,
     VIDEO_BYTES,
 )
-from kimi_vision_prep.pipeline import map_indexed
+from kimi_vision_prep.pipeline import PIXEL_OUTPUTS, PixelOutput, map_indexed
 from kimi_vision_prep.tokens import count_tokens
-from kimi_vision_prep.video import preprocess_video, preprocess_video_chunk
+from kimi_vision_prep.video import preprocess_frames, preprocess_video, preprocess_video_chunk
 
 from .components import apply_numba_threads, settings_decoder
 from .config import decoder_settings, video_settings
 from .contract import Result, ServingModel, StreamingModel
 from .requests import images_from_input, strings_from_input
+from .warmup import warmup_clips, warmup_frames, warmup_images
 
 
 def pixel_output(requested: frozenset[str] | None) -> str:
@@ -109,6 +111,9 @@ class VideoChunkModel(ServingModel):
         self.video = video_settings(self.parameters)
         self.decoder = settings_decoder(self.settings, self.device)
         apply_numba_threads(self.parameters)
+        for output in PIXEL_OUTPUTS:  # each warm-up image a one-frame chunk
+            for data in warmup_images():
+                preprocess_video_chunk([data], self.preset, decoder=self.decoder, output=output)
         self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.settings}, {self.video}")
 
     def chunk(self, request: Any) -> Result:
@@ -135,20 +140,27 @@ class VideoModel(StreamingModel):
         self.preset = preset_from_parameters(self.parameters)
         self.video = video_settings(self.parameters)
         apply_numba_threads(self.parameters)
+        for output in PIXEL_OUTPUTS:
+            for clip in warmup_clips():
+                for _ in self.chunks(clip, output):
+                    pass
+            for frame in warmup_frames():
+                preprocess_frames([frame, frame], self.preset, output)
         self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.video}")
+
+    def chunks(
+        self, data: bytes, output: PixelOutput, on_frame: Callable[[], None] | None = None
+    ) -> Iterator[VideoChunkResult]:
+        """The chunks of one video under this model's settings."""
+        return preprocess_video(
+            data, self.preset, output=output, limits=self.video.limits, threads=self.video.ffmpeg_threads,
+            on_frame=on_frame,
+        )
 
     def stream(self, request: Any) -> Iterator[Result]:
         (data,) = strings_from_input(self.io.get_input(request, VIDEO_BYTES), VIDEO_BYTES)
         output = pixel_output(self.requested_outputs(request))
-        chunks = preprocess_video(
-            data,
-            self.preset,
-            output=output,
-            limits=self.video.limits,
-            threads=self.video.ffmpeg_threads,
-            on_frame=lambda: self.metrics.count_video_frames(1),
-        )
-        for chunk in chunks:
+        for chunk in self.chunks(data, output, on_frame=lambda: self.metrics.count_video_frames(1)):
             outputs = chunk_outputs(chunk)
             outputs[PROMPT] = np.array([[chunk.prompt.encode()]], dtype=np.object_)
             outputs[TIMESTAMP] = np.array([[chunk.timestamp.encode()]], dtype=np.object_)

@@ -1,5 +1,5 @@
 """Warm-up inputs: every compiled path runs once in ``initialize``, so no request pays for numba
-compilation or decoder creation."""
+compilation or decoder creation (images and, for the video models, clips and frames)."""
 
 from __future__ import annotations
 
@@ -44,3 +44,32 @@ def warmup_decoded(preset: Preset) -> list[DecodedImage]:
             pixels, resample = pillow_pixels(image, preset)
             decoded.append(DecodedImage(pixels, image.width, image.height, resample, "pillow"))
     return decoded
+
+
+def warmup_clips() -> list[bytes]:
+    """Two MPEG-4 clips with B-frames (16 frames at 8 fps, FFmpeg's own encoder), 64 and 72 pixels
+    wide: the planned decode and its frame digest on RGB rows packed (64 x 3 bytes) and padded
+    (72 x 3 is no multiple of FFmpeg's row alignment), and the chunk writers."""
+    import av
+
+    clips = []
+    for width in (64, 72):
+        buffer = io.BytesIO()
+        with av.open(buffer, "w", format="matroska") as container:
+            stream = container.add_stream("mpeg4", rate=8, options={"bf": "2", "g": "8"})
+            stream.width, stream.height, stream.pix_fmt = width, 48, "yuv420p"
+            for step in range(16):
+                ramp = (np.arange(48 * width * 3).reshape(48, width, 3) * (step + 1)) % 251
+                for packet in stream.encode(av.VideoFrame.from_ndarray(ramp.astype(np.uint8), format="rgb24")):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        clips.append(buffer.getvalue())
+    return clips
+
+
+def warmup_frames() -> list[np.ndarray]:
+    """A tall and a wide RGB frame that every shipped preset resizes (a side > 512 patches): the
+    frame resize in both pass orders."""
+    tall = np.tile((np.arange(16 * 3, dtype=np.uint8) % 251).reshape(1, 16, 3), (7300, 1, 1))
+    return [tall, np.ascontiguousarray(tall.transpose(1, 0, 2))]
