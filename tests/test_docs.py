@@ -179,6 +179,16 @@ def test_the_device_memory_the_memory_doc_gives_is_the_gpu_reports() -> None:
     assert f"`M_dec` {round(min(per_decoder))}-{round(max(per_decoder))} MiB a decoder after a {image}" in text
 
 
+def test_the_readmes_speed_claim_is_the_processor_benchmarks() -> None:
+    """README's "about Nx its speed" is the checkpoint processor's benchmark, both inputs, rounded."""
+    benchmarks = (ROOT / "BENCHMARKS.md").read_text()
+    section = benchmarks.split("## In process: `KimiVisionProcessor`", 1)[1].split("\n## ", 1)[0]
+    medians = [float(x) for x in re.findall(r"\| \*\*([0-9.]+)x\*\* \|", section)]
+    claimed = re.search(r"about (\d+)x its speed", " ".join((ROOT / "README.md").read_text().split()))
+    assert len(medians) == 2 and claimed
+    assert {round(median) for median in medians} == {int(claimed.group(1))}
+
+
 # -- links and the repository's edges ------------------------------------------------------------
 
 MARKDOWN = sorted(ROOT / path for path in TRACKED if path.endswith(".md"))
