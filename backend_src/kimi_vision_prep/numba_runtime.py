@@ -166,3 +166,13 @@ def parallel_kernel(work: int) -> Iterator[None]:
             yield
         finally:
             numba.set_num_threads(threads)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def load_word(row: np.ndarray, i: int) -> np.uint64:
+    """uint64 of bytes ``row[i : i + 8]`` of a uint8 array, little-endian (the compiler emits one
+    unaligned load)."""
+    word = np.uint64(0)
+    for k in range(8):
+        word |= np.uint64(row[i + k]) << np.uint64(8 * k)
+    return word

@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 
 from .buffers import scratch
 from .kernels import NUMPY, register_kernel
-from .numba_runtime import kernel_input, parallel_kernel
+from .numba_runtime import kernel_input, load_word, parallel_kernel
 from .resample import (
     PRECISION_BITS,
     ROUNDING_BIAS,
@@ -101,23 +101,14 @@ def _store_word(typingctx: Any, row: types.Array, i: types.Integer, word: types.
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _load_word(row: np.ndarray, i: int) -> np.uint64:
-    """uint64 of bytes ``row[i : i + 8]``, little-endian (the compiler emits one unaligned load)."""
-    word = np.uint64(0)
-    for k in range(8):
-        word |= np.uint64(row[i + k]) << np.uint64(8 * k)
-    return word
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _transpose_8x8(rows: np.ndarray, i: int, words: np.ndarray, group: int) -> None:
     """Bytes ``i .. i+7`` of the eight uint8 rows ``rows[r]`` (tile rows ``8*group + r``) into the
     channel-major tile viewed as uint64 ``words``: row byte ``p`` (pixel ``p // 3``, channel
     ``p % 3``) of all eight rows becomes word ``3p + group``, whose byte ``r`` is ``rows[r][p]``."""
     a = _transpose_bytes(
         (
-            _load_word(rows[0], i), _load_word(rows[1], i), _load_word(rows[2], i), _load_word(rows[3], i),
-            _load_word(rows[4], i), _load_word(rows[5], i), _load_word(rows[6], i), _load_word(rows[7], i),
+            load_word(rows[0], i), load_word(rows[1], i), load_word(rows[2], i), load_word(rows[3], i),
+            load_word(rows[4], i), load_word(rows[5], i), load_word(rows[6], i), load_word(rows[7], i),
         )
     )
     base = 3 * i + group

@@ -51,7 +51,7 @@ from .components import apply_numba_threads, settings_decoder
 from .config import decoder_settings, video_settings
 from .contract import Result, ServingModel, StreamingModel
 from .requests import images_from_input, strings_from_input
-from .warmup import warmup_clips, warmup_frames, warmup_images
+from .warmup import warmup_clip, warmup_frames, warmup_images
 
 
 def pixel_output(requested: frozenset[str] | None) -> str:
@@ -141,9 +141,8 @@ class VideoModel(StreamingModel):
         self.video = video_settings(self.parameters)
         apply_numba_threads(self.parameters)
         for output in PIXEL_OUTPUTS:
-            for clip in warmup_clips():
-                for _ in self.chunks(clip, output):
-                    pass
+            for _ in self.chunks(warmup_clip(), output):
+                pass
             for frame in warmup_frames():
                 preprocess_frames([frame, frame], self.preset, output)
         self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.video}")

@@ -46,26 +46,22 @@ def warmup_decoded(preset: Preset) -> list[DecodedImage]:
     return decoded
 
 
-def warmup_clips() -> list[bytes]:
-    """Two MPEG-4 clips with B-frames (16 frames at 8 fps, FFmpeg's own encoder), 64 and 72 pixels
-    wide: the planned decode and its frame digest on RGB rows packed (64 x 3 bytes) and padded
-    (72 x 3 is no multiple of FFmpeg's row alignment), and the chunk writers."""
+def warmup_clip() -> bytes:
+    """An MPEG-4 clip with B-frames (16 frames of 64x48 at 8 fps, FFmpeg's own encoder): the
+    planned decode, its frame digest and the chunk writers."""
     import av
 
-    clips = []
-    for width in (64, 72):
-        buffer = io.BytesIO()
-        with av.open(buffer, "w", format="matroska") as container:
-            stream = container.add_stream("mpeg4", rate=8, options={"bf": "2", "g": "8"})
-            stream.width, stream.height, stream.pix_fmt = width, 48, "yuv420p"
-            for step in range(16):
-                ramp = (np.arange(48 * width * 3).reshape(48, width, 3) * (step + 1)) % 251
-                for packet in stream.encode(av.VideoFrame.from_ndarray(ramp.astype(np.uint8), format="rgb24")):
-                    container.mux(packet)
-            for packet in stream.encode():
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="matroska") as container:
+        stream = container.add_stream("mpeg4", rate=8, options={"bf": "2", "g": "8"})
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for step in range(16):
+            ramp = (np.arange(48 * 64 * 3).reshape(48, 64, 3) * (step + 1)) % 251
+            for packet in stream.encode(av.VideoFrame.from_ndarray(ramp.astype(np.uint8), format="rgb24")):
                 container.mux(packet)
-        clips.append(buffer.getvalue())
-    return clips
+        for packet in stream.encode():
+            container.mux(packet)
+    return buffer.getvalue()
 
 
 def warmup_frames() -> list[np.ndarray]:
