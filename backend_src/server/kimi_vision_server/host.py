@@ -79,10 +79,12 @@ def host_layout(cores: int | None = None, gpus: int | None = None) -> HostLayout
     """The serving layout for a host (``None``: this one's ``os.cpu_count()`` / :func:`cuda_device_count`).
 
     CPU-only: instances x threads = cores, 1 thread an instance up to 4 cores and 2 above (several
-    processes beat threads in one on small hosts: on 2 cores 2 instances x 1 thread served best,
-    BENCHMARKS.md's history), at most :data:`MAX_CPU_INSTANCES` instances. With GPUs: KIND_GPU, one instance
-    per GPU (Triton's count is per device) and the cores shared out, at most :data:`MAX_GPU_THREADS`
-    threads each; provisional until the GPU check measures HBM per instance (README).
+    processes beat threads in one on small hosts: on 2 cores 2 instances x 1 thread served best;
+    a third instance served the uint8 wire 10% faster but took the hostile load over its memory
+    bound, BENCHMARKS.md's "Decisions not kept"), at most :data:`MAX_CPU_INSTANCES` instances.
+    With GPUs: KIND_GPU, one instance per GPU (Triton's count is per device) and the cores shared
+    out, at most :data:`MAX_GPU_THREADS` threads each; provisional until the served GPU check
+    measures HBM per instance (tests/gpu/README.md).
     """
     cores = max(1, cores if cores is not None else (os.cpu_count() or 1))
     gpus = cuda_device_count() if gpus is None else gpus
