@@ -488,9 +488,9 @@ class FrameProducer:
     stream's, the others' a second open of the same bytes) and its own queue of ``depth`` frames,
     so a lane runs at most that far ahead of the segment being handed over. A plan that does not
     hold gives way to decoding every frame on one decoder, from the start; frames it handed over
-    already are not handed again but checked (the digest of their RGB, :func:`frame_digest`, taken as they went out):
-    where one differs the video is refused as damaged. Leaving the ``with`` block stops the
-    threads."""
+    already are not handed again but checked (the :func:`frame_digest` of their RGB, taken as they
+    went out): where one differs the video is refused as damaged. Leaving the ``with`` block stops
+    the threads."""
 
     def __init__(  # noqa: PLR0917
         self,
