@@ -140,8 +140,9 @@ class VideoModel(StreamingModel):
         self.preset = preset_from_parameters(self.parameters)
         self.video = video_settings(self.parameters)
         apply_numba_threads(self.parameters)
+        clip = warmup_clip()
         for output in PIXEL_OUTPUTS:
-            for _ in self.chunks(warmup_clip(), output):
+            for _ in self.chunks(clip, output):
                 pass
             for frame in warmup_frames():
                 preprocess_frames([frame, frame], self.preset, output)
