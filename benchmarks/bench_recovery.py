@@ -245,7 +245,8 @@ def main() -> int:
                         # again after a backoff (a crash loop's): this measures the start at once.
                         not_before = restarted_at + SERVER_QUICK_EXIT_S if model == SERVER else 0.0
                         exact_s, ready_s = kill_and_time(server, model, cases, not_before)
-                        restarted_at = time.monotonic() if model == SERVER else restarted_at
+                        if model == SERVER:
+                            restarted_at = time.monotonic()
                         results[condition][model]["exact_s"].append(exact_s)
                         results[condition][model]["ready_s"].append(ready_s)
                         print(f"{condition} {model}: exact after {exact_s:.2f} s, ready after {ready_s:.2f} s")

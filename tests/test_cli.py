@@ -43,6 +43,16 @@ def tokens_serve_command() -> tuple[list[str], int]:
     return command, ports[0]
 
 
+def wait_for_tokens_model(http_port: int, deadline: float) -> None:
+    """Until the server on ``http_port`` says kimi_k25_tokens is ready; fails at the monotonic ``deadline``."""
+    import time
+
+    while not tokens_model_ready(http_port):
+        if time.monotonic() >= deadline:
+            pytest.fail("kimi-prep serve did not become ready")
+        time.sleep(0.5)
+
+
 def tokens_model_ready(http_port: int) -> bool:
     """Whether the server on ``http_port`` says kimi_k25_tokens is ready."""
     import urllib.request
@@ -366,11 +376,7 @@ def test_serve_on_a_cpu_host_is_quiet(triton_server: Any) -> None:
     command, http_port = tokens_serve_command()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 240
-        while not tokens_model_ready(http_port):
-            if time.monotonic() >= deadline:
-                pytest.fail("kimi-prep serve did not become ready")
-            time.sleep(0.5)
+        wait_for_tokens_model(http_port, time.monotonic() + 240)
         process.send_signal(signal.SIGINT)
         output = process.communicate(timeout=120)[0].decode(errors="replace")
     finally:
@@ -406,8 +412,7 @@ def test_serve_starts_its_tritonserver_again_when_it_dies(triton_server: Any) ->
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
-        while not tokens_model_ready(http_port) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_for_tokens_model(http_port, deadline)
         (first,) = tritonservers()
         os.kill(first, signal.SIGKILL)
 

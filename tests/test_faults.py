@@ -39,6 +39,7 @@ from kimi_vision_server.render_blocks import RenderOptions
 from kimi_vision_server.watchdog import (
     StubWatchdog,
     parent_pid,
+    signal_process,
     stub_processes,
     stubs_in_group,
     watchdog_thread_name,
@@ -180,7 +181,7 @@ def server_state(server: EmbeddedServer) -> str:
     stubs = stubs_in_group(pid)
     for stub in stubs:
         if not stub.zombie:
-            os.kill(stub.pid, signal.SIGUSR1)
+            signal_process(stub.pid, signal.SIGUSR1)
     time.sleep(2)  # the stubs write their stacks
     listed = "\n".join(f"  {stub} parent {parent_pid(stub.pid) or '(gone)'}" for stub in stubs)
     frames = sys._current_frames()

@@ -111,8 +111,9 @@ class VideoChunkModel(ServingModel):
         self.video = video_settings(self.parameters)
         self.decoder = settings_decoder(self.settings, self.device)
         apply_numba_threads(self.parameters)
+        images = warmup_images()
         for output in PIXEL_OUTPUTS:  # each warm-up image a one-frame chunk
-            for data in warmup_images():
+            for data in images:
                 preprocess_video_chunk([data], self.preset, decoder=self.decoder, output=output)
         self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.settings}, {self.video}")
 

@@ -13,6 +13,15 @@ from kimi_vision_prep.decode import DecodedImage
 from kimi_vision_prep.pillow_io import pillow_pixels
 
 
+def _ramps() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """uint32 RGBA ramps (values < 251): a small ``(48, 64, 4)`` one, and a tall ``(7300, 16, 4)``
+    and a wide ``(16, 7300, 4)`` one whose long side every shipped preset must resize (> 512
+    patches)."""
+    ramp = np.arange(48 * 64 * 4, dtype=np.uint32).reshape(48, 64, 4) % 251
+    tall = np.tile(ramp[:1, :16], (7300, 1, 1))
+    return ramp, tall, tall.transpose(1, 0, 2)
+
+
 def warmup_images() -> list[bytes]:
     """Small encoded images that exercise every compiled path: an RGB JPEG (fast decode, no resize),
     tall and wide RGB JPEGs and RGBA PNGs that every shipped preset must resize (a side > 512
@@ -23,9 +32,7 @@ def warmup_images() -> list[bytes]:
         Image.fromarray(np.ascontiguousarray(pixels).astype(np.uint8), mode).save(buffer, format=fmt)
         return buffer.getvalue()
 
-    ramp = np.arange(48 * 64 * 4, dtype=np.uint32).reshape(48, 64, 4) % 251
-    tall = np.tile(ramp[:1, :16], (7300, 1, 1))
-    wide = tall.transpose(1, 0, 2)
+    ramp, tall, wide = _ramps()
     return [
         encode(ramp[:, :, :3], "RGB", "JPEG"),
         encode(tall[:, :, :3], "RGB", "JPEG"),
@@ -67,5 +74,5 @@ def warmup_clip() -> bytes:
 def warmup_frames() -> list[np.ndarray]:
     """A tall and a wide RGB frame that every shipped preset resizes (a side > 512 patches): the
     frame resize in both pass orders."""
-    tall = np.tile((np.arange(16 * 3, dtype=np.uint8) % 251).reshape(1, 16, 3), (7300, 1, 1))
-    return [tall, np.ascontiguousarray(tall.transpose(1, 0, 2))]
+    _, tall, wide = _ramps()
+    return [np.ascontiguousarray(pixels[:, :, :3], dtype=np.uint8) for pixels in (tall, wide)]
