@@ -3,7 +3,9 @@
 In process, per clip (the corpus's three real clips, and 10-12 s clips encoded here with PyAV from
 a corpus photo: x264 with its defaults, x264 with short open GOPs, MPEG-4 with B-frames):
 ``preprocess_video`` vs the decode-only floor (PyAV decoding every frame, no RGB conversion, at
-FFmpeg's thread count and at one thread a core: the faster of the two) vs the plain reference
+FFmpeg's thread count and at one thread a core: the faster of the two) vs our sampling alone
+(``sample_video``: the planned decode, the sampled frames' RGB conversion and digest, no resize or
+patches; the most a faster pixel path could take ours down to) vs the plain reference
 (``tests/reference.py``: every frame decoded and converted, Pillow resize, numpy); sampled
 frames/s and chunks/s; the RSS while streaming the longest clip (sampled after every chunk: from
 the third chunk on it stays within a band of one chunk's size, at most two being held besides
@@ -38,6 +40,7 @@ from make_inputs import encode_clip, iter_photo_frames
 from photos import CORPUS, plain_reference
 
 import kimi_vision_prep as kvp
+from kimi_vision_prep.video import sample_video
 from kimi_vision_prep.video_decode import probe_video
 
 
@@ -113,6 +116,7 @@ def in_process(repeats: int) -> list[dict[str, Any]]:
         sampled = sum(len(c.frame_indices) for c in chunks)
         ways = {
             "ours": lambda d=data: list(kvp.preprocess_video(d, "kimi-k2.5")),
+            "sampling": lambda d=data: sum(len(chunk.frames) for chunk in sample_video(d, "kimi-k2.5")),
             "decode_floor_ffmpeg_threads": lambda d=data: decode_floor(d, 0),
             "decode_floor_thread_a_core": lambda d=data: decode_floor(d, os.cpu_count() or 1),
         }
@@ -127,12 +131,14 @@ def in_process(repeats: int) -> list[dict[str, Any]]:
         row["decode_floor"] = min(row["decode_floor_ffmpeg_threads"], row["decode_floor_thread_a_core"], key=median)
         ours = row["ours"]["median_s"]
         row["ours_over_floor"] = ours / row["decode_floor"]["median_s"]
+        row["sampling_over_floor"] = row["sampling"]["median_s"] / row["decode_floor"]["median_s"]
         row["reference_over_ours"] = row["reference"]["median_s"] / ours
         row["sampled_frames_per_s"] = sampled / ours
         row["chunks_per_s"] = len(chunks) / ours
         print(
             f"{name:34s} chunks {len(chunks):3d}  ours {ours * 1e3:8.1f} ms  floor "
             f"{row['decode_floor']['median_s'] * 1e3:8.1f} ms  ours/floor {row['ours_over_floor']:.2f}x  "
+            f"sampling/floor {row['sampling_over_floor']:.2f}x  "
             f"reference/ours {row['reference_over_ours']:.2f}x  {row['sampled_frames_per_s']:.1f} sampled frames/s",
             flush=True,
         )
@@ -198,9 +204,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, (key, label) in enumerate((("decode_floor", "decode floor"), ("ours", "ours"), ("reference", "reference"))):
-        ax.bar(x + i * 0.27, [r[key]["median_s"] for r in rows], 0.27, label=label)
-    ax.set_xticks(x + 0.27, [r["clip"] for r in rows], rotation=15, fontsize=7)
+    bars = (
+        ("decode_floor", "decode floor"),
+        ("sampling", "our sampling alone"),
+        ("ours", "ours"),
+        ("reference", "reference"),
+    )
+    for i, (key, label) in enumerate(bars):
+        ax.bar(x + i * 0.2, [r[key]["median_s"] for r in rows], 0.2, label=label)
+    ax.set_xticks(x + 0.3, [r["clip"] for r in rows], rotation=15, fontsize=7)
     ax.set_ylabel("median s per video (K2.5)")
     ax.set_title("bench_media: lower is better")
     ax.legend()
