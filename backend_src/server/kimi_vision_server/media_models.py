@@ -141,11 +141,11 @@ class VideoModel(StreamingModel):
         self.preset = preset_from_parameters(self.parameters)
         self.video = video_settings(self.parameters)
         apply_numba_threads(self.parameters)
-        clip = warmup_clip()
+        clip, frames = warmup_clip(), warmup_frames()
         for output in PIXEL_OUTPUTS:
             for _ in self.chunks(clip, output):
                 pass
-            for frame in warmup_frames():
+            for frame in frames:
                 preprocess_frames([frame, frame], self.preset, output)
         self.io.log("info", f"{self.name}: preset {self.preset.name}, {self.video}")
 
