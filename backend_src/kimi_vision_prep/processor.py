@@ -9,6 +9,12 @@ files call): built from ``media_proc_cfg`` (or ``from_pretrained(folder)`` readi
     {"type": "image", "image": <PIL image | encoded bytes | "data:image/...;base64,..." | path>}
     {"type": "video_chunk", "video_chunk": [<frame>, ...]}  # frames of the same kinds
 
+An engine's wrapper of a loaded image and its file (vLLM's ``MediaWithBytes``: ``.media``,
+``.original_bytes``) is taken as its ``.media``. vLLM's calls are answered too: ``preprocess(...,
+do_rescale=False, do_normalize=False)`` gives uint8 ``pixel_values`` (the patches before
+normalisation, normalised on the engine's device), ``from_pretrained(name, revision=...,
+trust_remote_code=...)``, ``make_chunk_prompt`` on the class.
+
 **transformers' native image processor** (``Kimi_K25ImageProcessor``'s calls, so that
 ``Kimi_K25Processor(image_processor=...)`` takes it): ``__call__(images=..., return_tensors=...)``
 -> ``pixel_values``, ``image_grid_thw``; ``get_number_of_image_patches(height, width)``;
@@ -48,7 +54,7 @@ from .decode import DecodedImage, ImageDecoder
 from .extras import require_torch
 from .normalize import concatenate_patches
 from .pillow_io import open_with_pillow, pillow_call, pillow_pixels, unloaded_jpeg_bytes
-from .pipeline import PreprocessResult, preprocess_bytes, preprocess_decoded
+from .pipeline import PixelOutput, PreprocessResult, preprocess_bytes, preprocess_decoded
 from .tokens import count_tokens
 from .video import chunk_target, chunk_tokens, preprocess_frames, preprocess_video_chunk, sample_video
 
@@ -61,9 +67,17 @@ MEDIA_TYPES = ("image", "video_chunk")
 CONFIG_NAME = "preprocessor_config.json"  # transformers' file name for an image processor's config
 
 
+def unwrapped(source: Any) -> Any:
+    """``source``, or the image an engine's wrapper holds beside its file (vLLM's ``MediaWithBytes``:
+    the ``.media`` it loaded, whose pixels are what that engine feeds its processor)."""
+    media = getattr(source, "media", None)
+    return media if isinstance(media, Image.Image) and hasattr(source, "original_bytes") else source
+
+
 def media_bytes(source: Any) -> bytes | None:
     """Encoded bytes of ``source``: bytes as given, a ``data:`` URL's payload, a path's content, an
     unloaded PIL JPEG's file; None for any other PIL image. :class:`InvalidImageError` otherwise."""
+    source = unwrapped(source)
     if isinstance(source, Image.Image):
         return unloaded_jpeg_bytes(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -115,10 +129,21 @@ def media_item(media: Any) -> tuple[str, Any]:
 
 def stored_size(source: Any) -> tuple[int, int]:
     """``(width, height)`` of an image source from its header alone (no pixel decoded)."""
+    source = unwrapped(source)
     if isinstance(source, Image.Image):
         return source.size
     with open_with_pillow(media_bytes(source)) as image:  # type: ignore[arg-type]
         return image.size
+
+
+class class_or_instance_method:
+    """A method that receives its instance, or its class where it is called on the class."""
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        return self.function.__get__(owner if instance is None else instance, owner)
 
 
 class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
@@ -132,11 +157,13 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
     """
 
     model_input_names = ["pixel_values", "grid_thws"]  # noqa: RUF012 (transformers' class attribute)
+    # The base of a processor whose config names no preset (from_dict; make_chunk_prompt on the class).
+    default_preset = "kimi-k2.5"
 
     def __init__(
         self,
         media_proc_cfg: Mapping[str, Any] | None = None,
-        preset: str | Preset = "kimi-k2.5",
+        preset: str | Preset | None = None,
         decoder: ImageDecoder | None = None,
         **kwargs: Any,
     ) -> None:
@@ -144,7 +171,7 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
             super().__init__(**kwargs)
         elif kwargs:
             raise TypeError(f"unexpected arguments {sorted(kwargs)} (transformers is not installed to keep them)")
-        base = get_preset(preset)
+        base = get_preset(preset or self.default_preset)
         cfg = dict(media_proc_cfg or {})
         self.preset = preset_from_media_proc_cfg(cfg, base)
         self.base_preset = base.name
@@ -162,8 +189,12 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
     def num_frames_per_chunk(self) -> int:
         return self.preset.temporal_merge_kernel_size
 
-    def make_chunk_prompt(self, timestamp_text: str) -> str:
-        return self.preset.video_prompt.format(timestamp=timestamp_text)
+    @class_or_instance_method
+    def make_chunk_prompt(owner: Any, timestamp_text: str) -> str:
+        """A video chunk's prompt; callable on the class, as the checkpoint's classmethod is (the
+        class's ``default_preset``), or on an instance (its preset)."""
+        preset = owner.preset if isinstance(owner, KimiVisionProcessor) else get_preset(owner.default_preset)
+        return preset.video_prompt.format(timestamp=timestamp_text)
 
     def get_resize_config(self, media: Mapping[str, Any]) -> dict[str, int]:
         """The reference's resize config: ``num_tokens``, ``new_width``, ``new_height``,
@@ -207,17 +238,28 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
             for chunk in sample_video(data, self.preset)  # type: ignore[arg-type]
         ]
 
-    def preprocess(self, medias: Mapping[str, Any] | Sequence[Mapping[str, Any]], return_tensors: Any = None) -> Any:
+    def preprocess(
+        self,
+        medias: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        return_tensors: Any = None,
+        do_rescale: bool | None = None,
+        do_normalize: bool | None = None,
+    ) -> Any:
         """``pixel_values`` float32 ``(ΣN, 3, p, p)`` and ``grid_thws`` int64 ``(n, 3)`` of the
         media in order (the reference's concatenation; ``[]``: an empty result). Like the
-        reference, one call has one verdict: the first bad item raises its typed error."""
+        reference, one call has one verdict: the first bad item raises its typed error.
+
+        ``do_rescale=False, do_normalize=False`` (vLLM, normalising on its device): uint8
+        ``pixel_values``, the same patches before normalisation (padding 0). Either alone is refused:
+        rescaling without normalising (or the reverse) is no output of the reference."""
+        output = pixel_output(do_rescale, do_normalize)
         check_tensor_type(return_tensors)
         items = [medias] if isinstance(medias, Mapping) else list(medias)
         results = []
         for item in items:
             kind, payload = media_item(item)
-            results.append(self._image(payload) if kind == "image" else self._video_chunk(payload))
-        return _batch(_concatenated(results, "grid_thws"), return_tensors)
+            results.append(self._image(payload, output) if kind == "image" else self._video_chunk(payload, output))
+        return _batch(_concatenated(results, "grid_thws", output), return_tensors)
 
     # -- transformers' native interface -----------------------------------------------------------
 
@@ -238,12 +280,18 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
             raise ValueError(f"{type(self).__name__} follows its media_proc_cfg; cannot apply {sorted(changed)}")
         check_tensor_type(return_tensors)
         flat = _flat_images(images)
-        return _batch(_concatenated([self._image(image) for image in flat], "image_grid_thw"), return_tensors)
+        results = [self._image(image, "pixel_values") for image in flat]
+        return _batch(_concatenated(results, "image_grid_thw", "pixel_values"), return_tensors)
 
     def get_number_of_image_patches(self, height: int, width: int, images_kwargs: Mapping | None = None) -> int:
         """Patches (``grid_h * grid_w``, before merging) of a ``height x width`` image."""
         target: TargetSize = navit_target_size(width, height, self.preset)
         return target.num_patches
+
+    def _merge_and_standardize_kwargs(self, **kwargs: Any) -> dict[str, Any]:
+        """transformers' image kwargs with this processor's values filled in (``Kimi_K25Processor.
+        _get_num_multimodal_tokens`` reads ``merge_size`` there); the sizes are the config's."""
+        return {**kwargs, "merge_size": self.merge_size, "patch_size": self.patch_size}
 
     # -- configuration ----------------------------------------------------------------------------
 
@@ -260,16 +308,26 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
     @classmethod
     def from_dict(cls, config_dict: Mapping[str, Any], **kwargs: Any) -> KimiVisionProcessor:
         """From a ``preprocessor_config.json``'s content (a checkpoint's or one :meth:`save_pretrained`
-        wrote); ``kwargs`` override it (``preset=``, ``decoder=``)."""
+        wrote); ``kwargs`` override it (``preset=``, ``decoder=``). A K3 checkpoint's config (its
+        processor class named K3) takes the ``kimi-k3`` preset where none is given."""
         config = {**config_dict, **kwargs}
+        config.setdefault("preset", config_preset(config) or cls.default_preset)
         for key in ("image_processor_type", "auto_map", "processor_class", "return_unused_kwargs"):
             config.pop(key, None)  # transformers' bookkeeping, not settings
         return cls(media_proc_cfg=config.pop("media_proc_cfg", None), **config)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, **kwargs: Any) -> KimiVisionProcessor:
-        """From ``folder/preprocessor_config.json`` (a local checkpoint folder)."""
-        path = Path(folder) / CONFIG_NAME
+    def from_pretrained(
+        cls, name: str | Path, *, revision: str | None = None, trust_remote_code: bool = False, **kwargs: Any
+    ) -> KimiVisionProcessor:
+        """From ``name/preprocessor_config.json``: a local checkpoint folder, or (where transformers
+        is installed) a Hub model id at ``revision``, read through transformers' cache as
+        ``AutoImageProcessor`` reads it. ``trust_remote_code`` is accepted and not needed: no code
+        of the checkpoint runs. Loading options of transformers (``cache_dir``, ``token``, ...) are
+        passed on to its download; other ``kwargs`` to :meth:`from_dict`."""
+        del trust_remote_code
+        hub_options = {key: kwargs.pop(key) for key in HUB_OPTIONS if key in kwargs}
+        path = config_path(name, revision, hub_options)
         try:
             config = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -288,22 +346,58 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
 
     # -- the work ---------------------------------------------------------------------------------
 
-    def _image(self, source: Any) -> PreprocessResult:
+    def _image(self, source: Any, output: PixelOutput) -> PreprocessResult:
         data = media_bytes(source)
         if data is None:
-            return preprocess_decoded(pil_decoded(source, self.preset), self.preset)
-        return preprocess_bytes(data, self.preset, decoder=self.decoder)
+            return preprocess_decoded(pil_decoded(unwrapped(source), self.preset), self.preset, output=output)
+        return preprocess_bytes(data, self.preset, decoder=self.decoder, output=output)
 
-    def _video_chunk(self, frames: Sequence[Any]) -> PreprocessResult:
+    def _video_chunk(self, frames: Sequence[Any], output: PixelOutput) -> PreprocessResult:
+        frames = [unwrapped(frame) for frame in frames]
         if all(not isinstance(frame, Image.Image) for frame in frames):
-            return preprocess_video_chunk([media_bytes(f) for f in frames], self.preset, decoder=self.decoder)  # type: ignore[misc]
+            encoded = [media_bytes(f) for f in frames]
+            return preprocess_video_chunk(encoded, self.preset, decoder=self.decoder, output=output)  # type: ignore[arg-type]
         if not all(isinstance(frame, Image.Image) for frame in frames):
             raise InvalidRequestError("a video_chunk's frames are all PIL images or all encoded")
-        return preprocess_frames([rgb_frame(frame) for frame in frames], self.preset)
+        return preprocess_frames([rgb_frame(frame) for frame in frames], self.preset, output=output)
 
 
 # transformers' Kimi_K25Processor passes its images kwargs; these do not change the pixels.
 PASSIVE_KWARGS = frozenset({"do_convert_rgb", "input_data_format", "data_format", "device", "disable_grouping"})
+# transformers' download options that from_pretrained passes on (a Hub model id).
+HUB_OPTIONS = ("cache_dir", "force_download", "local_files_only", "token", "subfolder", "proxies")
+
+
+def pixel_output(do_rescale: bool | None, do_normalize: bool | None) -> PixelOutput:
+    """The output vLLM's two flags ask for: both False -> uint8 patches, else float32 pixel values."""
+    if do_rescale is False and do_normalize is False:
+        return "pixel_patches"
+    if False in (do_rescale, do_normalize):
+        raise ValueError(
+            f"do_rescale={do_rescale} with do_normalize={do_normalize}: both False (uint8 patches) or neither"
+        )
+    return "pixel_values"
+
+
+def config_preset(config: Mapping[str, Any]) -> str | None:
+    """``kimi-k3`` for a K3 checkpoint's ``preprocessor_config.json`` (its processor class, in
+    ``image_processor_type`` or ``auto_map``, names K3); None where it names no preset."""
+    names = [str(config.get("image_processor_type", "")), *map(str, dict(config.get("auto_map") or {}).values())]
+    return "kimi-k3" if any("KimiK3" in name or "Kimi_K3" in name for name in names) else None
+
+
+def config_path(name: str | Path, revision: str | None, hub_options: Mapping[str, Any]) -> Path:
+    """``name``'s ``preprocessor_config.json``: in the folder ``name`` where that is one, else a Hub
+    model id's, through transformers' download cache (OSError where it cannot be had)."""
+    folder = Path(name)
+    if folder.is_dir() or BaseImageProcessor is object:
+        return folder / CONFIG_NAME
+    from transformers.utils import cached_file
+
+    resolved = cached_file(str(name), CONFIG_NAME, revision=revision, **hub_options)
+    if resolved is None:
+        raise OSError(f"{name} has no {CONFIG_NAME}")
+    return Path(resolved)
 
 
 def _flat_images(images: Any) -> list[Any]:
@@ -315,11 +409,12 @@ def _flat_images(images: Any) -> list[Any]:
     return [image for item in images for image in (item if isinstance(item, (list, tuple)) else [item])]
 
 
-def _concatenated(results: list[PreprocessResult], grid_key: str) -> dict[str, Any]:
+def _concatenated(results: list[PreprocessResult], grid_key: str, output: PixelOutput) -> dict[str, Any]:
+    """The results' ``output`` arrays as one ``pixel_values`` and their grids stacked under ``grid_key``."""
     if not results:
         return {}
     return {
-        "pixel_values": concatenate_patches([r.pixel_values for r in results]),
+        "pixel_values": concatenate_patches([getattr(r, output) for r in results]),
         grid_key: np.stack([np.asarray(r.grid_thw, dtype=np.int64) for r in results]),
     }
 

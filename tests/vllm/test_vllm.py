@@ -1,0 +1,219 @@
+"""vLLM's own Kimi-K2.5 and K3 processing, stock and through the plugin, on the corpus.
+
+Run in ``.venv-vllm`` (``make vllm-venv``: vLLM from PyPI with the library installed, so the
+``vllm.general_plugins`` entry point is vLLM's); ``make test`` runs it there. Each side runs in a
+process of its own (``vllm_side.py``; the plugin changes vLLM's modules for a process's life):
+``KIMI_PREP_VLLM=off`` is stock vLLM, unset is ours. vLLM's renderer (its API server's input path)
+processes every accepted corpus image opened with ``Image.open`` (handed over in
+``multi_modal_data``) and through the chat path (``data:`` and ``file://`` URLs), several photos
+in one prompt, video chunks (K2.5) and vLLM's start-up profiling input, in its uint8 (default) and
+float32 (``mm_device_do_normalize=False``) modes, from tiny local checkpoints (``checkpoints.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from checkpoints import write_checkpoint
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+from make_inputs import CORPUS, corpus_names  # noqa: E402
+from reference import reference_preprocess  # noqa: E402
+
+from kimi_vision_prep import KimiVisionProcessor  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PRESETS = ("kimi-k2.5", "kimi-k3")
+MODES = ("uint8", "float32")
+FIELDS = ("prompt_token_ids", "grid_thws", "pixel_values", "processor_pixel_values")
+ACCEPTED = corpus_names(accepted=True)
+SEVERAL = ["sklearn__china.jpg", "pil__hopper.jpg", "pilx__hopper.png", "imagers__progressive3.jpg"]
+CLIPS = ["video/torchcodec__av1_video.mkv", "video/torchcodec__h265_video.mp4"]
+OURS = "kimi_vision_prep.vllm_plugin.VllmKimiProcessor"
+STOCK = "vllm.transformers_utils.processors.kimi_k25_vision_fused.KimiK25FusedVisionProcessor"
+
+
+def data_url(name: str) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode((CORPUS / name).read_bytes()).decode()
+
+
+def chunk_cases(folder: Path) -> dict[str, dict]:
+    """K2.5's video chunks as vLLM's chat path hands them over (the checkpoint's
+    ``split_video_chunks``: RGB frames and the chunk's prompt), frames written as PNG."""
+    cases = {}
+    splitter = KimiVisionProcessor(preset="kimi-k2.5")
+    for clip in CLIPS:
+        chunks = splitter.split_video_chunks((CORPUS / clip).read_bytes())[:3]
+        written = []
+        for c, chunk in enumerate(chunks):
+            paths = []
+            for f, frame in enumerate(chunk["video_chunk"]):
+                path = folder / f"{Path(clip).stem}-{c}-{f}.png"
+                frame.save(path)
+                paths.append(str(path))
+            written.append({"frames": paths, "prompt": chunk["prompt"]})
+        cases[f"chunks:{Path(clip).name}"] = {"kind": "chunk", "chunks": written}
+    return cases
+
+
+def all_cases(folder: Path, preset: str) -> dict[str, dict]:
+    cases: dict[str, dict] = {}
+    for name in ACCEPTED:
+        cases[f"pil:{name}"] = {"kind": "pil", "paths": [str(CORPUS / name)]}
+        cases[f"data:{name}"] = {"kind": "chat", "urls": [data_url(name)]}
+        cases[f"file:{name}"] = {"kind": "chat", "urls": [(CORPUS / name).as_uri()]}
+    cases["pil:several"] = {"kind": "pil", "paths": [str(CORPUS / name) for name in SEVERAL]}
+    cases["data:several"] = {"kind": "chat", "urls": [data_url(name) for name in SEVERAL]}
+    if preset == "kimi-k2.5":
+        cases.update(chunk_cases(folder))
+    return cases
+
+
+def run_side(checkpoint: Path, cases: Path, out: Path, stock: bool) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("KIMI_PREP_VLLM", None)
+    if stock:
+        env["KIMI_PREP_VLLM"] = "off"
+    command = [sys.executable, str(HERE / "vllm_side.py"), str(checkpoint), str(cases), str(out), str(CORPUS)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+class Sides:
+    """Stock's and ours' results of one preset (``side[mode/case/field]``)."""
+
+    def __init__(self, folder: Path, preset: str) -> None:
+        self.preset = preset
+        checkpoint = write_checkpoint(folder / "checkpoint", preset)
+        self.cases = all_cases(folder, preset)
+        cases_file = folder / "cases.json"
+        cases_file.write_text(json.dumps(self.cases))
+        run_side(checkpoint, cases_file, folder / "stock.npz", stock=True)
+        run_side(checkpoint, cases_file, folder / "ours.npz", stock=False)
+        self.stock = dict(np.load(folder / "stock.npz"))
+        self.ours = dict(np.load(folder / "ours.npz"))
+
+    def differing(self, mode: str, case: str) -> list[str]:
+        """The fields (or the error) in which ours differs from stock."""
+        key = f"{mode}/{case}"
+        if f"{key}/error" in self.stock or f"{key}/error" in self.ours:
+            return [] if (f"{key}/error" in self.stock) == (f"{key}/error" in self.ours) else ["error"]
+        return [
+            field
+            for field in FIELDS
+            if self.stock[f"{key}/{field}"].dtype != self.ours[f"{key}/{field}"].dtype
+            or not np.array_equal(self.stock[f"{key}/{field}"], self.ours[f"{key}/{field}"])
+        ]
+
+
+@pytest.fixture(scope="module", params=PRESETS)
+def sides(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Sides:
+    return Sides(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def has_transparency(name: str) -> bool:
+    from PIL import Image
+
+    with Image.open(CORPUS / name) as image:
+        return "A" in image.getbands() or "transparency" in image.info
+
+
+def test_vllm_builds_ours_through_the_plugin_and_its_own_when_off(sides: Sides) -> None:
+    for mode in MODES:
+        assert str(sides.ours[f"{mode}/processor"]) == OURS
+        assert str(sides.stock[f"{mode}/processor"]) == STOCK
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_case_equals_stock_vllm(sides: Sides, mode: str) -> None:
+    """Prompt token ids, ``grid_thws``, the pixels vLLM passes on and those the processor returned
+    (uint8, or float32 before vLLM's cast to the model's dtype), for every case and the profiling
+    input. One kind of case differs by design: K3 images with transparency through the chat path,
+    which K3's renderer hands over with their alpha; stock vLLM's processor drops it, ours composites
+    onto K3's chessboard as the K3 checkpoint's processor does (the next test)."""
+    differing = {case: sides.differing(mode, case) for case in [*sides.cases, "profile"]}
+    differing = {case: fields for case, fields in differing.items() if fields}
+    by_design = {
+        case
+        for case in differing
+        if sides.preset == "kimi-k3" and case.startswith(("data:", "file:")) and has_transparency(case.split(":")[1])
+    }
+    assert set(differing) == by_design, {case: differing[case] for case in set(differing) - by_design}
+    errors = [case for case in sides.cases if f"{mode}/{case}/error" in sides.ours]
+    assert len(errors) < len(sides.cases) / 4, errors  # most cases processed, not refused alike
+
+
+def test_k3_transparency_follows_the_checkpoint(sides: Sides) -> None:
+    """K3's chat path keeps an image's alpha; ours composites it as the K3 checkpoint's processor
+    does (``tests/reference.py``)."""
+    if sides.preset != "kimi-k3":
+        pytest.skip("K2.5's rule drops the alpha: stock and ours agree (the test above)")
+    transparent = [name for name in ACCEPTED if has_transparency(name)]
+    assert transparent
+    for name in transparent:
+        expected = reference_preprocess((CORPUS / name).read_bytes(), "kimi-k3")
+        found = sides.ours[f"float32/data:{name}/processor_pixel_values"]
+        assert np.array_equal(found, expected.pixel_values), name
+
+
+def test_pixels_of_opened_images_equal_the_reference(sides: Sides) -> None:
+    """K2.5's processor takes an opened image as it is (no EXIF turn): ours equals the checkpoint's
+    reference (its uint8 patches are these before normalisation: the last test)."""
+    if sides.preset != "kimi-k2.5":
+        pytest.skip("vLLM's K3 parser turns and flattens images before any processor")
+    for name in ACCEPTED:
+        expected = reference_preprocess((CORPUS / name).read_bytes(), "kimi-k2.5")
+        assert np.array_equal(sides.ours[f"float32/pil:{name}/processor_pixel_values"], expected.pixel_values), name
+
+
+def jpeg_cases(sides: Sides, prefix: str) -> list[str]:
+    """Cases of one JPEG that vLLM's own path would keep as decoded (RGB or L, no EXIF turn)."""
+    from PIL import ExifTags, Image
+
+    names = []
+    for case in sides.cases:
+        kind, _, name = case.partition(":")
+        if kind != prefix or not name.endswith(".jpg"):
+            continue
+        with Image.open(CORPUS / name) as image:
+            turned = image.getexif().get(ExifTags.Base.Orientation, 1) != 1
+            if image.format == "JPEG" and image.mode in ("RGB", "L") and not turned:
+                names.append(case)
+    return names
+
+
+@pytest.mark.parametrize("kind", ["pil", "data", "file"])
+def test_jpegs_reach_ours_encoded(sides: Sides, kind: str) -> None:
+    """No Pillow decode of a JPEG on the way in ours (loader, parser, hasher): the processor gets its
+    bytes and decodes it once, by the library's route (Pillow only where that route is Pillow's,
+    e.g. damage only Pillow conceals); stock vLLM decodes each with Pillow."""
+    from kimi_vision_prep import preprocess_bytes
+
+    cases = [case for case in jpeg_cases(sides, kind) if f"uint8/{case}/error" not in sides.ours]
+    assert len(cases) > 20
+    for case in cases:
+        route = preprocess_bytes((CORPUS / case.partition(":")[2]).read_bytes(), sides.preset).decode_path
+        assert int(sides.ours[f"uint8/{case}/pillow_jpeg_decodes"]) == (route == "pillow"), (case, route)
+        assert int(sides.stock[f"uint8/{case}/pillow_jpeg_decodes"]) >= 1, case
+
+
+def test_the_uint8_wire_is_the_float32_one_before_normalisation(sides: Sides) -> None:
+    """Ours' uint8 patches, normalised with the checkpoint's mean and std through the library's
+    table, are its float32 pixels, case by case."""
+    from kimi_vision_prep import pixel_values_from_patches
+
+    for case in sides.cases:
+        if f"uint8/{case}/error" in sides.ours:
+            continue
+        patches = sides.ours[f"uint8/{case}/processor_pixel_values"]
+        assert patches.dtype == np.uint8
+        expanded = pixel_values_from_patches(patches, sides.preset)
+        assert np.array_equal(expanded, sides.ours[f"float32/{case}/processor_pixel_values"]), case
