@@ -194,3 +194,72 @@ def _png(frame: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(frame).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+@pytest.mark.parametrize("preset", ["kimi-k2.5", "kimi-k3"])
+def test_vllms_flags_give_the_references_patches_before_normalisation(corpus: Path, preset: str) -> None:
+    """vLLM normalising on its device: ``do_rescale=False, do_normalize=False`` -> uint8 patches,
+    which the checkpoint's mean and std turn into the reference's float32 (images and a chunk);
+    both True is the float32 of the plain call; one without the other is refused."""
+    from kimi_vision_prep import pixel_values_from_patches
+
+    processor = KimiVisionProcessor(preset=preset)
+    datas = [(corpus / name).read_bytes() for name in ACCEPTED[:8]]
+    items = [{"type": "image", "image": data} for data in datas]
+    patches = processor.preprocess(items, return_tensors="np", do_rescale=False, do_normalize=False)
+    pixel_values, grid_thws, _ = reference_images(datas, preset)
+    assert patches["pixel_values"].dtype == np.uint8
+    assert np.array_equal(pixel_values_from_patches(patches["pixel_values"], preset), pixel_values)
+    assert np.array_equal(patches["grid_thws"], grid_thws)
+    full = processor.preprocess(items, do_rescale=True, do_normalize=True)
+    assert np.array_equal(full["pixel_values"], pixel_values)
+    frames = [Image.fromarray(np.full((90, 120, 3), 40 * i, np.uint8)) for i in range(4)]
+    chunk = processor.preprocess({"type": "video_chunk", "video_chunk": frames}, do_rescale=False, do_normalize=False)
+    expected = reference_chunk([np.asarray(f) for f in frames], preset)
+    assert np.array_equal(pixel_values_from_patches(chunk["pixel_values"], preset), expected.pixel_values)
+    for flags in ({"do_rescale": False}, {"do_normalize": False}, {"do_rescale": True, "do_normalize": False}):
+        with pytest.raises(ValueError, match="both False"):
+            processor.preprocess(items[:1], **flags)
+
+
+class Wrapped:
+    """An engine's loaded image beside its file (vLLM's ``MediaWithBytes``: ``.media``, ``.original_bytes``)."""
+
+    def __init__(self, media: Image.Image, original_bytes: bytes) -> None:
+        self.media, self.original_bytes = media, original_bytes
+
+
+def test_an_engines_wrapped_image_is_its_loaded_pixels(corpus: Path) -> None:
+    """A wrapper holding a loaded image (here turned, as vLLM's loader turns EXIF-rotated photos)
+    is processed from that image, not from the file beside it."""
+    path = corpus / "pil__hopper_orientation_6.jpg"
+    turned = Image.open(path).transpose(Image.Transpose.ROTATE_270)
+    out = KimiVisionProcessor().preprocess([{"type": "image", "image": Wrapped(turned, path.read_bytes())}])
+    as_png = io.BytesIO()
+    turned.save(as_png, "PNG")
+    expected = reference_images([as_png.getvalue()], "kimi-k2.5")[0]
+    assert np.array_equal(out["pixel_values"], expected)
+    assert KimiVisionProcessor().media_tokens_calculator({"type": "image", "image": Wrapped(turned, b"")}) > 0
+
+
+def test_make_chunk_prompt_on_the_class_and_on_an_instance() -> None:
+    """The checkpoint's ``make_chunk_prompt`` is a classmethod: ours answers on the class (the
+    class's default preset) and on an instance (its preset)."""
+    on_class = KimiVisionProcessor.make_chunk_prompt("00:00:01.500")
+    assert on_class == "00:00:01.500<|media_begin|>video<|media_content|><|media_pad|><|media_end|>"
+    k3 = KimiVisionProcessor(preset="kimi-k3")
+    assert k3.make_chunk_prompt("00:00:01.500") == get_preset("kimi-k3").video_prompt.format(timestamp="00:00:01.500")
+
+
+def test_from_pretrained_takes_transformers_loading_arguments_and_knows_k3(tmp_path: Path) -> None:
+    """vLLM's call ``from_pretrained(folder, revision=None, trust_remote_code=...)``; a K3
+    checkpoint's config (its processor class named K3) gives the K3 preset."""
+    cfg = media_proc_cfg(get_preset("kimi-k3"))
+    auto_map = {"AutoImageProcessor": "kimi_k3_vision_processing.KimiK3VisionProcessor"}
+    checkpoint = {"auto_map": auto_map, "media_proc_cfg": cfg}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(checkpoint))
+    processor = KimiVisionProcessor.from_pretrained(tmp_path, revision=None, trust_remote_code=True)
+    assert processor.preset.transparency == "chessboard" and processor.media_proc_cfg == cfg
+    assert KimiVisionProcessor.from_pretrained(tmp_path, preset="kimi-k2.5").preset.transparency == "convert_rgb"
+    with pytest.raises(OSError, match=r"preprocessor_config\.json"):
+        KimiVisionProcessor.from_pretrained(tmp_path / "missing")

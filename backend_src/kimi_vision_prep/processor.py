@@ -218,7 +218,7 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
     def media_tokens_calculator(self, media: Mapping[str, Any]) -> int:
         """The tokens ``media`` takes in the prompt, from its size only (headers for encoded input)."""
         kind, payload = media_item(media)
-        if kind == "image" and not isinstance(payload, Image.Image):
+        if kind == "image" and not isinstance(unwrapped(payload), Image.Image):
             return count_tokens(media_bytes(payload), self.preset).num_tokens  # type: ignore[arg-type]
         return self.get_resize_config(media)["num_tokens"]
 
@@ -390,11 +390,14 @@ def config_path(name: str | Path, revision: str | None, hub_options: Mapping[str
     """``name``'s ``preprocessor_config.json``: in the folder ``name`` where that is one, else a Hub
     model id's, through transformers' download cache (OSError where it cannot be had)."""
     folder = Path(name)
-    if folder.is_dir() or BaseImageProcessor is object:
+    if folder.is_dir() or folder.is_absolute() or BaseImageProcessor is object:
         return folder / CONFIG_NAME
     from transformers.utils import cached_file
 
-    resolved = cached_file(str(name), CONFIG_NAME, revision=revision, **hub_options)
+    try:
+        resolved = cached_file(str(name), CONFIG_NAME, revision=revision, **hub_options)
+    except (OSError, ValueError) as exc:  # not on the Hub, offline, not a valid model id
+        raise OSError(f"cannot find {name}'s {CONFIG_NAME}: {exc}") from None
     if resolved is None:
         raise OSError(f"{name} has no {CONFIG_NAME}")
     return Path(resolved)

@@ -7,8 +7,9 @@ knows them (vLLM 0.32; elsewhere one warning and vLLM's own processing, never a 
 
 1. **The processor.** vLLM's Kimi models build their image processor with
    ``cached_get_image_processor(..., processor_cls_overrides=KimiK25FusedVisionProcessor)``; that
-   name is bound to :class:`VllmKimiProcessor` in the module that defines it and in the Kimi model
-   modules already imported. Other models never see it.
+   function is wrapped (where vLLM defines it and in the Kimi model modules already imported) so
+   that this one call builds :class:`~.vllm_processor.VllmKimiProcessor` instead. Other models'
+   calls go through unchanged.
 2. **Encoded JPEGs reach it encoded.** Once such a processor has been built in a process (that
    process serves a Kimi model), a JPEG that would be handed over decoded is handed over opened
    only, as vLLM's ``MediaWithBytes`` (the image Pillow opened, the file's bytes): in the chat
@@ -21,89 +22,45 @@ knows them (vLLM 0.32; elsewhere one warning and vLLM's own processing, never a 
 
 ``KIMI_PREP_VLLM``: ``local`` (default) processes in the vLLM process; ``off`` leaves vLLM as it
 is. It is the one setting the plugin reads.
+
+This module imports neither numba nor vLLM's Kimi files: vLLM's CPU workers load the plugins before
+they scan every loaded module for Triton kernels to replace, a scan that fails on llvmlite's
+function wrappers (numba's), so the processor's module loads only where vLLM builds a processor.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 import io
-import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from PIL import ExifTags, Image
 
-from kimi_vision_common.errors import PreprocessError
-
 from .pillow_io import unloaded_jpeg_bytes
-from .processor import HUB_OPTIONS, KimiVisionProcessor, config_path
 
 log = logging.getLogger("kimi_vision_prep.vllm")
 
 SETTING = "KIMI_PREP_VLLM"
 MODES = ("local", "off")
-# Where vLLM 0.32 defines and imports the class its Kimi models build their processor from.
+# Where vLLM 0.32 builds image processors, and the class its Kimi models ask it for.
+BUILDER_MODULE = "vllm.transformers_utils.processor"
 PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_vision_fused"
 PROCESSOR_NAME = "KimiK25FusedVisionProcessor"
 PROCESSOR_USERS = ("vllm.model_executor.models.kimi_k25", "vllm.models.kimi_k3.common.mm_preprocess")
-# A checkpoint's model_type -> the preset its processor follows.
-MODEL_PRESETS = {"kimi_k25": "kimi-k2.5", "kimi_k3": "kimi-k3"}
 # Modes whose pixels vLLM's loader and the processor agree on without a conversion of their own.
 DEFERRED_MODES = ("RGB", "L")
 
 
 class KimiProcessingState:
     """Whether this process serves a Kimi model through the plugin (set when the first
-    :class:`VllmKimiProcessor` is built): only then are JPEGs handed over encoded."""
+    :class:`~.vllm_processor.VllmKimiProcessor` is built): only then are JPEGs handed over encoded."""
 
     defer_jpegs = False
-
-
-class VllmKimiProcessor(KimiVisionProcessor):
-    """:class:`KimiVisionProcessor` as vLLM builds and calls it: ``from_pretrained(model,
-    revision=..., trust_remote_code=...)`` with the preset of the checkpoint's ``model_type``, and
-    a bad image raised as the ``ValueError`` vLLM answers with HTTP 400 (the library's typed error
-    chained as its cause, its class named in the message)."""
-
-    @classmethod
-    def from_pretrained(cls, name: str | Path, **kwargs: Any) -> KimiVisionProcessor:
-        hub = {key: kwargs[key] for key in (*HUB_OPTIONS, "revision") if key in kwargs}
-        kwargs.setdefault("preset", model_preset(name, hub))
-        processor = super().from_pretrained(name, **kwargs)
-        KimiProcessingState.defer_jpegs = True
-        return processor
-
-    def preprocess(self, medias: Any, *args: Any, **kwargs: Any) -> Any:
-        return as_value_error(super().preprocess, medias, *args, **kwargs)
-
-    def media_tokens_calculator(self, media: Mapping[str, Any]) -> int:
-        return as_value_error(super().media_tokens_calculator, media)
-
-    def get_resize_config(self, media: Mapping[str, Any]) -> dict[str, int]:
-        return as_value_error(super().get_resize_config, media)
-
-
-def as_value_error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``call(*args, **kwargs)``, a :class:`PreprocessError` raised as ``ValueError`` (vLLM's bad input)."""
-    try:
-        return call(*args, **kwargs)
-    except PreprocessError as exc:
-        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
-
-
-def model_preset(name: str | Path, hub: Mapping[str, Any]) -> str | None:
-    """The preset of the checkpoint ``name`` by its ``config.json``'s ``model_type`` (None where it
-    names none we know or cannot be read: the processor config decides then)."""
-    try:
-        path = config_path(name, hub.get("revision"), {k: v for k, v in hub.items() if k != "revision"})
-        config = json.loads((path.parent / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return MODEL_PRESETS.get(str(config.get("model_type")))
 
 
 def register() -> None:
@@ -115,7 +72,7 @@ def register() -> None:
     if mode == "off":
         return
     try:
-        replace_processor(VllmKimiProcessor)
+        build_ours_for_kimi()
         defer_encoded_jpegs()
     except (ImportError, AttributeError) as exc:
         log.warning(
@@ -126,14 +83,28 @@ def register() -> None:
         )
 
 
-def replace_processor(processor_class: type) -> None:
-    """Bind vLLM's Kimi processor class name to ``processor_class`` where it is defined and in the
-    Kimi model modules already imported (the others import it from there when they load)."""
-    module = importlib.import_module(PROCESSOR_MODULE)
-    getattr(module, PROCESSOR_NAME)  # AttributeError where this vLLM moved it
-    for name in (PROCESSOR_MODULE, *PROCESSOR_USERS):
-        if name in sys.modules:
-            setattr(sys.modules[name], PROCESSOR_NAME, processor_class)
+def build_ours_for_kimi() -> None:
+    """Wrap vLLM's ``cached_get_image_processor`` where it is defined and in the Kimi model modules
+    already imported (the others bind the wrapper when they load): asked for vLLM's Kimi class, it
+    builds :class:`~.vllm_processor.VllmKimiProcessor` through vLLM's own ``get_image_processor``."""
+    builder = importlib.import_module(BUILDER_MODULE)
+    get_image_processor = builder.get_image_processor
+    cached_get_image_processor = builder.cached_get_image_processor  # AttributeError where this vLLM moved it
+    if importlib.util.find_spec(PROCESSOR_MODULE) is None:
+        raise ImportError(f"no module {PROCESSOR_MODULE}")
+
+    def build(name: str, *args: Any, processor_cls_overrides: Any = None, **kwargs: Any) -> Any:
+        if getattr(processor_cls_overrides, "__name__", None) == PROCESSOR_NAME:
+            from .vllm_processor import VllmKimiProcessor
+
+            processor_cls_overrides = VllmKimiProcessor
+        return get_image_processor(name, *args, processor_cls_overrides=processor_cls_overrides, **kwargs)
+
+    cached_build = functools.lru_cache(build)
+    for module_name in (BUILDER_MODULE, *PROCESSOR_USERS):
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, "cached_get_image_processor", None) is cached_get_image_processor:
+            module.cached_get_image_processor = cached_build
 
 
 def defer_encoded_jpegs() -> None:
@@ -162,7 +133,9 @@ def defer_encoded_jpegs() -> None:
         data = unloaded_jpeg_bytes(image)
         if data is None or (transposed and deferrable_jpeg(image, transposed) is None):
             return image
-        return MediaWithBytes(image, data)
+        # Its stored pixels, unturned: keyed apart from the same file through the loader, which turns them.
+        unturned = not transposed and exif_orientation(image) != 1
+        return MediaWithBytes(image, data, {"exif_orientation": "not applied"} if unturned else None)
 
     def parse_images_deferred(self: Any, data: Any) -> Any:
         # vLLM's parser turns each PIL image to its EXIF orientation and to RGB
@@ -194,11 +167,20 @@ def deferrable_jpeg(source: Any, transposed: bool) -> Image.Image | None:
         image = source if isinstance(source, Image.Image) else Image.open(source, formats=["JPEG"])
         if image.format != "JPEG" or image.mode not in DEFERRED_MODES:
             return None
-        if transposed and image.getexif().get(ExifTags.Base.Orientation, 1) != 1:
+        if transposed and exif_orientation(image) != 1:
             return None
     except Exception:  # vLLM's loader gives its own verdict on what Pillow cannot open
         return None
     return image
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation Pillow's ``exif_transpose`` reads (1 where none, or unreadable: vLLM's
+    loader then keeps the image as stored)."""
+    try:
+        return int(image.getexif().get(ExifTags.Base.Orientation, 1))
+    except Exception:  # a damaged EXIF block: vLLM's normalize_image suppresses the same failure
+        return 1
 
 
 def within_pixel_limit(image: Image.Image) -> bool:

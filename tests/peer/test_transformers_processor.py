@@ -51,3 +51,16 @@ def test_the_prompt_gets_the_references_tokens_and_pixels(processor: Kimi_K25Pro
     assert np.array_equal(out["pixel_values"], expected.pixel_values)
     assert out["image_grid_thw"].tolist() == [expected.grid_thw.tolist()]
     assert int((out["input_ids"] == VOCAB["<|media_pad|>"]).sum()) == expected.num_tokens
+
+
+@pytest.mark.parametrize("name", PHOTOS)
+def test_transformers_counts_the_tokens_of_an_image_size(processor: Kimi_K25Processor, name: str) -> None:
+    """``_get_num_multimodal_tokens(image_sizes=...)`` (vLLM's transformers backend calls it) reads
+    ``merge_size`` from the image processor's standardized kwargs: the reference's counts."""
+    path = TESTS / "data" / "corpus" / name
+    with Image.open(path) as image:
+        height, width = image.height, image.width
+    counted = processor._get_num_multimodal_tokens(image_sizes=[(height, width)])
+    expected = reference_preprocess(path.read_bytes(), "kimi-k2.5")
+    assert counted["num_image_tokens"] == [expected.num_tokens]
+    assert counted["num_image_patches"] == [expected.num_tokens * 4]

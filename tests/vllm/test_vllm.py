@@ -37,7 +37,7 @@ FIELDS = ("prompt_token_ids", "grid_thws", "pixel_values", "processor_pixel_valu
 ACCEPTED = corpus_names(accepted=True)
 SEVERAL = ["sklearn__china.jpg", "pil__hopper.jpg", "pilx__hopper.png", "imagers__progressive3.jpg"]
 CLIPS = ["video/torchcodec__av1_video.mkv", "video/torchcodec__h265_video.mp4"]
-OURS = "kimi_vision_prep.vllm_plugin.VllmKimiProcessor"
+OURS = "kimi_vision_prep.vllm_processor.VllmKimiProcessor"
 STOCK = "vllm.transformers_utils.processors.kimi_k25_vision_fused.KimiK25FusedVisionProcessor"
 
 
@@ -217,3 +217,100 @@ def test_the_uint8_wire_is_the_float32_one_before_normalisation(sides: Sides) ->
         assert patches.dtype == np.uint8
         expanded = pixel_values_from_patches(patches, sides.preset)
         assert np.array_equal(expanded, sides.ours[f"float32/{case}/processor_pixel_values"]), case
+
+
+def test_cache_keys_are_equal_for_equal_images_and_never_shared_by_different_ones(sides: Sides) -> None:
+    """vLLM's processor cache keys: the same file loaded twice by the chat loader gets one key in
+    ours, the key stock vLLM gives it (the file's bytes); different files, and the same file opened
+    by the caller and loaded by the chat loader where their pixels differ (an EXIF turn vLLM's loader
+    applies and a vision chunk does not), never share one."""
+    from PIL import ExifTags, Image
+
+    single = [case for case in sides.cases if case.startswith("pil:") and case != "pil:several"]
+    opened, loaded = {}, {}
+    for case in single:
+        ours, stock = sides.ours[f"keys/{case}"], sides.stock[f"keys/{case}"]
+        assert ours[1, 0] == ours[2, 0] == stock[1, 0], case
+        opened[case], loaded[case] = str(ours[0, 0]), str(ours[1, 0])
+    assert len(set(opened.values())) == len(single)
+    assert len(set(loaded.values())) == len(single)
+    for case in single:
+        name = case.partition(":")[2]
+        with Image.open(CORPUS / name) as image:
+            turned = image.getexif().get(ExifTags.Base.Orientation, 1) != 1
+        others = set(loaded.values()) - {loaded[case]}
+        assert opened[case] not in others, case
+        if turned and sides.preset == "kimi-k2.5":
+            assert opened[case] != loaded[case], case
+
+
+def run_check(code: str, checkpoint: Path | None = None) -> str:
+    """``code`` run in a fresh vLLM process with the plugin installed; its standard output."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CHECKPOINT": str(checkpoint or "")}
+    env.pop("KIMI_PREP_VLLM", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout + done.stderr
+
+
+LOADS_A_JPEG = f"""
+from vllm.plugins import load_general_plugins
+from vllm.multimodal.media.image import ImageMediaIO
+load_general_plugins()
+media = ImageMediaIO().load_bytes(open({str(CORPUS / "sklearn__china.jpg")!r}, "rb").read())
+print("loaded:", media.media.im is not None)
+"""
+
+
+def test_a_process_serving_another_model_loads_images_as_vllm_does() -> None:
+    """The plugin loaded, no Kimi processor built (another model): vLLM's loader decodes as before."""
+    assert "loaded: True" in run_check(LOADS_A_JPEG)
+
+
+BUILDS_KIMI = """
+import os
+from vllm.transformers_utils.processor import cached_get_image_processor
+from vllm.transformers_utils.processors.kimi_k25_vision_fused import KimiK25FusedVisionProcessor
+built = cached_get_image_processor(os.environ["CHECKPOINT"], processor_cls_overrides=KimiK25FusedVisionProcessor)
+print("built:", type(built).__name__)
+"""
+
+
+def test_a_process_serving_kimi_hands_jpegs_over_encoded(tmp_path: Path) -> None:
+    """Once vLLM built a Kimi processor (ours) in the process, its loader hands a JPEG over opened only."""
+    checkpoint = write_checkpoint(tmp_path / "k25", "kimi-k2.5")
+    before, after = LOADS_A_JPEG.split("media = ")
+    out = run_check(before + BUILDS_KIMI + "media = " + after, checkpoint)
+    assert "built: VllmKimiProcessor" in out and "loaded: False" in out
+
+
+def test_a_vllm_whose_kimi_files_moved_keeps_its_own_processor_with_a_warning() -> None:
+    code = """
+import logging
+import kimi_vision_prep.vllm_plugin as plugin
+plugin.PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_moved_elsewhere"
+plugin.register()
+from vllm.transformers_utils import processor
+print("wrapped:", processor.cached_get_image_processor.__wrapped__.__module__ == plugin.__name__)
+"""
+    out = run_check(code)
+    assert "wrapped: False" in out
+    assert "not where the plugin knows them" in out and "vLLM's own Kimi processor is used" in out
+
+
+def test_vllm_generates_from_a_chat_with_an_image_through_the_plugin(tmp_path: Path) -> None:
+    """``LLM(load_format="dummy")`` (the engine core and its worker in their own processes, as
+    served): the chat's image becomes the prompt's media tokens through ours, and tokens come out
+    (dummy weights: which tokens says nothing)."""
+    checkpoint = write_checkpoint(tmp_path / "k25", "kimi-k2.5")
+    photo = CORPUS / "sklearn__china.jpg"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("KIMI_PREP_VLLM", None)
+    command = [sys.executable, str(HERE / "generate.py"), str(checkpoint), str(photo)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith('{"processor"')))
+    assert result["processor"] == OURS
+    expected = reference_preprocess(photo.read_bytes(), "kimi-k2.5")
+    assert result["prompt_token_ids"].count(163605) == expected.num_tokens
+    assert len(result["generated_token_ids"]) == 4

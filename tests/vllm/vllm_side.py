@@ -10,7 +10,9 @@ of vLLM's two pixel modes (uint8, normalised on the device, its default; float32
 ``Image.open`` and handed over in ``multi_modal_data``; ``chat``: image URLs, ``data:`` or
 ``file://`` under MEDIA_ROOT, in a chat message; ``chunk``: video chunks of PNG frames), the prompt's token ids,
 ``grid_thws`` and ``pixel_values`` are stored under ``{mode}/{case}/...``, or the error vLLM raised
-under ``{mode}/{case}/error``; ``{mode}/profile/...``: vLLM's start-up profiling input, processed.
+under ``{mode}/{case}/error``; ``{mode}/profile/...``: vLLM's start-up profiling input, processed;
+``keys/{case}``: the processor cache's keys of a ``pil`` case's images opened and loaded twice by
+vLLM's chat loader.
 """
 
 from __future__ import annotations
@@ -146,6 +148,29 @@ class Observed:
         return found
 
 
+def cache_keys(render: Any, case: dict, modality: str, model_id: str) -> np.ndarray:
+    """The processor cache's keys of a ``pil`` case's images, and of the same files loaded by vLLM's
+    chat loader (twice): what vLLM's parser and hasher make of them (blake3, vLLM's default)."""
+    from vllm.multimodal.media.image import ImageMediaIO
+    from vllm.multimodal.processing.inputs import ProcessorInputs
+
+    info = render.get_mm_processor().info
+    image_mode = "RGB" if modality == "vision_chunk" else None  # K3's renderer keeps the mode
+
+    def keys(images: list) -> list[str]:
+        items = images if modality == "image" else [{"type": "image", "image": im, "uuid": None} for im in images]
+        parsed = info.parse_mm_data({modality: items})
+        return ProcessorInputs([], parsed).get_mm_hashes(model_id, "blake3")[modality]
+
+    def loaded() -> list:
+        media = [ImageMediaIO(image_mode=image_mode).load_bytes(Path(path).read_bytes()) for path in case["paths"]]
+        # the chat path hands a vision chunk the loaded image itself (vLLM's _resolve_vision_chunk_items)
+        return media if modality == "image" else [m.media for m in media]
+
+    opened = keys([Image.open(path) for path in case["paths"]])
+    return np.asarray([opened, keys(loaded()), keys(loaded())])
+
+
 def main(checkpoint: Path, cases_file: Path, out: Path, media_root: Path) -> None:
     cases = json.loads(cases_file.read_text())
     modality = media_modality(checkpoint)
@@ -159,6 +184,8 @@ def main(checkpoint: Path, cases_file: Path, out: Path, media_root: Path) -> Non
         for key, value in {**profile(render, modality), **observed.take()}.items():
             results[f"{mode}/profile/{key}"] = value
         for name, case in cases.items():
+            if mode == "uint8" and case["kind"] == "pil":
+                results[f"keys/{name}"] = cache_keys(render, case, modality, str(checkpoint))
             started = time.process_time()
             try:
                 found = arrays(engine_prompt(render, case, modality), modality)
