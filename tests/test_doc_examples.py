@@ -24,8 +24,13 @@ DOCUMENTS = ("README.md", "docs/library.md")
 LIBRARY_VENV = ROOT / os.environ.get("KIMI_LIBRARY_VENV", ".venv-library")
 CLIENT_VENV = ROOT / os.environ.get("KIMI_CLIENT_VENV", ".venv-client")
 # Blocks run elsewhere: the two make commands are what runs this suite; the curl request has its
-# own test against a real server (tests/test_readme.py).
-RUN_ELSEWHERE = {"make serve": "the Makefile", "curl -s -o response.bin": "tests/test_readme.py"}
+# own test against a real server (tests/test_readme.py); the vLLM plugin's install, as `make
+# vllm-venv` does it, and vLLM with and without the plugin run in tests/vllm/ (a local checkpoint).
+RUN_ELSEWHERE = {
+    "make serve": "the Makefile",
+    "curl -s -o response.bin": "tests/test_readme.py",
+    "vllm serve": "tests/vllm/",
+}
 FILES = {  # name in the example folder -> corpus file
     "photo.jpg": "pil__hopper.jpg",
     "a.jpg": "sklearn__flower.jpg",

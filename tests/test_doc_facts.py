@@ -122,3 +122,20 @@ def test_the_idle_spin_library_md_gives_is_the_one_set() -> None:
     name, value = IDLE_SPIN_SETTING
     assert f"`{name}={value}`" in text
     assert "where the process set " + " or ".join(f"`{n}`" for n in USER_WAIT_SETTINGS) + " itself" in text
+
+
+def test_the_vllm_plugin_library_md_describes_is_the_one_installed() -> None:
+    """The extra, the entry point and the setting docs/library.md names are setup.py's and the
+    plugin's; the Makefile's vLLM venv installs the library the way the document shows."""
+    from kimi_vision_prep import vllm_plugin
+
+    text = one_line("library.md")
+    setup = (DOCS.parent / "setup.py").read_text()
+    assert "'./kimi-vision-prep[vllm]'" in text and '"vllm": [' in setup
+    assert '"vllm.general_plugins": ["kimi_vision_prep = kimi_vision_prep.vllm_plugin:register"]' in setup
+    assert "entry point `kimi_vision_prep`" in text
+    stated = re.search(r"`(\w+)`: `(\w+)` \(default\) processes in the vLLM process; `(\w+)` leaves", text)
+    assert stated is not None
+    assert stated.groups() == (vllm_plugin.SETTING, *vllm_plugin.MODES)
+    assert f"{vllm_plugin.SETTING}=off vllm serve" in text
+    assert 'kimi-vision-prep[vllm] @ file://$(CURDIR)' in (DOCS.parent / "Makefile").read_text()

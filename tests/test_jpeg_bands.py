@@ -382,18 +382,30 @@ def assert_rows_covered_once(consumer: RecordingConsumer, height: int) -> list[t
     return spans
 
 
+class HelperFirstConsumer(RecordingConsumer):
+    """A consumer that holds the caller's thread at its first rows until a helper has handed rows
+    over: the caller has then committed only those rows, so a helper always finds a band to take,
+    however the threads are scheduled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.helper_wrote = threading.Event()
+
+    def write(self, pixels: np.ndarray, row_begin: int, row_end: int) -> None:
+        super().write(pixels, row_begin, row_end)
+        if threading.current_thread() is threading.main_thread():
+            assert self.helper_wrote.wait(60), "no helper took a band while the caller waited"
+        else:
+            self.helper_wrote.set()
+
+
 def test_helpers_take_bands_and_every_row_is_handed_over_once() -> None:
     data = jpeg_rgb(640, 1400, seed=3)
     expected = pillow_rgb(data)
-    started = threading.Barrier(3)
     with ThreadPoolExecutor(2, thread_name_prefix="helper") as pool:
-        # Both helpers wait at the barrier with the caller: they start before the caller decodes.
         bands = jpeg_bands.BandDecoder(2, lambda: pool)
-        pool.submit(started.wait)
-        pool.submit(started.wait)
-        started.wait()
         pixels = np.zeros_like(expected)
-        consumer = RecordingConsumer()
+        consumer = HelperFirstConsumer()
         assert bands.decode(data, pixels, 3, consumer)
         np.testing.assert_array_equal(pixels, expected)
         assert consumer.started == 1

@@ -263,3 +263,31 @@ def test_from_pretrained_takes_transformers_loading_arguments_and_knows_k3(tmp_p
     assert KimiVisionProcessor.from_pretrained(tmp_path, preset="kimi-k2.5").preset.transparency == "convert_rgb"
     with pytest.raises(OSError, match=r"preprocessor_config\.json"):
         KimiVisionProcessor.from_pretrained(tmp_path / "missing")
+
+
+ORIENTED = [name for name in ACCEPTED if "orientation" in name]
+
+
+@pytest.mark.parametrize("name", ORIENTED)
+def test_a_turned_jpeg_is_the_reference_of_its_exif_transposed_image(corpus: Path, name: str) -> None:
+    """A JPEG standing for its EXIF-turned image (as vLLM's loader turns photos): the turned size,
+    the library's decoders then the turn of the decoded pixels, equal to the reference of Pillow's
+    ``exif_transpose`` image; read by Pillow, it gives that image's pixels."""
+    from PIL import ImageOps
+
+    from kimi_vision_prep.orientation import TurnedJpeg, exif_orientation
+
+    data = (corpus / name).read_bytes()
+    expected_image = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+    as_png = io.BytesIO()
+    expected_image.save(as_png, "PNG")
+    opened = Image.open(io.BytesIO(data))
+    orientation = exif_orientation(opened)
+    assert orientation != 1
+    turned = TurnedJpeg(data, opened, orientation)
+    assert turned.size == expected_image.size
+    for preset in ("kimi-k2.5", "kimi-k3"):
+        out = KimiVisionProcessor(preset=preset).preprocess([{"type": "image", "image": turned}])
+        assert not turned.loaded  # decoded by the library from its bytes, not by Pillow
+        assert np.array_equal(out["pixel_values"], reference_images([as_png.getvalue()], preset)[0]), preset
+    assert np.array_equal(np.asarray(TurnedJpeg(data, opened, orientation).convert("RGB")), np.asarray(expected_image))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-TEST_FILES = sorted([*TESTS.glob("test_*.py"), *(TESTS / "gpu").glob("test_*.py")])
+# Those of the main venv, and of the GPU checks, transformers' venv and vLLM's.
+TEST_FILES = sorted(path for pattern in ("", "gpu/", "peer/", "vllm/") for path in TESTS.glob(f"{pattern}test_*.py"))
 # pytest's and numpy's checks, and fuzz_oracle's judge and judge_video (raise a Finding, an AssertionError).
 CHECKING_CALLS = (
     "raises", "warns", "fail", "assert_array_equal", "assert_allclose", "assert_equal", "judge", "judge_video",

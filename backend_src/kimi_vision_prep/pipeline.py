@@ -34,6 +34,7 @@ from .normalize import (
     write_patch_rows,
     write_patches,
 )
+from .orientation import SWAPS_SIDES, turned
 from .pillow_io import as_rgb_array
 from .resize import resize
 from .tokens import check_image_count, check_patch_budget
@@ -201,6 +202,30 @@ def preprocess_bytes(
             assert patch_rows.target is not None
             return _result(decoded, patch_rows.target, output, patch_rows.patches)
         return preprocess_decoded(decoded, preset, output=output, out=out)
+
+
+def preprocess_turned(
+    data: bytes,
+    orientation: int,
+    preset: str | Preset = "kimi-k2.5",
+    *,
+    decoder: ImageDecoder | None = None,
+    output: PixelOutput = "pixel_values",
+) -> PreprocessResult:
+    """:func:`preprocess_bytes` of the image EXIF ``orientation`` makes of ``data`` (Pillow's
+    ``exif_transpose``, as engines load photos): the decoded pixels turned before the resize, the
+    NaViT size that of the turned image."""
+    preset = get_preset(preset)
+    decoder = decoder or default_decoder()
+    with scratch_scope(), decoder.claim():
+        decoded = decoder.decode(data, preset)
+        pixels = turned(decoded.pixels, orientation)
+        width, height = (decoded.width, decoded.height)
+        if orientation in SWAPS_SIDES:
+            width, height = height, width
+        return preprocess_decoded(
+            dataclasses.replace(decoded, pixels=pixels, width=width, height=height), preset, output=output
+        )
 
 
 def preprocess_batch(

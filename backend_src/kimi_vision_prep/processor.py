@@ -10,10 +10,11 @@ files call): built from ``media_proc_cfg`` (or ``from_pretrained(folder)`` readi
     {"type": "video_chunk", "video_chunk": [<frame>, ...]}  # frames of the same kinds
 
 An engine's wrapper of a loaded image and its file (vLLM's ``MediaWithBytes``: ``.media``,
-``.original_bytes``) is taken as its ``.media``. vLLM's calls are answered too: ``preprocess(...,
-do_rescale=False, do_normalize=False)`` gives uint8 ``pixel_values`` (the patches before
-normalisation, normalised on the engine's device), ``from_pretrained(name, revision=...,
-trust_remote_code=...)``, ``make_chunk_prompt`` on the class.
+``.original_bytes``) is taken as its ``.media``; a :class:`~.orientation.TurnedJpeg` (a JPEG opened
+to stand for its EXIF-turned image) takes the library's decoders, its pixels then turned. vLLM's
+calls are answered too: ``preprocess(..., do_rescale=False, do_normalize=False)`` gives uint8
+``pixel_values`` (the patches before normalisation, normalised on the engine's device),
+``from_pretrained(name, revision=..., trust_remote_code=...)``, ``make_chunk_prompt`` on the class.
 
 **transformers' native image processor** (``Kimi_K25ImageProcessor``'s calls, so that
 ``Kimi_K25Processor(image_processor=...)`` takes it): ``__call__(images=..., return_tensors=...)``
@@ -53,8 +54,9 @@ from kimi_vision_common.sizing import TargetSize, navit_target_size
 from .decode import DecodedImage, ImageDecoder
 from .extras import require_torch
 from .normalize import concatenate_patches
+from .orientation import TurnedJpeg
 from .pillow_io import open_with_pillow, pillow_call, pillow_pixels, unloaded_jpeg_bytes
-from .pipeline import PixelOutput, PreprocessResult, preprocess_bytes, preprocess_decoded
+from .pipeline import PixelOutput, PreprocessResult, preprocess_bytes, preprocess_decoded, preprocess_turned
 from .tokens import count_tokens
 from .video import chunk_target, chunk_tokens, preprocess_frames, preprocess_video_chunk, sample_video
 
@@ -347,6 +349,9 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
     # -- the work ---------------------------------------------------------------------------------
 
     def _image(self, source: Any, output: PixelOutput) -> PreprocessResult:
+        image = unwrapped(source)
+        if isinstance(image, TurnedJpeg) and not image.loaded:
+            return preprocess_turned(image.data, image.orientation, self.preset, decoder=self.decoder, output=output)
         data = media_bytes(source)
         if data is None:
             return preprocess_decoded(pil_decoded(unwrapped(source), self.preset), self.preset, output=output)

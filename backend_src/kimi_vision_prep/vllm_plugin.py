@@ -15,9 +15,10 @@ knows them (vLLM 0.32; elsewhere one warning and vLLM's own processing, never a 
    only, as vLLM's ``MediaWithBytes`` (the image Pillow opened, the file's bytes): in the chat
    path (``ImageMediaIO.load_bytes``: bytes, ``data:`` URLs, files), and for an opened PIL image in
    a request's ``multi_modal_data`` (the parser), so that neither the loader, the parser nor the
-   processor cache's hasher (which keys a ``MediaWithBytes`` by its bytes) decodes it first. Only a
-   JPEG whose pixels vLLM's own path would not change is deferred: mode RGB or L (vLLM converts L
-   to RGB, as the processor does) and no EXIF rotation to apply; any other image takes vLLM's path
+   processor cache's hasher (which keys a ``MediaWithBytes`` by its bytes) decodes it first. A JPEG
+   of mode RGB or L is deferred (vLLM converts L to RGB, as the processor does); where vLLM's path
+   turns it to its EXIF orientation it is handed over as a :class:`~.orientation.TurnedJpeg` (the
+   turned size; the processor turns the decoded pixels). Any other image takes vLLM's path
    unchanged, and the processor uses the pixels vLLM loaded.
 
 ``KIMI_PREP_VLLM``: ``local`` (default) processes in the vLLM process; ``off`` leaves vLLM as it
@@ -39,8 +40,9 @@ import os
 import sys
 from typing import Any
 
-from PIL import ExifTags, Image
+from PIL import Image
 
+from .orientation import TurnedJpeg, exif_orientation
 from .pillow_io import unloaded_jpeg_bytes
 
 log = logging.getLogger("kimi_vision_prep.vllm")
@@ -120,21 +122,27 @@ def defer_encoded_jpegs() -> None:
 
     def load_bytes_deferred(self: Any, data: bytes) -> Any:
         if KimiProcessingState.defer_jpegs and self.image_mode in ("RGB", None):
-            image = deferrable_jpeg(io.BytesIO(data), transposed=True)
+            image = opened_jpeg(io.BytesIO(data))
             if image is not None and within_pixel_limit(image):
-                return MediaWithBytes(image, data, io_config(image, self))
+                return MediaWithBytes(as_loaded(image, data), data, io_config(image, self))
         return load_bytes(self, data)
 
     def wrapped(image: Any, transposed: bool) -> Any:
-        """An opened JPEG as the loader hands it over (``transposed``: where vLLM's path applies
+        """An opened JPEG as vLLM's loader hands it over (``transposed``: where vLLM's path applies
         its EXIF orientation); anything else as it is."""
         if not (KimiProcessingState.defer_jpegs and isinstance(image, Image.Image)):
             return image
-        data = unloaded_jpeg_bytes(image)
-        if data is None or (transposed and deferrable_jpeg(image, transposed) is None):
+        if isinstance(image, TurnedJpeg):  # the chat loader's, unwrapped by vLLM for a vision chunk
+            return MediaWithBytes(image, image.data)
+        if opened_jpeg(image) is None:
             return image
+        data = unloaded_jpeg_bytes(image)
+        if data is None:
+            return image
+        if transposed:
+            return MediaWithBytes(as_loaded(image, data), data)
         # Its stored pixels, unturned: keyed apart from the same file through the loader, which turns them.
-        unturned = not transposed and exif_orientation(image) != 1
+        unturned = exif_orientation(image) != 1
         return MediaWithBytes(image, data, {"exif_orientation": "not applied"} if unturned else None)
 
     def parse_images_deferred(self: Any, data: Any) -> Any:
@@ -159,28 +167,22 @@ def defer_encoded_jpegs() -> None:
     MultiModalDataParser._parse_vision_chunk_data = parse_chunks_deferred
 
 
-def deferrable_jpeg(source: Any, transposed: bool) -> Image.Image | None:
-    """The JPEG ``source`` (a file object or an opened image), opened and not decoded, when
-    vLLM's loading would keep its pixels as decoded (mode RGB or L and, where vLLM applies the EXIF
-    orientation, ``transposed``, none to apply); None for anything else, or what Pillow cannot open."""
+def opened_jpeg(source: Any) -> Image.Image | None:
+    """The JPEG ``source`` (a file object or an opened image), opened and not decoded, where its
+    mode is one vLLM's loading and the processor agree on (RGB, L); None for anything else, or what
+    Pillow cannot open (vLLM's loader gives its own verdict on that)."""
     try:
         image = source if isinstance(source, Image.Image) else Image.open(source, formats=["JPEG"])
-        if image.format != "JPEG" or image.mode not in DEFERRED_MODES:
-            return None
-        if transposed and exif_orientation(image) != 1:
-            return None
-    except Exception:  # vLLM's loader gives its own verdict on what Pillow cannot open
+    except Exception:  # Pillow raises what its parsers meet
         return None
-    return image
+    return image if image.format == "JPEG" and image.mode in DEFERRED_MODES else None
 
 
-def exif_orientation(image: Image.Image) -> int:
-    """The EXIF orientation Pillow's ``exif_transpose`` reads (1 where none, or unreadable: vLLM's
-    loader then keeps the image as stored)."""
-    try:
-        return int(image.getexif().get(ExifTags.Base.Orientation, 1))
-    except Exception:  # a damaged EXIF block: vLLM's normalize_image suppresses the same failure
-        return 1
+def as_loaded(image: Image.Image, data: bytes) -> Image.Image:
+    """What vLLM's loader makes of the opened JPEG ``image`` of ``data``, still undecoded: the image
+    itself, or a :class:`~.orientation.TurnedJpeg` where its EXIF orientation turns it."""
+    orientation = exif_orientation(image)
+    return image if orientation == 1 else TurnedJpeg(data, image, orientation)
 
 
 def within_pixel_limit(image: Image.Image) -> bool:

@@ -24,6 +24,7 @@ def main(checkpoint: Path, image: Path) -> None:
         dtype="bfloat16",
         enforce_eager=True,
         max_model_len=8192,
+        kv_cache_memory_bytes=256 << 20,  # vLLM's CPU backend otherwise wants 92% of the host's memory free
         limit_mm_per_prompt={"vision_chunk": 1},
     )
     url = "data:image/jpeg;base64," + base64.b64encode(image.read_bytes()).decode()
