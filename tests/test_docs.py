@@ -239,3 +239,20 @@ def test_num_tokens_has_the_wire_dtype_wherever_a_document_gives_one() -> None:
             stated += re.findall(r"num_tokens\W{0,6}(?:#\s*)?(int\d+)", line, re.I)
     assert stated, "the documents give num_tokens' dtype somewhere"
     assert {dtype.lower() for dtype in stated} == {NUM_TOKENS_DTYPE.name}, stated
+
+
+def test_the_vllm_table_is_the_benchmarks_json() -> None:
+    """BENCHMARKS.md's vLLM rows are docs/benchmarks/bench_vllm.json's medians and ratios, as printed."""
+    summary = json.loads((ROOT / "docs" / "benchmarks" / "bench_vllm.json").read_text())["summary"]
+    section = (ROOT / "BENCHMARKS.md").read_text().split("## In vLLM: the plugin", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| (")]
+    assert len(rows) == len(summary) == 2
+    for row, way in zip(rows, ("pil", "chat"), strict=True):
+        x = summary[way]
+        cells = [cell.strip().strip("*") for cell in row.strip("|").split("|")][1:8]
+        assert cells == [
+            f"{x['stock_wall_ms_median']:.1f}", f"{x['ours_wall_ms_median']:.1f}",
+            f"{x['stock_over_ours_wall_ms_median']:.2f}x", f"{x['stock_over_ours_wall_ms_min']:.2f}x",
+            f"{x['stock_cpu_ms_median']:.1f}", f"{x['ours_cpu_ms_median']:.1f}",
+            f"{x['stock_over_ours_cpu_ms_median']:.2f}x",
+        ]  # fmt: skip
