@@ -28,9 +28,6 @@ EXTENSIONS = [
 
 setup(
     ext_modules=EXTENSIONS,
-    # vLLM loads this in each of its processes: its Kimi models' image processing becomes ours
-    # (kimi_vision_prep/vllm_plugin.py; KIMI_PREP_VLLM=off leaves vLLM's own).
-    entry_points={"vllm.general_plugins": ["kimi_vision_prep = kimi_vision_prep.vllm_plugin:register"]},
     # The library door: numpy 1 or 2.
     install_requires=[
         COMMON,

@@ -125,14 +125,15 @@ def test_the_idle_spin_library_md_gives_is_the_one_set() -> None:
 
 
 def test_the_vllm_plugin_library_md_describes_is_the_one_installed() -> None:
-    """The extra, the entry point and the setting docs/library.md names are setup.py's and the
-    plugin's; the Makefile's vLLM venv installs the library the way the document shows."""
+    """The extra, the entry point and the setting docs/library.md names are setup.py's, pyproject's
+    and the plugin's; the Makefile's vLLM venv installs the library the way the document shows."""
     from kimi_vision_prep import vllm_plugin
 
     text = one_line("library.md")
-    setup = (DOCS.parent / "setup.py").read_text()
+    setup, pyproject = (DOCS.parent / "setup.py").read_text(), (DOCS.parent / "pyproject.toml").read_text()
     assert "'./kimi-vision-prep[vllm]'" in text and '"vllm": [' in setup
-    assert '"vllm.general_plugins": ["kimi_vision_prep = kimi_vision_prep.vllm_plugin:register"]' in setup
+    plugins = pyproject.split('[project.entry-points."vllm.general_plugins"]', 1)[1].split("\n[", 1)[0]
+    assert plugins.strip() == 'kimi_vision_prep = "kimi_vision_prep.vllm_plugin:register"'
     assert "entry point `kimi_vision_prep`" in text
     stated = re.search(r"`(\w+)`: `(\w+)` \(default\) processes in the vLLM process; `(\w+)` leaves", text)
     assert stated is not None
