@@ -24,7 +24,6 @@ import base64
 import hashlib
 import io
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -94,11 +93,10 @@ def worker(checkpoint: Path) -> None:
 
 class Side:
     def __init__(self, name: str, checkpoint: Path) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        env.pop("KIMI_PREP_VLLM", None)
-        if name == "stock":
-            env["KIMI_PREP_VLLM"] = "off"
+        from checkpoints import vllm_environment
+
         command = [sys.executable, __file__, "--worker", str(checkpoint)]
+        env = vllm_environment(stock=name == "stock")
         self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.photos: list[str] = self._answer()["ready"]
 

@@ -7,6 +7,7 @@ checkpoints': ``<|media_pad|>`` is 163605)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from kimi_vision_common.presets import get_preset, media_proc_cfg
@@ -157,3 +158,13 @@ def write_checkpoint(folder: Path, preset: str) -> Path:
     )
     _tokenizer(folder)
     return folder
+
+
+def vllm_environment(stock: bool) -> dict[str, str]:
+    """The environment of a vLLM process run offline: with the plugin, or (``stock``) with vLLM's
+    own Kimi processing (``KIMI_PREP_VLLM=off``)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("KIMI_PREP_VLLM", None)
+    if stock:
+        env["KIMI_PREP_VLLM"] = "off"
+    return env

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from checkpoints import write_checkpoint
+from checkpoints import vllm_environment, write_checkpoint
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
@@ -78,10 +77,7 @@ def all_cases(folder: Path, preset: str) -> dict[str, dict]:
 
 
 def run_side(checkpoint: Path, cases: Path, out: Path, stock: bool) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env.pop("KIMI_PREP_VLLM", None)
-    if stock:
-        env["KIMI_PREP_VLLM"] = "off"
+    env = vllm_environment(stock)
     command = [sys.executable, str(HERE / "vllm_side.py"), str(checkpoint), str(cases), str(out), str(CORPUS)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -244,8 +240,7 @@ def test_cache_keys_are_equal_for_equal_images_and_never_shared_by_different_one
 
 def run_check(code: str, checkpoint: Path | None = None) -> str:
     """``code`` run in a fresh vLLM process with the plugin installed; its standard output."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CHECKPOINT": str(checkpoint or "")}
-    env.pop("KIMI_PREP_VLLM", None)
+    env = {**vllm_environment(stock=False), "CHECKPOINT": str(checkpoint or "")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout + done.stderr
@@ -302,10 +297,8 @@ def test_vllm_generates_from_a_chat_with_an_image_through_the_plugin(tmp_path: P
     (dummy weights: which tokens says nothing)."""
     checkpoint = write_checkpoint(tmp_path / "k25", "kimi-k2.5")
     photo = CORPUS / "sklearn__china.jpg"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env.pop("KIMI_PREP_VLLM", None)
     command = [sys.executable, str(HERE / "generate.py"), str(checkpoint), str(photo)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, env=vllm_environment(stock=False), capture_output=True, text=True, check=False)
     errors = [line for line in (done.stdout + done.stderr).splitlines() if "Error" in line or "error" in line]
     assert done.returncode == 0, "\n".join(errors[-30:])
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith('{"processor"')))
