@@ -22,7 +22,7 @@ knows them (vLLM 0.32; elsewhere one warning and vLLM's own processing, never a 
    unchanged, and the processor uses the pixels vLLM loaded.
 
 ``KIMI_PREP_VLLM``: ``local`` (default) processes in the vLLM process; ``off`` leaves vLLM as it
-is. It is the one setting the plugin reads.
+is. It is the one setting the plugin reads; :data:`PROCESSORS` maps its values to the class built.
 
 This module imports neither numba nor vLLM's Kimi files: vLLM's CPU workers load the plugins before
 they scan every loaded module for Triton kernels to replace, a scan that fails on llvmlite's
@@ -48,7 +48,13 @@ from .pillow_io import unloaded_jpeg_bytes
 log = logging.getLogger("kimi_vision_prep.vllm")
 
 SETTING = "KIMI_PREP_VLLM"
-MODES = ("local", "off")
+# The setting's values -> the module and class of the processor vLLM builds for its Kimi models
+# (None: vLLM's own). The first is the default.
+PROCESSORS: dict[str, tuple[str, str] | None] = {
+    "local": ("kimi_vision_prep.vllm_processor", "VllmKimiProcessor"),
+    "off": None,
+}
+MODES = tuple(PROCESSORS)
 # Where vLLM 0.32 builds image processors, and the class its Kimi models ask it for.
 BUILDER_MODULE = "vllm.transformers_utils.processor"
 PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_vision_fused"
@@ -67,14 +73,15 @@ class KimiProcessingState:
 
 def register() -> None:
     """vLLM's ``vllm.general_plugins`` entry point (every vLLM process calls it once)."""
-    mode = os.environ.get(SETTING, "local")
-    if mode not in MODES:
+    mode = os.environ.get(SETTING, MODES[0])
+    if mode not in PROCESSORS:
         log.warning("kimi-vision-prep: %s=%r is not one of %s; vLLM's own Kimi processor is used", SETTING, mode, MODES)
         return
-    if mode == "off":
+    processor = PROCESSORS[mode]
+    if processor is None:
         return
     try:
-        build_ours_for_kimi()
+        build_ours_for_kimi(*processor)
         defer_encoded_jpegs()
     except (ImportError, AttributeError) as exc:
         log.warning(
@@ -85,10 +92,11 @@ def register() -> None:
         )
 
 
-def build_ours_for_kimi() -> None:
+def build_ours_for_kimi(module_name: str, class_name: str) -> None:
     """Wrap vLLM's ``cached_get_image_processor`` where it is defined and in the Kimi model modules
     already imported (the others bind the wrapper when they load): asked for vLLM's Kimi class, it
-    builds :class:`~.vllm_processor.VllmKimiProcessor` through vLLM's own ``get_image_processor``."""
+    builds ``module_name.class_name`` through vLLM's own ``get_image_processor``, imported then
+    (where that import fails: one warning, and vLLM's class)."""
     builder = importlib.import_module(BUILDER_MODULE)
     get_image_processor = builder.get_image_processor
     cached_get_image_processor = builder.cached_get_image_processor  # AttributeError where this vLLM moved it
@@ -97,14 +105,15 @@ def build_ours_for_kimi() -> None:
 
     def build(name: str, *args: Any, processor_cls_overrides: Any = None, **kwargs: Any) -> Any:
         if getattr(processor_cls_overrides, "__name__", None) == PROCESSOR_NAME:
-            from .vllm_processor import VllmKimiProcessor
-
-            processor_cls_overrides = VllmKimiProcessor
+            try:
+                processor_cls_overrides = getattr(importlib.import_module(module_name), class_name)
+            except ImportError as exc:
+                log.warning("kimi-vision-prep: cannot load %s (%s); vLLM's own Kimi processor is used", class_name, exc)
         return get_image_processor(name, *args, processor_cls_overrides=processor_cls_overrides, **kwargs)
 
     cached_build = functools.lru_cache(build)
-    for module_name in (BUILDER_MODULE, *PROCESSOR_USERS):
-        module = sys.modules.get(module_name)
+    for user in (BUILDER_MODULE, *PROCESSOR_USERS):
+        module = sys.modules.get(user)
         if module is not None and getattr(module, "cached_get_image_processor", None) is cached_get_image_processor:
             module.cached_get_image_processor = cached_build
 

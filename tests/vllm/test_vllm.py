@@ -5,9 +5,10 @@ Run in ``.venv-vllm`` (``make vllm-venv``: vLLM from PyPI with the library insta
 process of its own (``vllm_side.py``; the plugin changes vLLM's modules for a process's life):
 ``KIMI_PREP_VLLM=off`` is stock vLLM, unset is ours. vLLM's renderer (its API server's input path)
 processes every accepted corpus image opened with ``Image.open`` (handed over in
-``multi_modal_data``) and through the chat path (``data:`` and ``file://`` URLs), several photos
-in one prompt, video chunks (K2.5) and vLLM's start-up profiling input, in its uint8 (default) and
-float32 (``mm_device_do_normalize=False``) modes, from tiny local checkpoints (``checkpoints.py``).
+``multi_modal_data``; K2.5 also as encoded bytes) and through the chat path (``data:`` and
+``file://`` URLs), several photos in one prompt, video chunks (K2.5) and vLLM's start-up
+profiling input, in its uint8 (default) and float32 (``mm_device_do_normalize=False``) modes, from
+tiny local checkpoints (``checkpoints.py``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def all_cases(folder: Path, preset: str) -> dict[str, dict]:
         cases[f"file:{name}"] = {"kind": "chat", "urls": [(CORPUS / name).as_uri()]}
     cases["pil:several"] = {"kind": "pil", "paths": [str(CORPUS / name) for name in SEVERAL]}
     cases["data:several"] = {"kind": "chat", "urls": [data_url(name) for name in SEVERAL]}
-    if preset == "kimi-k2.5":
+    if preset == "kimi-k2.5":  # K2.5's vision chunks take encoded bytes too (K3's images: PIL only)
+        cases.update({f"bytes:{name}": {"kind": "bytes", "paths": [str(CORPUS / name)]} for name in ACCEPTED})
         cases.update(chunk_cases(folder))
     return cases
 
@@ -185,13 +187,15 @@ def jpeg_cases(sides: Sides, prefix: str) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("kind", ["pil", "data", "file"])
+@pytest.mark.parametrize("kind", ["pil", "bytes", "data", "file"])
 def test_jpegs_reach_ours_encoded(sides: Sides, kind: str) -> None:
     """No Pillow decode of a JPEG on the way in ours (loader, parser, hasher): the processor gets its
     bytes and decodes it once, by the library's route (Pillow only where that route is Pillow's,
     e.g. damage only Pillow conceals); stock vLLM decodes each with Pillow."""
     from kimi_vision_prep import preprocess_bytes
 
+    if kind == "bytes" and sides.preset != "kimi-k2.5":
+        pytest.skip("K3's images are PIL images only")
     cases = [case for case in jpeg_cases(sides, kind) if f"uint8/{case}/error" not in sides.ours]
     assert len(cases) > 20
     for case in cases:

@@ -7,7 +7,8 @@ results are saved for the test to compare.
 The side is the environment's: ``KIMI_PREP_VLLM=off`` is stock vLLM, unset is the plugin. For each
 of vLLM's two pixel modes (uint8, normalised on the device, its default; float32 with
 ``mm_device_do_normalize=False``) and each case of CASES.json (``kind`` ``pil``: paths opened with
-``Image.open`` and handed over in ``multi_modal_data``; ``chat``: image URLs, ``data:`` or
+``Image.open`` and handed over in ``multi_modal_data``; ``bytes``: K2.5 vision chunks of the files'
+encoded bytes; ``chat``: image URLs, ``data:`` or
 ``file://`` under MEDIA_ROOT, in a chat message; ``chunk``: video chunks of PNG frames), the prompt's token ids,
 ``grid_thws`` and ``pixel_values`` are stored under ``{mode}/{case}/...``, or the error vLLM raised
 under ``{mode}/{case}/error``; ``{mode}/profile/...``: vLLM's start-up profiling input, processed;
@@ -59,9 +60,11 @@ def placeholder(modality: str) -> str:
 
 
 def mm_data(case: dict, modality: str) -> tuple[str, dict]:
-    """The prompt and ``multi_modal_data`` of a ``pil`` or ``chunk`` case, as a caller of vLLM builds them."""
-    if case["kind"] == "pil":
-        images = [Image.open(path) for path in case["paths"]]
+    """The prompt and ``multi_modal_data`` of a ``pil``, ``bytes`` or ``chunk`` case, as a caller of
+    vLLM builds them."""
+    if case["kind"] in ("pil", "bytes"):
+        opened = case["kind"] == "pil"
+        images = [Image.open(path) if opened else Path(path).read_bytes() for path in case["paths"]]
         prompt = "describe " + " ".join(placeholder(modality) for _ in images)
         if modality == "image":
             return prompt, {"image": images}
