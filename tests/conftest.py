@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from make_inputs import CORPUS, require_tritonserver
 
-# tests/peer runs in .venv-peer (torchvision next to the torch it was built for; make test runs it
-# there): transformers' processor classes do not import in this venv's CPU torch.
-collect_ignore = ["peer"]
+# tests/peer runs in .venv-peer (torchvision next to the torch it was built for: transformers'
+# processor classes do not import in this venv's CPU torch) and tests/vllm in .venv-vllm (vLLM and
+# its plugin); make test runs each there.
+collect_ignore = ["peer", "vllm"]
 
 
 @pytest.fixture(autouse=True)

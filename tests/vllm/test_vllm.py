@@ -26,7 +26,7 @@ from checkpoints import vllm_environment, write_checkpoint
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 from make_inputs import CORPUS, corpus_names  # noqa: E402
-from reference import reference_preprocess  # noqa: E402
+from reference import reference_preprocess, reference_verdict  # noqa: E402
 
 from kimi_vision_prep import KimiVisionProcessor  # noqa: E402
 
@@ -35,6 +35,7 @@ PRESETS = ("kimi-k2.5", "kimi-k3")
 MODES = ("uint8", "float32")
 FIELDS = ("prompt_token_ids", "grid_thws", "pixel_values", "processor_pixel_values")
 ACCEPTED = corpus_names(accepted=True)
+REJECTED = [name for name in corpus_names(accepted=False) if not name.startswith("video/")]
 SEVERAL = ["sklearn__china.jpg", "pil__hopper.jpg", "pilx__hopper.png", "imagers__progressive3.jpg"]
 CLIPS = ["video/torchcodec__av1_video.mkv", "video/torchcodec__h265_video.mp4"]
 OURS = "kimi_vision_prep.vllm_processor.VllmKimiProcessor"
@@ -70,6 +71,7 @@ def all_cases(folder: Path, preset: str) -> dict[str, dict]:
         cases[f"pil:{name}"] = {"kind": "pil", "paths": [str(CORPUS / name)]}
         cases[f"data:{name}"] = {"kind": "chat", "urls": [data_url(name)]}
         cases[f"file:{name}"] = {"kind": "chat", "urls": [(CORPUS / name).as_uri()]}
+    cases.update({f"bad:{name}": {"kind": "chat", "urls": [data_url(name)]} for name in REJECTED})
     cases["pil:several"] = {"kind": "pil", "paths": [str(CORPUS / name) for name in SEVERAL]}
     cases["data:several"] = {"kind": "chat", "urls": [data_url(name) for name in SEVERAL]}
     if preset == "kimi-k2.5":  # K2.5's vision chunks take encoded bytes too (K3's images: PIL only)
@@ -134,9 +136,10 @@ def test_vllm_builds_ours_through_the_plugin_and_its_own_when_off(sides: Sides) 
 def test_every_case_equals_stock_vllm(sides: Sides, mode: str) -> None:
     """Prompt token ids, ``grid_thws``, the pixels vLLM passes on and those the processor returned
     (uint8, or float32 before vLLM's cast to the model's dtype), for every case and the profiling
-    input. One kind of case differs by design: K3 images with transparency through the chat path,
-    which K3's renderer hands over with their alpha; stock vLLM's processor drops it, ours composites
-    onto K3's chessboard as the K3 checkpoint's processor does (the next test)."""
+    input. Two kinds of case differ by design: K3 images with transparency through the chat path,
+    which K3's renderer hands over with their alpha (stock vLLM's processor drops it, ours
+    composites onto K3's chessboard as the K3 checkpoint's processor does: the next test), and
+    damaged files stock vLLM accepts and ours refuses (the test after)."""
     differing = {case: sides.differing(mode, case) for case in [*sides.cases, "profile"]}
     differing = {case: fields for case, fields in differing.items() if fields}
     by_design = {
@@ -144,6 +147,7 @@ def test_every_case_equals_stock_vllm(sides: Sides, mode: str) -> None:
         for case in differing
         if sides.preset == "kimi-k3" and case.startswith(("data:", "file:")) and has_transparency(case.split(":")[1])
     }
+    by_design |= {case for case in differing if case.startswith("bad:") and differing[case] == ["error"]}
     assert set(differing) == by_design, {case: differing[case] for case in set(differing) - by_design}
     errors = [case for case in sides.cases if f"{mode}/{case}/error" in sides.ours]
     assert len(errors) < len(sides.cases) / 4, errors  # most cases processed, not refused alike
@@ -160,6 +164,22 @@ def test_k3_transparency_follows_the_checkpoint(sides: Sides) -> None:
         expected = reference_preprocess((CORPUS / name).read_bytes(), "kimi-k3")
         found = sides.ours[f"float32/data:{name}/processor_pixel_values"]
         assert np.array_equal(found, expected.pixel_values), name
+
+
+def test_a_bad_image_is_refused_as_bad_input_with_the_references_verdict(sides: Sides) -> None:
+    """Every file the reference refuses, sent in a chat: ours refuses it with a ``ValueError`` (vLLM's
+    HTTP 400) wherever stock vLLM does, and with vLLM's own error where vLLM's loader already refuses
+    it. Stock vLLM accepts some damaged JPEGs: its loader's first ``load()`` fails inside
+    ``normalize_image``, which suppresses the failure, and the second returns what was decoded
+    before the damage; ours gives the reference's verdict instead, a ``ValueError`` too."""
+    for mode in MODES:
+        for name in REJECTED:
+            key = f"{mode}/bad:{name}/error"
+            assert reference_verdict((CORPUS / name).read_bytes(), sides.preset) != "ok", name
+            assert key in sides.ours, name
+            ours, stock = str(sides.ours[key]), str(sides.stock.get(key, "accepted: no error"))
+            ours_class, stock_class = ours.partition(":")[0], stock.partition(":")[0]
+            assert ours_class == stock_class or (stock_class == "accepted" and ours_class == "ValueError"), name
 
 
 def test_pixels_of_opened_images_equal_the_reference(sides: Sides) -> None:

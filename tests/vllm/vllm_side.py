@@ -11,7 +11,8 @@ of vLLM's two pixel modes (uint8, normalised on the device, its default; float32
 encoded bytes; ``chat``: image URLs, ``data:`` or
 ``file://`` under MEDIA_ROOT, in a chat message; ``chunk``: video chunks of PNG frames), the prompt's token ids,
 ``grid_thws`` and ``pixel_values`` are stored under ``{mode}/{case}/...``, or the error vLLM raised
-under ``{mode}/{case}/error``; ``{mode}/profile/...``: vLLM's start-up profiling input, processed;
+(its class and message) under ``{mode}/{case}/error``; ``{mode}/profile/...``: vLLM's start-up
+profiling input, processed;
 ``keys/{case}``: the processor cache's keys of a ``pil`` case's images opened and loaded twice by
 vLLM's chat loader.
 """
@@ -193,8 +194,8 @@ def main(checkpoint: Path, cases_file: Path, out: Path, media_root: Path) -> Non
                 found = arrays(engine_prompt(render, case, modality), modality)
                 for key, value in {**found, **observed.take()}.items():
                     results[f"{mode}/{name}/{key}"] = value
-            except ValueError as exc:
-                results[f"{mode}/{name}/error"] = np.asarray(str(exc))
+            except Exception as exc:  # vLLM's verdict on a bad image, as a server would answer it
+                results[f"{mode}/{name}/error"] = np.asarray(f"{type(exc).__name__}: {exc}")
             observed.reset()
             if mode == "uint8" and case["kind"] == "pil":  # after the case: its decodes are counted apart
                 try:
