@@ -349,12 +349,12 @@ class KimiVisionProcessor(BaseImageProcessor):  # type: ignore[misc,valid-type]
     # -- the work ---------------------------------------------------------------------------------
 
     def _image(self, source: Any, output: PixelOutput) -> PreprocessResult:
-        image = unwrapped(source)
-        if isinstance(image, TurnedJpeg) and not image.loaded:
-            return preprocess_turned(image.data, image.orientation, self.preset, decoder=self.decoder, output=output)
+        source = unwrapped(source)
+        if isinstance(source, TurnedJpeg) and not source.loaded:
+            return preprocess_turned(source.data, source.orientation, self.preset, decoder=self.decoder, output=output)
         data = media_bytes(source)
         if data is None:
-            return preprocess_decoded(pil_decoded(unwrapped(source), self.preset), self.preset, output=output)
+            return preprocess_decoded(pil_decoded(source, self.preset), self.preset, output=output)
         return preprocess_bytes(data, self.preset, decoder=self.decoder, output=output)
 
     def _video_chunk(self, frames: Sequence[Any], output: PixelOutput) -> PreprocessResult:
