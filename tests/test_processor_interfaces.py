@@ -291,3 +291,22 @@ def test_a_turned_jpeg_is_the_reference_of_its_exif_transposed_image(corpus: Pat
         assert not turned.loaded  # decoded by the library from its bytes, not by Pillow
         assert np.array_equal(out["pixel_values"], reference_images([as_png.getvalue()], preset)[0]), preset
     assert np.array_equal(np.asarray(TurnedJpeg(data, opened, orientation).convert("RGB")), np.asarray(expected_image))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_the_turn_is_pillows_for_every_orientation_and_array_type(orientation: int) -> None:
+    """``turned`` of a non-square RGB array, as numpy, as a PIL image and (where torch is installed)
+    as a torch tensor: the pixels of Pillow's transposition that ``exif_transpose`` applies."""
+    from kimi_vision_prep.orientation import TRANSPOSITIONS, turned
+
+    pixels = np.random.default_rng(orientation).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    expected = np.asarray(image if orientation == 1 else image.transpose(TRANSPOSITIONS[orientation]))
+    assert np.array_equal(turned(pixels, orientation), expected)
+    assert np.array_equal(np.asarray(turned(image, orientation)), expected)
+    try:
+        import torch
+    except ImportError:  # the library door has no torch
+        return
+    found = turned(torch.from_numpy(pixels), orientation)
+    assert found.is_contiguous() and np.array_equal(found.numpy(), expected)
