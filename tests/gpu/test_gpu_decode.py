@@ -9,6 +9,7 @@ max up to 75 on this corpus (spec section 2). ``gpu_report.py`` records the meas
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,7 +39,8 @@ from kimi_vision_prep import (
     preprocess_decoded,
 )
 from kimi_vision_prep.jpeg_scan import scan_jpeg
-from kimi_vision_prep.pipeline import resized_decoded
+from kimi_vision_prep.orientation import SWAPS_SIDES, exif_orientation, turned
+from kimi_vision_prep.pipeline import preprocess_turned, resized_decoded
 from kimi_vision_prep.repeat_cache import RepeatCache, repeat_key
 from kimi_vision_prep.resize import resize
 
@@ -162,6 +164,33 @@ def test_preprocess_on_cuda_equals_the_cpu_pipeline_on_the_same_pixels(
     assert isinstance(on_gpu.pixel_values, torch.Tensor)
     assert on_gpu.pixel_values.device == torch.device(cuda_device)
     assert on_gpu.pixel_values.dtype == torch.float32
+    np.testing.assert_array_equal(on_gpu.grid_thw, on_host.grid_thw)
+    assert torch.equal(on_gpu.pixel_values.cpu(), torch.from_numpy(on_host.pixel_values))
+
+
+def turned_on_host(decoded: DecodedImage, orientation: int) -> DecodedImage:
+    """``decoded``'s pixels on the host, turned as EXIF ``orientation`` says (the numpy kernel)."""
+    on_host = decoded_on_host(decoded)
+    width, height = (on_host.height, on_host.width) if orientation in SWAPS_SIDES else (on_host.width, on_host.height)
+    return dataclasses.replace(on_host, pixels=turned(on_host.pixels, orientation), width=width, height=height)
+
+
+@pytest.mark.parametrize("preset", by_preset())
+@pytest.mark.parametrize("item", by_name([f for f in JPEGS if "orientation" in f.name]))
+def test_a_turned_jpeg_on_cuda_equals_the_cpu_pipeline_on_the_same_turned_pixels(
+    item: CorpusFile, preset: Preset, gpu_corpus: Path, cuda_device: str, lenient_cuda_decoder: ImageDecoder
+) -> None:
+    """An EXIF-rotated photo as vLLM's loader turns it (``TurnedJpeg``'s route): decoded on the
+    device, turned there (the torch kernel), resized and patchified there; equal to the host's
+    pipeline on the same decoded pixels turned by the numpy kernel."""
+    data = (gpu_corpus / item.name).read_bytes()
+    orientation = exif_orientation(Image.open(gpu_corpus / item.name))
+    assert orientation != 1
+    on_gpu = preprocess_turned(data, orientation, preset, decoder=lenient_cuda_decoder)
+    on_host = preprocess_decoded(turned_on_host(lenient_cuda_decoder.decode(data, preset), orientation), preset)
+
+    assert isinstance(on_gpu.pixel_values, torch.Tensor)
+    assert on_gpu.pixel_values.device == torch.device(cuda_device)
     np.testing.assert_array_equal(on_gpu.grid_thw, on_host.grid_thw)
     assert torch.equal(on_gpu.pixel_values.cpu(), torch.from_numpy(on_host.pixel_values))
 
