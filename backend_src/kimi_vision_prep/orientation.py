@@ -30,6 +30,11 @@ TRANSPOSITIONS = {
 SWAPS_SIDES = frozenset({5, 6, 7, 8})
 
 
+def turned_size(width: int, height: int, orientation: int) -> tuple[int, int]:
+    """``(width, height)`` of a ``width x height`` image turned as EXIF ``orientation`` says."""
+    return (height, width) if orientation in SWAPS_SIDES else (width, height)
+
+
 def exif_orientation(image: Image.Image) -> int:
     """The orientation ``exif_transpose`` reads (EXIF, or XMP where EXIF has none); 1 where there is
     none or it cannot be read (a damaged EXIF block: engines keep the image as stored then)."""
@@ -90,8 +95,7 @@ class TurnedJpeg(Image.Image):
         super().__init__()
         self.data, self.orientation = data, orientation
         self._mode = opened.mode
-        width, height = opened.size
-        self._size = (height, width) if orientation in SWAPS_SIDES else (width, height)
+        self._size = turned_size(*opened.size, orientation)
         self.info = dict(opened.info)
 
     @property

@@ -34,7 +34,7 @@ from .normalize import (
     write_patch_rows,
     write_patches,
 )
-from .orientation import SWAPS_SIDES, turned
+from .orientation import turned, turned_size
 from .pillow_io import as_rgb_array
 from .resize import resize
 from .tokens import check_image_count, check_patch_budget
@@ -220,9 +220,7 @@ def preprocess_turned(
     with scratch_scope(), decoder.claim():
         decoded = decoder.decode(data, preset)
         pixels = turned(decoded.pixels, orientation)
-        width, height = (decoded.width, decoded.height)
-        if orientation in SWAPS_SIDES:
-            width, height = height, width
+        width, height = turned_size(decoded.width, decoded.height, orientation)
         return preprocess_decoded(
             dataclasses.replace(decoded, pixels=pixels, width=width, height=height), preset, output=output
         )

@@ -156,8 +156,9 @@ def defer_encoded_jpegs() -> None:
 
     def parse_images_deferred(self: Any, data: Any) -> Any:
         # vLLM's parser turns each PIL image to its EXIF orientation and to RGB
-        items = [wrapped(item, transposed=True) for item in data] if isinstance(data, list) else data
-        return parse_images(self, wrapped(items, transposed=True))
+        if isinstance(data, list):
+            return parse_images(self, [wrapped(item, transposed=True) for item in data])
+        return parse_images(self, wrapped(data, transposed=True))
 
     def parse_chunks_deferred(self: Any, data: Any) -> Any:
         # a vision chunk's image reaches the processor as it is (no EXIF orientation applied)

@@ -39,7 +39,7 @@ from kimi_vision_prep import (
     preprocess_decoded,
 )
 from kimi_vision_prep.jpeg_scan import scan_jpeg
-from kimi_vision_prep.orientation import SWAPS_SIDES, exif_orientation, turned
+from kimi_vision_prep.orientation import exif_orientation, turned, turned_size
 from kimi_vision_prep.pipeline import preprocess_turned, resized_decoded
 from kimi_vision_prep.repeat_cache import RepeatCache, repeat_key
 from kimi_vision_prep.resize import resize
@@ -171,7 +171,7 @@ def test_preprocess_on_cuda_equals_the_cpu_pipeline_on_the_same_pixels(
 def turned_on_host(decoded: DecodedImage, orientation: int) -> DecodedImage:
     """``decoded``'s pixels on the host, turned as EXIF ``orientation`` says (the numpy kernel)."""
     on_host = decoded_on_host(decoded)
-    width, height = (on_host.height, on_host.width) if orientation in SWAPS_SIDES else (on_host.width, on_host.height)
+    width, height = turned_size(on_host.width, on_host.height, orientation)
     return dataclasses.replace(on_host, pixels=turned(on_host.pixels, orientation), width=width, height=height)
 
 

@@ -122,8 +122,10 @@ def sides(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def has_transparency(name: str) -> bool:
     from PIL import Image
 
+    from kimi_vision_prep.pillow_io import has_alpha
+
     with Image.open(CORPUS / name) as image:
-        return "A" in image.getbands() or "transparency" in image.info
+        return has_alpha(image)
 
 
 def test_vllm_builds_ours_through_the_plugin_and_its_own_when_off(sides: Sides) -> None:
