@@ -92,11 +92,40 @@ def test_each_module_imports_only_its_own_and_lower_layers(module: str) -> None:
     assert not wrong, f"{module} ({layer(module)}) imports {sorted(wrong)}"
 
 
+# Extras a common or client module may use where they are installed (the processor interface is a
+# transformers image processor there, and returns torch tensors when asked), never require.
+OPTIONAL = ("torch", "transformers")
+
+
+def required_imports_of(module: str) -> set[str]:
+    """The names ``module`` imports at module level outside a ``try`` that catches ImportError:
+    those it cannot load without (a function's import runs only where it is called)."""
+    tree = ast.parse(MODULES[module].read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
+        ):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                break
+            if isinstance(inner, ast.Import):
+                names.update(alias.name for alias in inner.names)
+            elif isinstance(inner, ast.ImportFrom) and not inner.level:
+                names.add(inner.module or "")
+    return names
+
+
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) in ("common", "client")))
 def test_common_and_client_import_no_heavy_dependency(module: str) -> None:
+    """No heavy import at all, but the client's tritonclient and, where installed only, torch and
+    transformers (optional: in a function or behind ``except ImportError``)."""
     allowed = {"tritonclient"} if layer(module) == "client" else set()
-    heavy = {name for name in imports_of(module) if name.split(".")[0] in set(HEAVY) - allowed}
+    heavy = {name for name in imports_of(module) if name.split(".")[0] in set(HEAVY) - allowed - set(OPTIONAL)}
     assert not heavy, f"{module} imports {sorted(heavy)}"
+    required = {name for name in required_imports_of(module) if name.split(".")[0] in OPTIONAL}
+    assert not required, f"{module} cannot load without {sorted(required)}"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == "core"))

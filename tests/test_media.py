@@ -21,9 +21,10 @@ from PIL import Image
 
 import kimi_vision_prep as kvp
 from kimi_vision_common.errors import InvalidVideoError
+from kimi_vision_common.sizing import chunk_target
 from kimi_vision_common.wire import NUM_TOKENS_DTYPE
 from kimi_vision_prep import video, video_decode
-from kimi_vision_prep.video import chunk_target, chunk_timestamp, sample_frame_indices
+from kimi_vision_prep.video import chunk_timestamp, sample_frame_indices
 
 PRESET_NAMES = ("kimi-k2.5", "kimi-k3")
 VIDEO_DIR = CORPUS / "video"

@@ -24,9 +24,9 @@ from PIL import Image
 from reference import ref_size, reference_chunk, reference_images, reference_video
 
 from kimi_vision_common.errors import InvalidImageError
+from kimi_vision_common.pillow_open import unloaded_jpeg_bytes
 from kimi_vision_common.presets import MEDIA_PROC_CFG_KEYS, get_preset, media_proc_cfg
 from kimi_vision_prep import KimiVisionProcessor
-from kimi_vision_prep.pillow_io import unloaded_jpeg_bytes
 
 ACCEPTED = corpus_names(accepted=True)
 
@@ -275,7 +275,7 @@ def test_a_turned_jpeg_is_the_reference_of_its_exif_transposed_image(corpus: Pat
     ``exif_transpose`` image; read by Pillow, it gives that image's pixels."""
     from PIL import ImageOps
 
-    from kimi_vision_prep.orientation import TurnedJpeg, exif_orientation
+    from kimi_vision_common.orientation import TurnedJpeg, exif_orientation
 
     data = (corpus / name).read_bytes()
     expected_image = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
@@ -297,7 +297,8 @@ def test_a_turned_jpeg_is_the_reference_of_its_exif_transposed_image(corpus: Pat
 def test_the_turn_is_pillows_for_every_orientation_and_array_type(orientation: int) -> None:
     """``turned`` of a non-square RGB array, as numpy, as a PIL image and (where torch is installed)
     as a torch tensor: the pixels of Pillow's transposition that ``exif_transpose`` applies."""
-    from kimi_vision_prep.orientation import TRANSPOSITIONS, turned
+    from kimi_vision_common.orientation import TRANSPOSITIONS
+    from kimi_vision_prep.orientation import turned
 
     pixels = np.random.default_rng(orientation).integers(0, 256, (5, 7, 3), dtype=np.uint8)
     image = Image.fromarray(pixels)

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from kimi_vision_common.errors import FallbackError, ImageTooLargeError, InvalidImageError, PreprocessError, detached
+from kimi_vision_common.pillow_open import open_with_pillow
 from kimi_vision_common.presets import Preset
 
 from . import jpeg_bands
@@ -63,7 +64,7 @@ from .decode_routes import (
 from .extras import require_torch
 from .jpeg_scan import scan_jpeg
 from .limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits
-from .pillow_io import open_with_pillow, pillow_pixels
+from .pillow_io import pillow_pixels
 
 log = logging.getLogger("kimi_vision_prep.decode")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# 178,956,970: Pillow's own DecompressionBombError threshold (2 x Image.MAX_IMAGE_PIXELS in Pillow 13).
-PILLOW_MAX_PIXELS = 178_956_970
+from kimi_vision_common.pillow_open import PILLOW_MAX_PIXELS
+
 DEFAULT_MAX_ENCODED_BYTES = 64 << 20
 # nvImageCodec decoders a process keeps per device: two callers decode at once without waiting.
 DEFAULT_DECODER_POOL_SIZE = 2

@@ -9,15 +9,16 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, TypeVar
 
 import numba
 import numpy as np
 
 from kimi_vision_common.errors import PreprocessError, detached
+from kimi_vision_common.orientation import turned_size
 from kimi_vision_common.patches import normalize_table
 from kimi_vision_common.presets import Preset, get_preset
-from kimi_vision_common.results import ImagesResult
+from kimi_vision_common.results import PIXEL_OUTPUTS, ImagesResult, PixelOutput
 from kimi_vision_common.sizing import TargetSize, navit_target_size
 from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST, NUM_TOKENS_DTYPE
 
@@ -34,15 +35,11 @@ from .normalize import (
     write_patch_rows,
     write_patches,
 )
-from .orientation import turned, turned_size
+from .orientation import turned
 from .pillow_io import as_rgb_array
 from .resize import resize
 from .tokens import check_image_count, check_patch_budget
 
-# What preprocessing produces per image: normalised float32 ``pixel_values`` (the processor's
-# output, the default) or the uint8 ``pixel_patches`` they are a table lookup of.
-PixelOutput = Literal["pixel_values", "pixel_patches"]
-PIXEL_OUTPUTS: tuple[str, ...] = get_args(PixelOutput)
 # The patch work per image row against decoding the row, by output (where row bands split:
 # jpeg_bands; measured, BENCHMARKS.md's history).
 PATCH_ROW_WORK: dict[str, float] = {"pixel_values": 0.6, "pixel_patches": 0.5}

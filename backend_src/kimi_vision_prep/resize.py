@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
+from kimi_vision_common.pillow_open import pillow_call
+
 from .kernels import PIL_IMAGE, TORCH, get_kernel, register_kernel
-from .pillow_io import pillow_call
 from .resample import (
     PRECISION_BITS,
     ROUNDING_BIAS,
@@ -127,7 +128,7 @@ _PIL_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling
 def resize_pil(image: Image.Image, new_width: int, new_height: int, resample: Resample) -> Image.Image:
     """A Pillow image resized by Pillow in its own mode (the reference's source-mode resize for the
     modes no array kernel reproduces); an unchanged size returns ``image``. Pillow's failures
-    become typed errors (:func:`~.pillow_io.pillow_call`)."""
+    become typed errors (:func:`~kimi_vision_common.pillow_open.pillow_call`)."""
     if image.size == (new_width, new_height):
         return image
     what = f"resize a {image.mode} image"

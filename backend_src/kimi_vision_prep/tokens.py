@@ -15,12 +15,12 @@ import numpy as np
 
 from kimi_vision_common.errors import ImageTooLargeError, InvalidImageError, InvalidRequestError, PreprocessError
 from kimi_vision_common.messages import PATCHES_OVER_BUDGET, TOO_MANY_IMAGES
+from kimi_vision_common.pillow_open import open_with_pillow
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import TokenCount
 from kimi_vision_common.sizing import navit_target_size
 
 from .limits import DecodeLimits
-from .pillow_io import open_with_pillow
 
 
 def image_prompt(width: int, height: int, preset: Preset) -> str:

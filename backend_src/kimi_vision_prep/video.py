@@ -38,7 +38,7 @@ from kimi_vision_common.errors import InvalidVideoError, PreprocessError, VideoT
 from kimi_vision_common.patches import normalize_table
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import VideoChunkResult
-from kimi_vision_common.sizing import TargetSize, navit_target_size
+from kimi_vision_common.sizing import TargetSize, chunk_target, chunk_tokens
 
 from .decode import ImageDecoder, default_decoder
 from .limits import VideoLimits
@@ -49,19 +49,6 @@ from .resize import resize
 from .video_decode import DecodePlan, Demuxed, FrameProducer, decode_plan, demux
 
 # -- chunks ---------------------------------------------------------------------------------------
-
-
-def chunk_target(width: int, height: int, frames: int, preset: Preset) -> TargetSize:
-    """The NaViT target of a ``frames``-frame chunk whose first frame is ``width x height``."""
-    limit = preset.in_patch_limit if preset.in_patch_limit_each_frame is None else preset.in_patch_limit_each_frame
-    if preset.in_patch_limit_video is not None:
-        limit = min(round(preset.in_patch_limit_video / frames), limit)
-    return navit_target_size(width, height, preset, in_patch_limit=limit)
-
-
-def chunk_tokens(target: TargetSize, preset: Preset) -> int:
-    """Tokens of a chunk: ``(gh / m) * (gw / m)`` whatever T, or ``fixed_output_tokens``."""
-    return target.num_tokens if preset.fixed_output_tokens is None else preset.fixed_output_tokens
 
 
 def preprocess_frames(

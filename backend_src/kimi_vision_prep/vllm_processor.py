@@ -1,63 +1,16 @@
 """``VllmKimiProcessor``: :class:`~.processor.KimiVisionProcessor` as vLLM builds and calls it.
 
-The vLLM plugin (:mod:`.vllm_plugin`) has vLLM build this class where its Kimi models ask for their
-image processor; this module loads numba, so only a process that builds one imports it.
+The vLLM plugin (:mod:`kimi_vision_common.vllm_plugin`, ``KIMI_PREP_VLLM=local``) has vLLM build
+this class where its Kimi models ask for their image processor; this module loads numba, so only a
+process that builds one imports it.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
+from kimi_vision_common.vllm_calls import VllmCalls
 
-from kimi_vision_common.errors import PreprocessError
-
-from .processor import HUB_OPTIONS, KimiVisionProcessor, config_path
-from .vllm_plugin import KimiProcessingState
-
-# A checkpoint's model_type -> the preset its processor follows.
-MODEL_PRESETS = {"kimi_k25": "kimi-k2.5", "kimi_k3": "kimi-k3"}
+from .processor import KimiVisionProcessor
 
 
-class VllmKimiProcessor(KimiVisionProcessor):
-    """``from_pretrained(model, revision=..., trust_remote_code=...)`` with the preset of the
-    checkpoint's ``model_type``, and a bad image raised as the ``ValueError`` vLLM answers with
-    HTTP 400 (the library's typed error chained as its cause, its class named in the message).
-    Building one tells the plugin that this process serves a Kimi model."""
-
-    @classmethod
-    def from_pretrained(cls, name: str | Path, **kwargs: Any) -> KimiVisionProcessor:
-        hub = {key: kwargs[key] for key in (*HUB_OPTIONS, "revision") if key in kwargs}
-        kwargs.setdefault("preset", model_preset(name, hub))
-        processor = super().from_pretrained(name, **kwargs)
-        KimiProcessingState.defer_jpegs = True
-        return processor
-
-    def preprocess(self, medias: Any, *args: Any, **kwargs: Any) -> Any:
-        return as_value_error(super().preprocess, medias, *args, **kwargs)
-
-    def media_tokens_calculator(self, media: Mapping[str, Any]) -> int:
-        return as_value_error(super().media_tokens_calculator, media)
-
-    def get_resize_config(self, media: Mapping[str, Any]) -> dict[str, int]:
-        return as_value_error(super().get_resize_config, media)
-
-
-def as_value_error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``call(*args, **kwargs)``, a :class:`PreprocessError` raised as ``ValueError`` (vLLM's bad input)."""
-    try:
-        return call(*args, **kwargs)
-    except PreprocessError as exc:
-        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
-
-
-def model_preset(name: str | Path, hub: Mapping[str, Any]) -> str | None:
-    """The preset of the checkpoint ``name`` by its ``config.json``'s ``model_type`` (None where it
-    names none we know or cannot be read: the processor config decides then)."""
-    try:
-        path = config_path(name, hub.get("revision"), {k: v for k, v in hub.items() if k != "revision"})
-        config = json.loads((path.parent / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return MODEL_PRESETS.get(str(config.get("model_type")))
+class VllmKimiProcessor(VllmCalls, KimiVisionProcessor):
+    """The library's processor with vLLM's calls (:class:`~kimi_vision_common.vllm_calls.VllmCalls`)."""

@@ -25,6 +25,7 @@ before sending: the NaViT rule needs only the width and height from the image he
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,8 +41,8 @@ from kimi_vision_common.models import default_model_names, is_project_model
 from kimi_vision_common.patches import expand_patches
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult, TokenCount, VideoChunkResult
-from kimi_vision_common.sizing import navit_target_size
-from kimi_vision_common.wire import IMAGE_BYTES, NUM_TOKENS_DTYPE, PROMPT, admin_headers
+from kimi_vision_common.sizing import chunk_target, navit_target_size
+from kimi_vision_common.wire import FRAME_BYTES, IMAGE_BYTES, NUM_TOKENS_DTYPE, PROMPT, admin_headers
 
 from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
 from .server_errors import connection_failure, error_from_server
@@ -56,6 +57,7 @@ __all__ = [
     "KimiVisionClient",
     "VisionResult",
     "Wire",
+    "WireResult",
     "error_from_server",
     "image_size",
     "largest_preset",
@@ -90,6 +92,18 @@ class VisionResult:
     num_tokens: int
 
 
+@dataclass(frozen=True)
+class WireResult:
+    """One image or video chunk as the server returned it (batch dimension removed), its pixels
+    not expanded: ``pixels`` uint8 ``(N, 3, p, p)`` patches on the uint8 wire (``wire.pixel_output``
+    is ``PIXEL_PATCHES``), float32 ``pixel_values`` otherwise; ``grid_thw`` int64 ``(3,)``."""
+
+    pixels: np.ndarray
+    grid_thw: np.ndarray
+    num_tokens: int
+    wire: Wire
+
+
 def strip_scheme(url: str) -> str:
     """``http://host:8000/`` -> ``host:8000`` (tritonclient wants no scheme)."""
     return url.split("://", 1)[-1].rstrip("/")
@@ -118,6 +132,18 @@ def output_byte_sizes(
     }
 
 
+def chunk_output_byte_sizes(frames: int, size: tuple[int, int], preset: Preset, pixel_output: str) -> dict[str, int]:
+    """Bytes of each output of a ``frames``-frame video chunk whose first frame is ``size``
+    (width, height), with the pixels as ``pixel_output``."""
+    target = chunk_target(*size, frames, preset)
+    patch_values = 3 * preset.patch_size * preset.patch_size
+    return {
+        pixel_output: frames * target.num_patches * patch_values * OUTPUT_DTYPES[pixel_output].itemsize,
+        GRID_THW: 3 * OUTPUT_DTYPES[GRID_THW].itemsize,
+        NUM_TOKENS: OUTPUT_DTYPES[NUM_TOKENS].itemsize,
+    }
+
+
 def _pixel_values(outputs: Mapping[str, np.ndarray], preset: Preset | None) -> np.ndarray:
     """float32 ``(ΣN, 3, p, p)`` of one request's outputs (a new array, so shm regions can be
     reused): ``PIXEL_PATCHES`` expanded with ``preset``'s table, ``PIXEL_VALUES`` copied."""
@@ -134,6 +160,16 @@ def to_vision_result(outputs: Mapping[str, np.ndarray], preset: Preset | None = 
         pixel_values=_pixel_values(outputs, preset),
         grid_thw=np.array(outputs[GRID_THW], dtype=np.int64).reshape(3),
         num_tokens=int(np.asarray(outputs[NUM_TOKENS]).reshape(())),
+    )
+
+
+def to_wire_result(outputs: Mapping[str, np.ndarray], wire: Wire) -> WireResult:
+    """The output tensors of a one-image or one-chunk request -> :class:`WireResult` (a new array)."""
+    return WireResult(
+        pixels=np.array(outputs[wire.pixel_output][0]),
+        grid_thw=np.array(outputs[GRID_THW], dtype=np.int64).reshape(3),
+        num_tokens=int(np.asarray(outputs[NUM_TOKENS]).reshape(())),
+        wire=wire,
     )
 
 
@@ -156,6 +192,7 @@ class _Pending:
     wait: Waiter
     slot: ShmSlot | None
     output_offsets: dict[str, int] | None
+    wire: Wire
     single_image: bool = True
 
 
@@ -169,9 +206,12 @@ class KimiVisionClient:
     ``use_shared_memory`` sends inputs and receives outputs through system shared memory.
     ``preset`` overrides the preset learnt from the server (see :func:`learn_wire`); it sizes the
     output regions and, on the uint8 wire, expands the patches, so it must match the server's.
-    ``max_concurrency`` is the HTTP connection pool size. ``admin_key``: the server's admin key, sent
-    with the shared-memory calls of a server that restricts them (one listening beyond loopback,
-    docs/security.md). Attributes: ``preset``, the preset in
+    ``max_concurrency`` is the HTTP connection pool size. ``timeout_s``: each request's deadline
+    (None: none): past it the request fails with :class:`DeadlineExceededError` and the server
+    drops it from its queue if it has not started it (Triton's per-request timeout).
+    ``admin_key``: the server's admin key, sent with the shared-memory calls of a server that
+    restricts them (one listening beyond loopback, docs/security.md). Attributes: ``preset``, the
+    preset in
     use (the given one, else the server's, asked for on first use); ``wire`` (:class:`Wire`);
     ``output_bytes_received``, the output bytes received so far (over the
     wire or through shared memory). Not thread safe: use one client per thread.
@@ -187,6 +227,7 @@ class KimiVisionClient:
         preset: str | Preset | None = None,
         max_concurrency: int = 16,
         admin_key: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         if protocol not in ADAPTERS:
             raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
@@ -196,9 +237,9 @@ class KimiVisionClient:
         self.use_shared_memory = use_shared_memory
         self._admin_headers = admin_headers(admin_key, protocol) if admin_key else None
         self._preset_override = get_preset(preset) if preset is not None else None
-        self._adapter = ADAPTERS[protocol]()
+        self._adapter = ADAPTERS[protocol](timeout_s)
         self._client = self._adapter.connect(self.url, max_concurrency)
-        self._wire: Wire | None = None
+        self._wires: dict[str, Wire] = {}
         self._free_slots: list[ShmSlot] = []
         self._all_slots: list[ShmSlot] = []
         self.output_bytes_received = 0
@@ -222,14 +263,27 @@ class KimiVisionClient:
         self.close()
 
     @property
+    def timeout_s(self) -> float | None:
+        """Each request's deadline (None: none); set it to change the next requests'."""
+        return self._adapter.timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float | None) -> None:
+        self._adapter.timeout_s = value
+
+    @property
     def wire(self) -> Wire:
-        """How ``model`` returns its pixels and under which preset; asked from the server once
-        (raises what the server call raises; a later access asks again)."""
-        if self._wire is None:
-            self._wire = learn_wire(
-                lambda name: self._adapter.model_config(self._client, name), self.model, self._preset_override
+        """How ``model`` returns its pixels and under which preset (:meth:`wire_of`)."""
+        return self.wire_of(self.model)
+
+    def wire_of(self, model: str) -> Wire:
+        """How ``model`` returns its pixels and under which preset; asked from the server once per
+        model (raises what the server call raises; a later call asks again)."""
+        if model not in self._wires:
+            self._wires[model] = learn_wire(
+                lambda name: self._adapter.model_config(self._client, name), model, self._preset_override
             )
-        return self._wire
+        return self._wires[model]
 
     @property
     def preset(self) -> Preset:
@@ -349,42 +403,77 @@ class KimiVisionClient:
             collect_oldest()
         return results
 
-    def _submit(self, items: list[bytes]) -> _Pending | PreprocessError:
+    def preprocess_media(
+        self, requests: Iterable[bytes | Sequence[bytes]], concurrency: int = 4
+    ) -> list[WireResult | PreprocessError]:
+        """Each request is one encoded image (to ``model``) or a video chunk's encoded frames (a
+        list, to the ``*_video_chunk`` model of this client's preset prefix); up to ``concurrency``
+        in flight. One :class:`WireResult` (pixels as the wire carries them) or one
+        :class:`PreprocessError` per request, in order."""
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        results: list[WireResult | PreprocessError] = []
+        window: list[_Pending | PreprocessError] = []
+        chunk_model = sibling_model(self.model, "video_chunk")
+        for request in requests:
+            if len(window) >= concurrency:
+                results.append(self._collect(window.pop(0), to_wire_result))
+            if isinstance(request, (bytes, bytearray, memoryview)):
+                window.append(self._submit([bytes(request)]))
+            else:
+                window.append(self._submit(list(request), model=chunk_model, input_name=FRAME_BYTES))
+        results.extend(self._collect(pending, to_wire_result) for pending in window)
+        return results
+
+    def _submit(
+        self, items: list[bytes], *, model: str | None = None, input_name: str = INPUT_NAME
+    ) -> _Pending | PreprocessError:
+        """Send one request (``input_name`` ``[1, K]``: K images, or a chunk's K frames)."""
+        model = model or self.model
+        single = len(items) == 1 or input_name == FRAME_BYTES
         slot = self._acquire_slot() if self.use_shared_memory else None
         try:
-            inputs, outputs, offsets = self._request(items, slot, self.wire)
-            waiter = self._adapter.submit(self._client, self.model, inputs, outputs)
-            return _Pending(waiter, slot, offsets, len(items) == 1)
+            wire = self.wire_of(model)
+            inputs, outputs, offsets = self._request(items, slot, wire, input_name)
+            waiter = self._adapter.submit(self._client, model, inputs, outputs)
+            return _Pending(waiter, slot, offsets, wire, single)
         except Exception as exc:
             self._release_slot(slot)
-            return error_from_server(exc, len(items) == 1)
+            return error_from_server(exc, single)
 
     def _collect(
         self, pending: _Pending | PreprocessError, convert: Callable[..., ResultT]
     ) -> ResultT | PreprocessError:
-        """``convert(outputs, preset)`` of a submitted request's outputs (before its shm slot is
-        reused: the converters return new arrays), or its error."""
+        """``convert(outputs, preset_or_wire)`` of a submitted request's outputs (before its shm
+        slot is reused: the converters return new arrays), or its error. A request that did not
+        answer (past its deadline, the connection lost) may still be written by the server: its
+        slot is retired, never reused for another request's outputs."""
         if isinstance(pending, PreprocessError):
             return pending
+        answered = False
         try:
             result = pending.wait()
+            answered = True
             if pending.slot is not None and pending.output_offsets is not None:
                 outputs = self._read_shm_outputs(result, pending.slot, pending.output_offsets)
             else:
-                outputs = {name: result.as_numpy(name) for name in self.wire.outputs}
+                outputs = {name: result.as_numpy(name) for name in pending.wire.outputs}
             self.output_bytes_received += sum(array.nbytes for array in outputs.values())
-            return convert(outputs, self.wire.preset)
+            return convert(outputs, pending.wire if convert is to_wire_result else pending.wire.preset)
         except Exception as exc:
             return error_from_server(exc, pending.single_image)
         finally:
-            self._release_slot(pending.slot)
+            if answered:
+                self._release_slot(pending.slot)
+            else:
+                self._retire_slot(pending.slot)
 
     def _request(
-        self, items: list[bytes], slot: ShmSlot | None, wire: Wire
+        self, items: list[bytes], slot: ShmSlot | None, wire: Wire, input_name: str = INPUT_NAME
     ) -> tuple[list[Any], list[Any], dict[str, int] | None]:
         """InferInput / InferRequestedOutput lists, and the output offsets when outputs go to shm."""
         module = self._adapter.module
-        image = module.InferInput(INPUT_NAME, [1, len(items)], "BYTES")
+        image = module.InferInput(input_name, [1, len(items)], "BYTES")
         batch = np.array([items], dtype=np.object_)
         outputs = [module.InferRequestedOutput(name) for name in wire.outputs]
         if slot is None:
@@ -392,11 +481,15 @@ class KimiVisionClient:
             return [image], outputs, None
         serialized = tritonclient.utils.serialize_byte_tensor(batch)
         input_bytes = tritonclient.utils.serialized_byte_size(serialized)
-        image_sizes = [image_size(data) for data in items]
         # An unparsable header has no known output size: the outputs (none: the server rejects it)
         # then travel over the wire, only the input uses shm.
-        known = None if None in image_sizes else image_sizes
-        sizes = output_byte_sizes(known, wire.preset, wire.pixel_output) if known else None
+        if input_name == FRAME_BYTES:
+            first = image_size(items[0])
+            sizes = chunk_output_byte_sizes(len(items), first, wire.preset, wire.pixel_output) if first else None
+        else:
+            image_sizes = [image_size(data) for data in items]
+            known = None if None in image_sizes else image_sizes
+            sizes = output_byte_sizes(known, wire.preset, wire.pixel_output) if known else None
         slot.fit(self._client, input_bytes, sum(sizes.values()) if sizes else 0)
         assert slot.input is not None and slot.output is not None
         shm.set_shared_memory_region(slot.input.handle, [serialized])
@@ -423,10 +516,19 @@ class KimiVisionClient:
     def _acquire_slot(self) -> ShmSlot:
         if self._free_slots:
             return self._free_slots.pop()
-        slot = ShmSlot(self._admin_headers)
+        slot = ShmSlot(self._admin_headers, self._adapter.call_options())
         self._all_slots.append(slot)
         return slot
 
     def _release_slot(self, slot: ShmSlot | None) -> None:
         if slot is not None:
             self._free_slots.append(slot)
+
+    def _retire_slot(self, slot: ShmSlot | None) -> None:
+        """Drop ``slot`` for good (its regions unregistered where the server still answers, and
+        unlinked here): the server may still write the outputs of the request that held it."""
+        if slot is None:
+            return
+        self._all_slots.remove(slot)
+        with contextlib.suppress(Exception):  # the server is gone or stuck: its registration goes with it
+            slot.release(self._client)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import tritonclient.utils
 
-from kimi_vision_common.errors import PreprocessError
+from kimi_vision_common.errors import DeadlineExceededError, PreprocessError
 from kimi_vision_common.wire import error_from_served
 
+DEADLINE_STATUS = "StatusCode.DEADLINE_EXCEEDED"  # gRPC's status of a call past its client_timeout
 SINGLE_IMAGE_PREFIX = "image 0: "  # how a model names the only image of a request that fails
 # Transport status (HTTP code or gRPC StatusCode) -> the Triton code name it carries.
 TRITON_CODES: dict[str, str] = {
@@ -25,6 +26,8 @@ def error_from_server(exc: Exception, single_image: bool = False) -> PreprocessE
     held one image, so the server's ``"image 0: "`` is dropped (the message ``preprocess_bytes``
     raises; a K-image request keeps the index, as ``preprocess_images`` does)."""
     if isinstance(exc, tritonclient.utils.InferenceServerException):
+        if str(exc.status()) == DEADLINE_STATUS:
+            return DeadlineExceededError(f"no answer within the request's deadline ({exc.message()})")
         error = error_from_served(TRITON_CODES.get(str(exc.status()), "INTERNAL"), exc.message() or str(exc))
         text = str(error)
         if single_image and text.startswith(SINGLE_IMAGE_PREFIX):

@@ -29,6 +29,7 @@ from gpu_common import (
 )
 from PIL import Image
 
+from kimi_vision_common.orientation import exif_orientation, turned_size
 from kimi_vision_prep import (
     DecodedImage,
     ImageDecoder,
@@ -39,7 +40,7 @@ from kimi_vision_prep import (
     preprocess_decoded,
 )
 from kimi_vision_prep.jpeg_scan import scan_jpeg
-from kimi_vision_prep.orientation import exif_orientation, turned, turned_size
+from kimi_vision_prep.orientation import turned
 from kimi_vision_prep.pipeline import preprocess_turned, resized_decoded
 from kimi_vision_prep.repeat_cache import RepeatCache, repeat_key
 from kimi_vision_prep.resize import resize

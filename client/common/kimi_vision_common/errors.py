@@ -98,6 +98,14 @@ class ServerUnavailableError(PreprocessError):
     reason = "server_unavailable"
 
 
+class DeadlineExceededError(ServerUnavailableError):
+    """The server did not answer within the caller's deadline (stuck, overloaded, or the network):
+    no answer was taken from it. Raised by clients only."""
+
+    triton_code = "UNAVAILABLE"
+    reason = "deadline_exceeded"
+
+
 class ModelNotServedError(PreprocessError):
     """The server does not serve the model asked for (not in its repository, or not loaded).
     Raised by clients only; the message names the flag that serves it."""

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
+
+# What preprocessing produces per image: normalised float32 ``pixel_values`` (the processor's
+# output, the default) or the uint8 ``pixel_patches`` they are a table lookup of.
+PixelOutput = Literal["pixel_values", "pixel_patches"]
+PIXEL_OUTPUTS: tuple[str, ...] = get_args(PixelOutput)
 
 
 @dataclass(frozen=True)

@@ -82,3 +82,16 @@ def navit_target_size(width: int, height: int, preset: Preset, in_patch_limit: i
     assert grid_h <= preset.patch_limit_on_one_side and grid_w <= preset.patch_limit_on_one_side
     num_tokens = ((new_h + pad_h) // f) * ((new_w + pad_w) // f)
     return TargetSize(width, height, new_w, new_h, pad_w, pad_h, grid_h, grid_w, num_tokens)
+
+
+def chunk_target(width: int, height: int, frames: int, preset: Preset) -> TargetSize:
+    """The NaViT target of a ``frames``-frame chunk whose first frame is ``width x height``."""
+    limit = preset.in_patch_limit if preset.in_patch_limit_each_frame is None else preset.in_patch_limit_each_frame
+    if preset.in_patch_limit_video is not None:
+        limit = min(round(preset.in_patch_limit_video / frames), limit)
+    return navit_target_size(width, height, preset, in_patch_limit=limit)
+
+
+def chunk_tokens(target: TargetSize, preset: Preset) -> int:
+    """Tokens of a chunk: ``(gh / m) * (gw / m)`` whatever T, or ``fixed_output_tokens``."""
+    return target.num_tokens if preset.fixed_output_tokens is None else preset.fixed_output_tokens

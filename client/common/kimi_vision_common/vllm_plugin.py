@@ -1,15 +1,17 @@
-"""vLLM plugin: vLLM's Kimi-K2.5 / K2.6 / K3 image processing answered by :class:`KimiVisionProcessor`.
+"""vLLM plugin: vLLM's Kimi-K2.5 / K2.6 / K3 image processing answered by this project's processor,
+in the vLLM process (the library) or by a server (the client's remote processor).
 
-Installed with the library as the ``vllm.general_plugins`` entry point ``kimi_vision_prep``, which
-vLLM loads in each of its processes (API server, engine core, workers; ``VLLM_PLUGINS`` filters
-them). :func:`register` does two things, both only where vLLM's Kimi files are where this module
-knows them (vLLM 0.32; elsewhere one warning and vLLM's own processing, never a crash):
+Installed with either (both depend on this package) as the ``vllm.general_plugins`` entry point
+``kimi_vision_prep``, which vLLM loads in each of its processes (API server, engine core, workers;
+``VLLM_PLUGINS`` filters them). :func:`register` does two things, both only where vLLM's Kimi files
+are where this module knows them (vLLM 0.32; elsewhere one warning and vLLM's own processing, never
+a crash):
 
 1. **The processor.** vLLM's Kimi models build their image processor with
    ``cached_get_image_processor(..., processor_cls_overrides=KimiK25FusedVisionProcessor)``; that
    function is wrapped (where vLLM defines it and in the Kimi model modules already imported) so
-   that this one call builds :class:`~.vllm_processor.VllmKimiProcessor` instead. Other models'
-   calls go through unchanged.
+   that this one call builds the class the setting names instead. Other models' calls go through
+   unchanged.
 2. **Encoded JPEGs reach it encoded.** Once such a processor has been built in a process (that
    process serves a Kimi model), a JPEG that would be handed over decoded is handed over opened
    only, as vLLM's ``MediaWithBytes`` (the image Pillow opened, the file's bytes): in the chat
@@ -21,8 +23,12 @@ knows them (vLLM 0.32; elsewhere one warning and vLLM's own processing, never a 
    turned size; the processor turns the decoded pixels). Any other image takes vLLM's path
    unchanged, and the processor uses the pixels vLLM loaded.
 
-``KIMI_PREP_VLLM``: ``local`` (default) processes in the vLLM process; ``off`` leaves vLLM as it
-is. It is the one setting the plugin reads; :data:`PROCESSORS` maps its values to the class built.
+``KIMI_PREP_VLLM``, the one setting the plugin reads: ``local`` (default) processes in the vLLM
+process (``kimi_vision_prep.vllm_processor.VllmKimiProcessor``: the library); ``off`` leaves vLLM as
+it is; a server's gRPC address (``host:port`` or ``grpc://host:port``, options as a query:
+``grpc://host:8001?deadline_s=30&fallback=local``, :func:`remote_settings`) sends the pixels to the
+served models (``kimi_vision_client.vllm_processor.VllmRemoteKimiProcessor``: the client).
+:data:`PROCESSORS` maps the values to the class built.
 
 This module imports neither numba nor vLLM's Kimi files: vLLM's CPU workers load the plugins before
 they scan every loaded module for Triton kernels to replace, a scan that fails on llvmlite's
@@ -38,23 +44,27 @@ import io
 import logging
 import os
 import sys
+import urllib.parse
 from typing import Any
 
 from PIL import Image
 
 from .orientation import TurnedJpeg, exif_orientation
-from .pillow_io import unloaded_jpeg_bytes
+from .pillow_open import unloaded_jpeg_bytes
 
 log = logging.getLogger("kimi_vision_prep.vllm")
 
 SETTING = "KIMI_PREP_VLLM"
 # The setting's values -> the module and class of the processor vLLM builds for its Kimi models
-# (None: vLLM's own). The first is the default.
+# (None: vLLM's own). The first is the default; "remote" stands for any server address.
 PROCESSORS: dict[str, tuple[str, str] | None] = {
     "local": ("kimi_vision_prep.vllm_processor", "VllmKimiProcessor"),
     "off": None,
+    "remote": ("kimi_vision_client.vllm_processor", "VllmRemoteKimiProcessor"),
 }
 MODES = tuple(PROCESSORS)
+# The remote processor's options a setting's query may give, with their types.
+REMOTE_OPTIONS = {"deadline_s": float, "fallback": str, "concurrency": int, "shared_memory": str}
 # Where vLLM 0.32 builds image processors, and the class its Kimi models ask it for.
 BUILDER_MODULE = "vllm.transformers_utils.processor"
 PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_vision_fused"
@@ -66,16 +76,40 @@ DEFERRED_MODES = ("RGB", "L")
 
 class KimiProcessingState:
     """Whether this process serves a Kimi model through the plugin (set when the first
-    :class:`~.vllm_processor.VllmKimiProcessor` is built): only then are JPEGs handed over encoded."""
+    processor the setting names is built): only then are JPEGs handed over encoded."""
 
     defer_jpegs = False
 
 
+def setting_mode(value: str) -> str:
+    """The mode a value of the setting names: one of :data:`MODES` (a server address: ``remote``);
+    ValueError for anything else."""
+    if value in PROCESSORS and value != "remote":
+        return value
+    remote_settings(value)
+    return "remote"
+
+
+def remote_settings(value: str) -> tuple[str, dict[str, Any]]:
+    """A server address of the setting -> ``(host:port, options)``: ``host:port`` or
+    ``grpc://host:port``, options (:data:`REMOTE_OPTIONS`) as a URL query; ValueError otherwise."""
+    parts = urllib.parse.urlsplit(value if "://" in value else f"grpc://{value}")
+    if parts.scheme != "grpc" or not parts.hostname or parts.port is None or parts.path not in ("", "/"):
+        raise ValueError(f"{value!r} is not local, off or a server's gRPC address (host:port, grpc://host:port?...)")
+    options: dict[str, Any] = {}
+    for key, text in urllib.parse.parse_qsl(parts.query, strict_parsing=bool(parts.query)):
+        if key not in REMOTE_OPTIONS:
+            raise ValueError(f"{SETTING}: unknown option {key!r} (known: {', '.join(REMOTE_OPTIONS)})")
+        options[key] = REMOTE_OPTIONS[key](text)
+    return parts.netloc, options
+
+
 def register() -> None:
     """vLLM's ``vllm.general_plugins`` entry point (every vLLM process calls it once)."""
-    mode = os.environ.get(SETTING, MODES[0])
-    if mode not in PROCESSORS:
-        log.warning("kimi-vision-prep: %s=%r is not one of %s; vLLM's own Kimi processor is used", SETTING, mode, MODES)
+    try:
+        mode = setting_mode(os.environ.get(SETTING, MODES[0]))
+    except ValueError as exc:
+        log.warning("kimi-vision-prep: %s=%r: %s; vLLM's own Kimi processor is used", SETTING, os.environ[SETTING], exc)
         return
     processor = PROCESSORS[mode]
     if processor is None:

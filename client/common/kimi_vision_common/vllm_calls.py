@@ -1,0 +1,68 @@
+"""How vLLM builds and calls a Kimi image processor, for the classes the vLLM plugin has it build.
+
+:class:`VllmCalls` goes before a :class:`~.processor_api.ProcessorInterface` subclass (the
+library's in-process one, the client's remote one): ``from_pretrained(model, revision=...,
+trust_remote_code=...)`` with the preset of the checkpoint's ``model_type``, and a bad image raised
+as the ``ValueError`` vLLM answers with HTTP 400 (the typed error chained as its cause, its class
+named in the message). Building one tells the plugin that this process serves a Kimi model. Any
+other error (a server that cannot be reached, say) passes as it is: not the request's fault.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import PreprocessError, ServerUnavailableError
+from .processor_api import HUB_OPTIONS, config_path
+from .vllm_plugin import KimiProcessingState
+
+# A checkpoint's model_type -> the preset its processor follows.
+MODEL_PRESETS = {"kimi_k25": "kimi-k2.5", "kimi_k3": "kimi-k3"}
+# Errors that are not the request's: raised as they are, never as vLLM's 400.
+NOT_THE_REQUESTS = (ServerUnavailableError,)
+
+
+class VllmCalls:
+    """vLLM's calls of a Kimi processor (a mixin: ``class X(VllmCalls, SomeProcessor)``)."""
+
+    @classmethod
+    def from_pretrained(cls, name: str | Path, **kwargs: Any) -> Any:
+        hub = {key: kwargs[key] for key in (*HUB_OPTIONS, "revision") if key in kwargs}
+        kwargs.setdefault("preset", model_preset(name, hub))
+        processor = super().from_pretrained(name, **kwargs)  # type: ignore[misc]
+        KimiProcessingState.defer_jpegs = True
+        return processor
+
+    def preprocess(self, medias: Any, *args: Any, **kwargs: Any) -> Any:
+        return as_value_error(super().preprocess, medias, *args, **kwargs)  # type: ignore[misc]
+
+    def media_tokens_calculator(self, media: Mapping[str, Any]) -> int:
+        return as_value_error(super().media_tokens_calculator, media)  # type: ignore[misc]
+
+    def get_resize_config(self, media: Mapping[str, Any]) -> dict[str, int]:
+        return as_value_error(super().get_resize_config, media)  # type: ignore[misc]
+
+
+def as_value_error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``, a :class:`PreprocessError` of the request raised as ``ValueError``
+    (vLLM's bad input); a server's unavailability is raised as it is."""
+    try:
+        return call(*args, **kwargs)
+    except NOT_THE_REQUESTS:
+        raise
+    except PreprocessError as exc:
+        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def model_preset(name: str | Path, hub: Mapping[str, Any]) -> str | None:
+    """The preset of the checkpoint ``name`` by its ``config.json``'s ``model_type`` (None where it
+    names none we know or cannot be read: the processor config decides then)."""
+    try:
+        path = config_path(name, hub.get("revision"), {k: v for k, v in hub.items() if k != "revision"})
+        config = json.loads((path.parent / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return MODEL_PRESETS.get(str(config.get("model_type")))

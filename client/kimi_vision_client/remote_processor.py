@@ -1,0 +1,321 @@
+"""``RemoteKimiProcessor``: the checkpoint processor's interfaces, its pixels computed by a server.
+
+The interfaces are :class:`~kimi_vision_common.processor_api.ProcessorInterface`'s, the same as the
+library's ``KimiVisionProcessor``: sizes, token counts, ``num_frames_per_chunk`` and prompts are
+answered here from headers and the config (no round trip). ``preprocess`` and ``__call__`` send
+each image, and each video chunk, as its own request to the served models over gRPC, up to
+``concurrency`` at once, so that a repeated image is answered from the server's response cache: an
+image to ``kimi_*_vision_u8``, a chunk's frames to ``kimi_*_video_chunk``, both on the uint8 wire.
+The patches are handed over as they arrive for ``do_rescale=False, do_normalize=False`` (vLLM) and
+expanded exactly into float32 otherwise, with numpy or, on the ``device`` the caller names, torch
+(a quarter of the bytes crosses the bus). Where the server is on this host (a loopback address),
+the request and its answer travel through system shared memory.
+
+What is sent: an encoded image's own bytes (bytes, ``data:`` URLs, paths, a JPEG Pillow opened but
+did not decode, an engine's wrapper of such a JPEG); an image already decoded in memory is sent as
+a lossless file of its own mode and transparency (:func:`encoded_losslessly`), which the server
+decodes to the same pixels. Bit-equal to in process for everything it accepts, and a bad image
+raises the library's typed error (the server's verdict, carried by its message's tag).
+
+Faults: each call has one deadline (``deadline_s``). A server that refuses the connection or is
+restarting (gRPC ``UNAVAILABLE``: no answer was produced) is asked again, with a backoff, until the
+deadline; one that does not answer in time fails with :class:`DeadlineExceededError` (never asked
+again: it may still be working on it). Either way the error names the server and what to do, or,
+given ``fallback`` (an in-process processor, e.g. the library's ``KimiVisionProcessor``), the call is
+answered by it instead: counted in :attr:`RemoteKimiProcessor.fallbacks`, the first one logged as a
+warning. A request is never sent again after an answer, so none is answered twice; each has its own
+output buffer, and the buffer of a request that did not answer is never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import ipaddress
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from kimi_vision_common.errors import (
+    DeadlineExceededError,
+    InvalidPresetError,
+    InvalidRequestError,
+    PreprocessError,
+    ServerUnavailableError,
+    UnsupportedImageError,
+)
+from kimi_vision_common.models import SERVED_PRESETS, model_prefix
+from kimi_vision_common.patches import expand_patches, normalize_table
+from kimi_vision_common.pillow_open import pillow_call
+from kimi_vision_common.presets import Preset, get_preset
+from kimi_vision_common.processor_api import MediaItem, ProcessorInterface, media_bytes, unwrapped
+from kimi_vision_common.results import PixelOutput
+from kimi_vision_common.wire import DEFAULT_GRPC_PORT
+
+from .client import KimiVisionClient, WireResult, strip_scheme
+
+log = logging.getLogger("kimi_vision_client.remote")
+
+DEFAULT_URL = f"localhost:{DEFAULT_GRPC_PORT}"
+DEFAULT_DEADLINE_S = 60.0  # a call's whole budget: a 12 MP photo or a long chunk takes seconds on a CPU
+DEFAULT_CONCURRENCY = 8  # requests of one call in flight at once
+# Backoff between attempts at an unavailable server: doubling from the first, capped.
+FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
+# Modes a PNG holds exactly (pixels, palette, transparency); others travel as uncompressed TIFF.
+PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16"})
+# A chunk's frames are converted to RGB under every preset (the reference's convert("RGB")).
+RGB_FRAMES = get_preset("kimi-k2.5")
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``host:port`` names this host by a loopback address (or ``localhost``)."""
+    host = url.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def encoded_losslessly(image: Image.Image, preset: Preset) -> bytes:
+    """A decoded image as a file the server decodes to the same mode, pixels and transparency:
+    PNG (fastest level) for the modes it holds exactly, uncompressed TIFF for the others (whatever
+    compression the image was read with: TIFF would reuse a lossy one). A mode neither holds (HSV)
+    travels converted to RGB where the preset converts every image to RGB first (K2.5), and is
+    :class:`UnsupportedImageError` otherwise (K3 resizes in the source mode), as is a transparency
+    key beside a mode PNG cannot hold."""
+    if image.mode not in PNG_MODES and "transparency" in image.info:
+        raise UnsupportedImageError(
+            f"cannot send a decoded {image.mode} image with a transparency key to the server: send its file instead"
+        )
+    try:
+        return saved(image, "PNG" if image.mode in PNG_MODES else "TIFF")
+    except (OSError, ValueError, KeyError) as exc:
+        if preset.transparency == "convert_rgb":
+            return saved(pillow_call(f"convert {image.mode} to RGB", image.convert, "RGB"), "PNG")
+        raise UnsupportedImageError(
+            f"cannot send a decoded {image.mode} image to the server ({exc}): send its encoded file instead"
+        ) from None
+
+
+def saved(image: Image.Image, file_format: str) -> bytes:
+    """``image`` as a lossless ``file_format`` file (PNG at its fastest level, TIFF uncompressed)."""
+    out = io.BytesIO()
+    options = {"compress_level": 1} if file_format == "PNG" else {"compression": "raw"}
+    image.save(out, format=file_format, **options)
+    return out.getvalue()
+
+
+def encoded(source: Any, preset: Preset) -> bytes:
+    """What travels for one image or frame: its own file, else a lossless file of its pixels."""
+    data = media_bytes(source)
+    return data if data is not None else encoded_losslessly(unwrapped(source), preset)
+
+
+def chunk_frames(frames: Sequence[Any]) -> list[bytes]:
+    """A video chunk's frames as files (all encoded, or all PIL images: as in process)."""
+    frames = [unwrapped(frame) for frame in frames]
+    decoded = [isinstance(frame, Image.Image) and media_bytes(frame) is None for frame in frames]
+    if any(decoded) and not all(isinstance(frame, Image.Image) for frame in frames):
+        raise InvalidRequestError("a video_chunk's frames are all PIL images or all encoded")
+    return [encoded(frame, RGB_FRAMES) for frame in frames]
+
+
+def served_model(preset: Preset, kind: str) -> str:
+    """The served model of ``kind`` whose preset is ``preset``'s base (``kimi-k2.6`` is served as
+    ``kimi-k2.5``, its equal under another name)."""
+    for name in SERVED_PRESETS:
+        if dataclasses.replace(get_preset(name), name=preset.name) == preset:
+            return f"{model_prefix(name)}_{kind}"
+    raise InvalidPresetError(
+        f"no served model follows preset {preset.name!r} (served: {', '.join(SERVED_PRESETS)}): "
+        "use the library's KimiVisionProcessor in process"
+    )
+
+
+class RemoteKimiProcessor(ProcessorInterface):
+    """The checkpoint's vision processor (K2.5 / K2.6 / K3) whose pixels a kimi-prep server computes.
+
+    ``media_proc_cfg``, ``preset``: as :class:`~kimi_vision_common.processor_api.ProcessorInterface`
+    takes them (the server's model must follow the same values: checked at the first request).
+    ``url``: the server's gRPC ``host:port``. ``deadline_s``: the most one call waits, retries
+    included. ``concurrency``: requests of one call in flight. ``shared_memory``: send and receive
+    through system shared memory (None: where ``url`` is a loopback address). ``device``: where
+    float32 ``pixel_values`` are expanded (None: numpy on the host; a torch device such as
+    ``"cuda:0"``: the uint8 patches move there and expand there, torch tensors returned).
+    ``fallback``: an in-process processor that answers a call the server cannot (down, stuck):
+    counted in :attr:`fallbacks`, the first logged. Thread safe (one connection per thread).
+    """
+
+    def __init__(
+        self,
+        media_proc_cfg: Mapping[str, Any] | None = None,
+        preset: str | Preset | None = None,
+        *,
+        url: str = DEFAULT_URL,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        shared_memory: bool | None = None,
+        device: Any = None,
+        fallback: ProcessorInterface | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(media_proc_cfg, preset, **kwargs)
+        if deadline_s <= 0 or concurrency < 1:
+            raise ValueError(f"deadline_s must be > 0 and concurrency >= 1, got {deadline_s}, {concurrency}")
+        self.url = strip_scheme(url)
+        self.deadline_s = deadline_s
+        self.concurrency = concurrency
+        self.shared_memory = is_loopback(self.url) if shared_memory is None else shared_memory
+        self.device = device
+        self.fallback = fallback
+        self.fallbacks = 0
+        self.model = served_model(get_preset(self.base_preset), "vision_u8")
+        self._connections = threading.local()
+        self._clients: list[KimiVisionClient] = []
+        self._lock = threading.Lock()
+        self._checked: set[str] = set()
+
+    # -- the pixels -------------------------------------------------------------------------------
+
+    def _pixels(self, items: Sequence[MediaItem], output: PixelOutput) -> tuple[Any, np.ndarray]:
+        requests = [
+            encoded(payload, self.preset) if kind == "image" else chunk_frames(payload) for kind, payload in items
+        ]
+        try:
+            results = self._answers(requests)
+        except ServerUnavailableError as exc:
+            if self.fallback is None:
+                raise
+            self._fell_back(exc)
+            return self.fallback._pixels(items, output)
+        return self._joined(results, output), np.stack([r.grid_thw for r in results])
+
+    def _answers(self, requests: list[bytes | list[bytes]]) -> list[WireResult]:
+        """The server's answer to each request, asking again those the server was unavailable for
+        (no answer produced) until the deadline; the first other error (in order) raised."""
+        deadline = time.monotonic() + self.deadline_s
+        results: list[WireResult | PreprocessError | None] = [None] * len(requests)
+        backoff = FIRST_BACKOFF_S
+        while True:
+            pending = [i for i, result in enumerate(results) if not isinstance(result, WireResult)]
+            client = self._client(max(deadline - time.monotonic(), 0.001))
+            try:
+                self._check_models(client, [requests[i] for i in pending])
+                answers = client.preprocess_media([requests[i] for i in pending], self.concurrency)
+            except ServerUnavailableError as exc:
+                answers = [exc] * len(pending)
+            for i, answer in zip(pending, answers, strict=True):
+                results[i] = answer
+            failures = [r for r in results if isinstance(r, PreprocessError)]
+            retry = failures and all(unavailable_now(r) for r in failures)
+            if not failures:
+                return results  # type: ignore[return-value]
+            if not retry or time.monotonic() + backoff >= deadline:
+                raise self._explained(failures[0])
+            time.sleep(backoff)
+            backoff = min(2 * backoff, MAX_BACKOFF_S)
+
+    def _check_models(self, client: KimiVisionClient, requests: list[bytes | list[bytes]]) -> None:
+        """Once per model: the server serves it (else a typed error naming the flag that serves it)
+        and under this processor's preset (else :class:`InvalidPresetError`: its pixels would differ)."""
+        kinds = {"vision_u8" if isinstance(r, bytes) else "video_chunk" for r in requests}
+        for model in sorted(served_model(get_preset(self.base_preset), kind) for kind in kinds):
+            if model in self._checked:
+                continue
+            client.require_model(model)
+            served = client.wire_of(model).preset
+            if dataclasses.replace(served, name=self.preset.name) != self.preset:
+                raise InvalidPresetError(
+                    f"{model} at {self.url} follows preset {served.name!r} and this processor's config differs "
+                    f"from it ({self.media_proc_cfg}): its pixels would not be this checkpoint's"
+                )
+            self._checked.add(model)
+
+    def _explained(self, error: PreprocessError) -> PreprocessError:
+        """``error``, a server's unavailability said with the server's address and what to do."""
+        if isinstance(error, DeadlineExceededError):
+            return DeadlineExceededError(
+                f"the kimi-prep server at {self.url} did not answer within deadline_s={self.deadline_s:g}: it is "
+                "stuck, overloaded or unreachable; check its /readyz, add replicas or raise deadline_s "
+                f"({error})"
+            )
+        if isinstance(error, ServerUnavailableError):
+            return ServerUnavailableError(
+                f"the kimi-prep server at {self.url} stayed unavailable for deadline_s={self.deadline_s:g} "
+                f"({error}); is it running? start one with `kimi-prep serve`, or point url= at one"
+            )
+        return error
+
+    def _fell_back(self, exc: PreprocessError) -> None:
+        with self._lock:
+            self.fallbacks += 1
+            first = self.fallbacks == 1
+        (log.warning if first else log.debug)(
+            "kimi-vision-client: answered in process (%s), fallback %d: %s",
+            type(self.fallback).__name__,
+            self.fallbacks,
+            exc,
+        )
+
+    def _joined(self, results: list[WireResult], output: PixelOutput) -> Any:
+        """The answers' pixels as one ``(ΣN, 3, p, p)`` array: uint8 as received for
+        ``pixel_patches``, float32 expanded with the preset's table for ``pixel_values``."""
+        patches = [r.pixels for r in results]
+        if self.device is None:
+            joined = patches[0] if len(patches) == 1 else np.concatenate(patches)
+            return joined if output == "pixel_patches" else expand_patches(joined, self.preset)
+        import torch
+
+        joined = torch.cat([torch.from_numpy(p) for p in patches]).to(self.device, non_blocking=True)
+        if output == "pixel_patches":
+            return joined
+        table = normalize_table(self.preset.image_mean, self.preset.image_std)
+        flat = torch.from_numpy(np.ascontiguousarray(table.T)).to(self.device).reshape(-1)
+        offsets = (torch.arange(3, device=joined.device) * 256).reshape(1, 3, 1, 1)
+        return flat[joined.long() + offsets]
+
+    # -- connections ------------------------------------------------------------------------------
+
+    def _client(self, timeout_s: float) -> KimiVisionClient:
+        """This thread's connection, its requests' deadline set to ``timeout_s``."""
+        client = getattr(self._connections, "client", None)
+        if client is None:
+            client = KimiVisionClient(self.url, "grpc", self.model, self.shared_memory, timeout_s=timeout_s)
+            self._connections.client = client
+            with self._lock:
+                self._clients.append(client)
+        client.timeout_s = timeout_s
+        return client
+
+    def close(self) -> None:
+        """Close every thread's connection (and its shared-memory regions)."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            with contextlib.suppress(Exception):  # a server that is gone takes its registrations with it
+                client.close()
+        self._connections = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("_connections", "_clients", "_lock"):
+            state.pop(key)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._connections, self._clients, self._lock = threading.local(), [], threading.Lock()
+
+
+def unavailable_now(error: PreprocessError) -> bool:
+    """The server produced no answer and may a moment later: refused, restarting, queue full (not
+    a deadline: a server past it may still be working on the request)."""
+    return isinstance(error, ServerUnavailableError) and not isinstance(error, DeadlineExceededError)
