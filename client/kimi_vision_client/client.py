@@ -46,7 +46,7 @@ from kimi_vision_common.wire import FRAME_BYTES, IMAGE_BYTES, NUM_TOKENS_DTYPE, 
 
 from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
 from .server_errors import connection_failure, error_from_server
-from .transport import ADAPTERS, ShmSlot, Waiter
+from .transport import ADAPTERS, ShmRegion, ShmSlot, Waiter
 from .wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, PIXEL_VALUES, Wire, largest_preset, learn_wire
 
 __all__ = [
@@ -242,19 +242,26 @@ class KimiVisionClient:
         self._wires: dict[str, Wire] = {}
         self._free_slots: list[ShmSlot] = []
         self._all_slots: list[ShmSlot] = []
+        self._unregister_later: list[ShmRegion] = []
         self.output_bytes_received = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Unregister and destroy every shared-memory region, then close the connection."""
-        try:
-            for slot in self._all_slots:
+        """Unregister and destroy every shared-memory region (each unlinked here even where the
+        server fails; the first failure raised after), then close the connection."""
+        failures = []
+        self._unregister_retired()
+        for slot in self._all_slots:
+            try:
                 slot.release(self._client)
-        finally:
-            self._all_slots.clear()
-            self._free_slots.clear()
-            self._client.close()
+            except Exception as exc:  # the server's failure, whatever its transport calls it
+                failures.append(exc)
+        self._all_slots.clear()
+        self._free_slots.clear()
+        self._client.close()
+        if failures:
+            raise failures[0]
 
     def __enter__(self) -> KimiVisionClient:
         return self
@@ -465,6 +472,7 @@ class KimiVisionClient:
         finally:
             if answered:
                 self._release_slot(pending.slot)
+                self._unregister_retired()
             else:
                 self._retire_slot(pending.slot)
 
@@ -525,10 +533,19 @@ class KimiVisionClient:
             self._free_slots.append(slot)
 
     def _retire_slot(self, slot: ShmSlot | None) -> None:
-        """Drop ``slot`` for good (its regions unregistered where the server still answers, and
-        unlinked here): the server may still write the outputs of the request that held it."""
+        """Drop ``slot`` for good: the server may still write the outputs of the request that held
+        it. Its regions are unlinked here now, and unregistered after the server next answers (a
+        stuck server would hold the caller as long as it is stuck)."""
         if slot is None:
             return
         self._all_slots.remove(slot)
-        with contextlib.suppress(Exception):  # the server is gone or stuck: its registration goes with it
-            slot.release(self._client)
+        for region in slot.detach():
+            region.forget()
+            self._unregister_later.append(region)
+
+    def _unregister_retired(self) -> None:
+        """Unregister the retired regions (once each: a restarted server has forgotten them anyway)."""
+        regions, self._unregister_later = self._unregister_later, []
+        for region in regions:
+            with contextlib.suppress(Exception):  # gone with the server that had it, or unknown to a new one
+                region.unregister(self._client)

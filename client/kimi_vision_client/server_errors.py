@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import tritonclient.utils
 
-from kimi_vision_common.errors import DeadlineExceededError, PreprocessError
+from kimi_vision_common.errors import DeadlineExceededError, PreprocessError, ServerUnavailableError
 from kimi_vision_common.wire import error_from_served
 
-DEADLINE_STATUS = "StatusCode.DEADLINE_EXCEEDED"  # gRPC's status of a call past its client_timeout
+DEADLINE_STATUS = "StatusCode.DEADLINE_EXCEEDED"
+# Triton's answer for a model it knows but has no version of loaded right now: starting, stopping,
+# or reloading it (the watchdog does, after a stub died).
+NOT_LOADED_NOW = "has no available versions"  # gRPC's status of a call past its client_timeout
 SINGLE_IMAGE_PREFIX = "image 0: "  # how a model names the only image of a request that fails
 # Transport status (HTTP code or gRPC StatusCode) -> the Triton code name it carries.
 TRITON_CODES: dict[str, str] = {
@@ -28,6 +31,8 @@ def error_from_server(exc: Exception, single_image: bool = False) -> PreprocessE
     if isinstance(exc, tritonclient.utils.InferenceServerException):
         if str(exc.status()) == DEADLINE_STATUS:
             return DeadlineExceededError(f"no answer within the request's deadline ({exc.message()})")
+        if NOT_LOADED_NOW in (exc.message() or ""):
+            return ServerUnavailableError(f"{exc.message()}: the server is starting, stopping or reloading it; retry")
         error = error_from_served(TRITON_CODES.get(str(exc.status()), "INTERNAL"), exc.message() or str(exc))
         text = str(error)
         if single_image and text.startswith(SINGLE_IMAGE_PREFIX):

@@ -144,12 +144,17 @@ class ShmRegion:
     def release(self, client: Any) -> None:
         """Unregister from the server (best effort: it may be gone) and unlink locally."""
         try:
-            client.unregister_system_shared_memory(self.name, headers=self.headers, **self.options)
+            self.unregister(client)
         finally:
             self.forget()
 
+    def unregister(self, client: Any) -> None:
+        """Ask the server to unmap the region."""
+        client.unregister_system_shared_memory(self.name, headers=self.headers, **self.options)
+
     def forget(self) -> None:
-        """Unlink and unmap the region here only (a server that still maps it keeps its mapping)."""
+        """Unlink and unmap the region here only (a server that still maps it keeps its mapping
+        until :meth:`unregister`)."""
         shm.destroy_shared_memory_region(self.handle)
 
 
@@ -175,16 +180,19 @@ class ShmSlot:
             size = -(-byte_size // SHM_ALIGNMENT) * SHM_ALIGNMENT
             setattr(self, attr, ShmRegion(client, size, self.headers, self.options))
 
+    def detach(self) -> list[ShmRegion]:
+        """The slot's regions, the slot left without them."""
+        regions, self.input, self.output = [self.input, self.output], None, None
+        return [region for region in regions if region is not None]
+
     def release(self, client: Any) -> None:
         """Unregister and unlink both regions (each unlinked here even where the server fails;
         the first failure raised after)."""
-        regions, self.input, self.output = (self.input, self.output), None, None
         failures = []
-        for region in regions:
-            if region is not None:
-                try:
-                    region.release(client)
-                except Exception as exc:  # the server's failure, whatever its transport calls it
-                    failures.append(exc)
+        for region in self.detach():
+            try:
+                region.release(client)
+            except Exception as exc:  # the server's failure, whatever its transport calls it
+                failures.append(exc)
         if failures:
             raise failures[0]
