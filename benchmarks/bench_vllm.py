@@ -1,20 +1,25 @@
-"""vLLM's own Kimi-K2.5 processing of the benchmark photos, stock against ours through the plugin.
+"""vLLM's own Kimi-K2.5 processing of the benchmark photos: stock, ours in process, ours remote.
 
-    .venv-vllm/bin/python benchmarks/bench_vllm.py [--repeats 5] [--out-dir bench_results]
+    .venv-vllm/bin/python benchmarks/bench_vllm.py [--repeats 5] [--serving-venv .venv] [--out-dir bench_results]
 
-Two vLLM processes side by side, each with vLLM's renderer (its API server's input path) built from
-a tiny local K2.5 checkpoint (``tests/vllm/checkpoints.py``; only its processor config and tokenizer
-matter here) in vLLM's default uint8 mode (normalised on the device) with its defaults otherwise:
-stock (``KIMI_PREP_VLLM=off``: vLLM's fused processor and image loader) and ours (the plugin). Each
-photo of ``photos.benchmark_photos`` is one request, two ways: (a) ``pil``: the photo opened with
+Three vLLM processes side by side, each with vLLM's renderer (its API server's input path) built
+from a tiny local K2.5 checkpoint (``tests/vllm/checkpoints.py``; only its processor config and
+tokenizer matter here) in vLLM's default uint8 mode (normalised on the device) with its defaults
+otherwise: stock (``KIMI_PREP_VLLM=off``: vLLM's fused processor and image loader), ours (the
+plugin, in process) and remote (the plugin's remote form: ``KIMI_PREP_VLLM`` holds the gRPC
+address of a ``kimi-prep serve`` of ``kimi_k25_vision_u8`` on this host, started from the serving
+venv with its host defaults; shared memory, as on loopback by default). Each photo of
+``photos.benchmark_photos`` is one request, three ways: (a) ``pil``: the photo opened with
 ``Image.open`` and handed over in ``multi_modal_data`` (vLLM's parser, hasher, processor, prompt
-update); (b) ``chat``: a chat message with the photo as a ``data:`` URL (base64 decode, vLLM's
-image loader, then the same). The processor cache is emptied before each request, so each is
-hashed and processed as a new image is. Per request, the process's CPU time (all its threads) and
-the wall time. The two processes' outputs are checked identical (a digest of each request's
-prompt ids, grids and pixels) before any timing; then rounds alternate between them, the side
-that goes first swapping each round. Prints per-image means (min and median over rounds) and
-stock/ours ratios; writes ``bench_vllm.json`` and ``.png``.
+update); (b) ``chat``: a chat message with the photo as a ``data:`` URL (base64 decode, vLLM's image
+loader, then the same); (c) ``chat_1080p``: the same with each photo resized to 1920x1080 (JPEG q=92).
+The processor cache is emptied before each request, so each is hashed and processed as a new image
+is. Per request: the vLLM process's CPU time (all its threads) and the wall time; for remote, the
+server's CPU time (its whole process tree) per image apart, and the output bytes it received beside
+the uint8 patches vLLM got. The processes' outputs are checked identical (a digest of each request's
+prompt ids, grids and pixels) before any timing; then rounds alternate between them, the order
+rotating each round. Prints per-image figures (min and median over rounds) and ratios; writes
+``bench_vllm.json`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ import base64
 import hashlib
 import io
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "vllm"))
 
-WAYS = ("pil", "chat")
-SIDES = ("stock", "ours")
+WAYS = ("pil", "chat", "chat_1080p")
+SIDES = ("stock", "ours", "remote")
+HD = (1920, 1080)
+SERVED = "kimi_k25_vision_u8"
 PLACEHOLDER = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>"
 
 
@@ -68,35 +78,112 @@ def digest(prompt: dict) -> str:
     return hasher.hexdigest()
 
 
+def resized_1080p(data: bytes) -> bytes:
+    """The photo resized to 1920x1080 (Lanczos, JPEG q=92, 4:2:0): a 1080p frame-sized photo."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.open(io.BytesIO(data)).convert("RGB").resize(HD, Image.Resampling.LANCZOS).save(out, "JPEG", quality=92)
+    return out.getvalue()
+
+
+def received(render: Any) -> int:
+    """Output bytes the remote processor has received so far (0 for a processor in process)."""
+    return getattr(render.get_mm_processor().info.image_processor, "output_bytes_received", 0)
+
+
 def worker(checkpoint: Path) -> None:
-    """Answer ``WAY`` lines on stdin with one JSON line: per photo, CPU s, wall s and the digest."""
+    """Answer ``WAY`` lines on stdin with one JSON line: per photo, CPU s, wall s, the digest, the
+    output bytes received and the uint8 patch bytes vLLM got."""
     from photos import benchmark_photos
     from vllm.engine.arg_utils import EngineArgs
     from vllm.renderers.registry import renderer_from_config
 
     render = renderer_from_config(EngineArgs(model=str(checkpoint), max_model_len=32768).create_engine_config())
     photos = benchmark_photos()
+    hd = [resized_1080p(data) for _, data in photos]
     print(json.dumps({"ready": [name for name, _ in photos]}), flush=True)
     for line in sys.stdin:
         way = line.strip()
         rows = []
-        for _, data in photos:
+        for data in hd if way == "chat_1080p" else [data for _, data in photos]:
             render.clear_mm_cache()
+            before = received(render)
             cpu, wall = time.process_time(), time.perf_counter()
-            prompt = request(render, way, data)
+            prompt = request(render, "chat" if way == "chat_1080p" else way, data)
             rows.append([time.process_time() - cpu, time.perf_counter() - wall, digest(prompt)])
+            patches = sum(item["pixel_values"].data.numel() for item in prompt["mm_kwargs"]["vision_chunk"])
+            rows[-1] += [received(render) - before, patches]
         print(json.dumps(rows), flush=True)
+
+
+# -- the server of the remote side --------------------------------------------------------------------
+
+
+class Server:
+    """``kimi-prep serve --models kimi_k25_vision_u8`` from the serving venv on free loopback ports
+    (host defaults otherwise), and the CPU time of its process tree."""
+
+    def __init__(self, venv: Path) -> None:
+        ports = [free_port() for _ in range(3)]
+        command = [str(venv / "bin" / "kimi-prep"), "serve", "--models", SERVED]
+        command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.address = f"127.0.0.1:{ports[1]}"
+        ready = f"http://127.0.0.1:{ports[0]}/v2/models/{SERVED}/ready"
+        while not answers(ready):
+            if self.process.poll() is not None:
+                raise RuntimeError("kimi-prep serve ended before it was ready")
+            time.sleep(0.5)
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the server's processes (launcher, tritonserver, stubs)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        parents: dict[int, int] = {}
+        times: dict[int, float] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid = int(stat.parent.name)
+            parents[pid], times[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+        tree, frontier = {self.process.pid}, [self.process.pid]
+        while frontier:
+            parent = frontier.pop()
+            children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+            tree.update(children)
+            frontier.extend(children)
+        return sum(times.get(pid, 0.0) for pid in tree)
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=120)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 # -- the driver --------------------------------------------------------------------------------------
 
 
 class Side:
-    def __init__(self, name: str, checkpoint: Path) -> None:
+    def __init__(self, name: str, checkpoint: Path, server: Server) -> None:
         from checkpoints import vllm_environment
 
         command = [sys.executable, __file__, "--worker", str(checkpoint)]
-        env = vllm_environment(stock=name == "stock")
+        env = vllm_environment({"stock": "off", "ours": None, "remote": server.address}[name])
         self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.photos: list[str] = self._answer()["ready"]
 
@@ -121,88 +208,110 @@ class Side:
 
 def main() -> int:
     from checkpoints import write_checkpoint
-    from plots import saved_axes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--serving-venv", type=Path, default=ROOT / ".venv", help="where kimi-prep serve runs from")
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker)
         return 0
+    server = Server(args.serving_venv)
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = write_checkpoint(Path(folder) / "kimi-k2.5", "kimi-k2.5")
-        sides = {name: Side(name, checkpoint) for name in SIDES}
+        sides = {name: Side(name, checkpoint, server) for name in SIDES}
         photos = sides["ours"].photos
         for way in WAYS:  # warm (numba compiles, caches fill) and exact before any timing
             digests = {name: [row[2] for row in side.run(way)] for name, side in sides.items()}
-            differing = [p for p, s, o in zip(photos, digests["stock"], digests["ours"], strict=True) if s != o]
-            if differing:
-                raise AssertionError(f"{way}: ours differs from stock vLLM on {differing}")
+            for name in SIDES[1:]:
+                differing = [p for p, s, o in zip(photos, digests["stock"], digests[name], strict=True) if s != o]
+                if differing:
+                    raise AssertionError(f"{way}: {name} differs from stock vLLM on {differing}")
         rounds: dict[str, dict[str, list[dict[str, float]]]] = {way: {name: [] for name in SIDES} for way in WAYS}
         for index in range(args.repeats):
-            order = SIDES if index % 2 == 0 else SIDES[::-1]
+            order = SIDES[index % len(SIDES) :] + SIDES[: index % len(SIDES)]
             for way in WAYS:
                 for name in order:
+                    server_cpu = server.cpu_s()
                     rows = sides[name].run(way)
+                    server_cpu = server.cpu_s() - server_cpu
                     rounds[way][name].append(
                         {
                             "cpu_ms": 1e3 * sum(r[0] for r in rows) / len(rows),
                             "wall_ms": 1e3 * sum(r[1] for r in rows) / len(rows),
+                            "server_cpu_ms": 1e3 * server_cpu / len(rows),
+                            "received_over_patches": sum(r[3] for r in rows) / sum(r[4] for r in rows),
                         }
                     )
         for side in sides.values():
             side.close()
-    summary: dict[str, dict[str, float]] = {}
-    for way in WAYS:
-        row: dict[str, float] = {}
-        for name in SIDES:
-            for measure in ("cpu_ms", "wall_ms"):
-                values = [r[measure] for r in rounds[way][name]]
-                row[f"{name}_{measure}_min"], row[f"{name}_{measure}_median"] = min(values), statistics.median(values)
-        for measure in ("cpu_ms", "wall_ms"):
-            for stat in ("min", "median"):
-                row[f"stock_over_ours_{measure}_{stat}"] = (
-                    row[f"stock_{measure}_{stat}"] / row[f"ours_{measure}_{stat}"]
-                )
-        summary[way] = row
-    print(
-        f"{len(photos)} benchmark photos, one a request, vLLM's renderer (uint8 mode); "
-        f"per image, over {args.repeats} rounds"
-    )
-    heads = ("stock wall", "ours wall", "ratio", "stock CPU", "ours CPU", "ratio")
-    print(f"{'way':5s} " + " ".join(f"{head:>10s}" for head in heads) + "  (median ms; ratio min)")
-    for way, row in summary.items():
-        print(
-            f"{way:5s} {row['stock_wall_ms_median']:10.1f} {row['ours_wall_ms_median']:10.1f} "
-            f"{row['stock_over_ours_wall_ms_median']:9.2f}x {row['stock_cpu_ms_median']:10.1f} "
-            f"{row['ours_cpu_ms_median']:10.1f} {row['stock_over_ours_cpu_ms_median']:9.2f}x  "
-            f"(min {row['stock_over_ours_wall_ms_min']:.2f}x wall, {row['stock_over_ours_cpu_ms_min']:.2f}x CPU)"
-        )
+    server.close()
+    summary = {way: summarised(rounds[way]) for way in WAYS}
+    print_summary(summary, len(photos), args.repeats)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     result = {
         "preset": "kimi-k2.5",
         "mode": "uint8",
         "repeats": args.repeats,
+        "cores": os.cpu_count(),
         "photos": photos,
         "summary": summary,
         "rounds": rounds,
     }
     (args.out_dir / "bench_vllm.json").write_text(json.dumps(result, indent=2))
-    with saved_axes(args.out_dir / "bench_vllm.png", (7, 4)) as ax:
-        import numpy as np
+    plot(summary, args.out_dir / "bench_vllm.png", len(photos), args.repeats)
+    return 0
 
+
+def summarised(rounds: dict[str, list[dict[str, float]]]) -> dict[str, float]:
+    """Min and median of each side's measures over the rounds, and the ratios the targets read."""
+    row: dict[str, float] = {}
+    for name in SIDES:
+        for measure in ("cpu_ms", "wall_ms"):
+            values = [r[measure] for r in rounds[name]]
+            row[f"{name}_{measure}_min"], row[f"{name}_{measure}_median"] = min(values), statistics.median(values)
+    row["remote_server_cpu_ms_median"] = statistics.median(r["server_cpu_ms"] for r in rounds["remote"])
+    row["remote_received_over_patches"] = max(r["received_over_patches"] for r in rounds["remote"])
+    for stat in ("min", "median"):
+        for measure in ("cpu_ms", "wall_ms"):
+            row[f"stock_over_ours_{measure}_{stat}"] = row[f"stock_{measure}_{stat}"] / row[f"ours_{measure}_{stat}"]
+        row[f"remote_over_stock_cpu_ms_{stat}"] = row[f"remote_cpu_ms_{stat}"] / row[f"stock_cpu_ms_{stat}"]
+        row[f"remote_over_ours_wall_ms_{stat}"] = row[f"remote_wall_ms_{stat}"] / row[f"ours_wall_ms_{stat}"]
+    return row
+
+
+def print_summary(summary: dict[str, dict[str, float]], photos: int, repeats: int) -> None:
+    print(f"{photos} benchmark photos, one a request, vLLM's renderer (uint8 mode); per image, over {repeats} rounds")
+    heads = ("stock wall", "ours wall", "remote wall", "stock CPU", "ours CPU", "remote CPU", "server CPU")
+    print(f"{'way':10s} " + " ".join(f"{head:>11s}" for head in heads) + "  (median ms)")
+    for way, row in summary.items():
+        cells = [row[f"{side}_wall_ms_median"] for side in SIDES] + [row[f"{side}_cpu_ms_median"] for side in SIDES]
+        print(f"{way:10s} " + " ".join(f"{cell:11.1f}" for cell in [*cells, row["remote_server_cpu_ms_median"]]))
+        print(
+            f"{'':10s} stock/ours wall {row['stock_over_ours_wall_ms_median']:.2f}x, "
+            f"remote/ours wall {row['remote_over_ours_wall_ms_median']:.2f}x, "
+            f"remote CPU / stock CPU {100 * row['remote_over_stock_cpu_ms_median']:.1f}%, "
+            f"received / patches {row['remote_received_over_patches']:.4f}"
+        )
+
+
+def plot(summary: dict[str, dict[str, float]], path: Path, photos: int, repeats: int) -> None:
+    import numpy as np
+    from plots import saved_axes
+
+    with saved_axes(path, (8, 4)) as ax:
         x = np.arange(len(WAYS) * 2)
         labels = [f"{way} {measure}" for way in WAYS for measure in ("wall", "CPU")]
-        for offset, name in ((-0.2, "stock"), (0.2, "ours")):
+        names = {"stock": "stock vLLM", "ours": "ours (plugin, in process)", "remote": "ours (plugin, remote)"}
+        for offset, name in zip((-0.27, 0, 0.27), SIDES, strict=True):
             values = [summary[way][f"{name}_{m}_ms_median"] for way in WAYS for m in ("wall", "cpu")]
-            ax.bar(x + offset, values, 0.4, label="stock vLLM" if name == "stock" else "ours (plugin)")
-        ax.set_xticks(x, labels)
-        ax.set_ylabel(f"ms per image (median of {args.repeats} rounds)")
-        ax.set_title(f"vLLM Kimi-K2.5 processing, uint8 mode, {len(photos)} photos")
+            ax.bar(x + offset, values, 0.27, label=names[name])
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel(f"ms per image (median of {repeats} rounds)")
+        ax.set_title(f"vLLM Kimi-K2.5 processing (API server process), uint8 mode, {photos} photos")
         ax.legend()
-    return 0
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ BLOCKS = blocks()
 def test_every_block_has_a_door_or_runs_elsewhere() -> None:
     doors = [door(language, code) for _, language, code in BLOCKS]
     elsewhere = [code for (_, _, code), venv in zip(BLOCKS, doors, strict=True) if venv is None]
-    assert len(elsewhere) == len(RUN_ELSEWHERE)
+    assert {marker for marker in RUN_ELSEWHERE if any(marker in code for code in elsewhere)} == set(RUN_ELSEWHERE)
     assert {LIBRARY_VENV, CLIENT_VENV} <= set(doors)
 
 

@@ -125,18 +125,46 @@ def test_the_idle_spin_library_md_gives_is_the_one_set() -> None:
 
 
 def test_the_vllm_plugin_library_md_describes_is_the_one_installed() -> None:
-    """The extra, the entry point and the setting docs/library.md names are setup.py's, pyproject's
-    and the plugin's; the Makefile's vLLM venv installs the library the way the document shows."""
-    from kimi_vision_prep import vllm_plugin
+    """The extra, the entry point and the setting docs/library.md names are setup.py's, the shared
+    package's pyproject's and the plugin's; the Makefile's vLLM venv installs the library and the
+    client the way the document shows."""
+    from kimi_vision_common import vllm_plugin
 
     text = one_line("library.md")
-    setup, pyproject = (DOCS.parent / "setup.py").read_text(), (DOCS.parent / "pyproject.toml").read_text()
+    setup = (DOCS.parent / "setup.py").read_text()
+    pyproject = (DOCS.parent / "client" / "common" / "pyproject.toml").read_text()
     assert "'./kimi-vision-prep[vllm]'" in text and '"vllm": [' in setup
-    plugins = pyproject.split('[project.entry-points."vllm.general_plugins"]', 1)[1].split("\n[", 1)[0]
-    assert plugins.strip() == 'kimi_vision_prep = "kimi_vision_prep.vllm_plugin:register"'
-    assert "entry point `kimi_vision_prep`" in text
+    plugins = pyproject.split('[project.entry-points."vllm.general_plugins"]', 1)[1].split("\n\n", 1)[0]
+    assert plugins.strip() == 'kimi_vision_prep = "kimi_vision_common.vllm_plugin:register"'
+    assert "entry point `kimi_vision_prep`, declared by the package both depend on" in text
     stated = re.search(r"`(\w+)`: `(\w+)` \(default\) processes in the vLLM process; `(\w+)` leaves", text)
     assert stated is not None
-    assert stated.groups() == (vllm_plugin.SETTING, *vllm_plugin.MODES)
+    assert stated.groups() == (vllm_plugin.SETTING, *vllm_plugin.MODES[:2])
+    assert "a server's gRPC address processes on that server" in text and vllm_plugin.MODES[2] == "remote"
     assert f"{vllm_plugin.SETTING}=off vllm serve" in text
-    assert 'kimi-vision-prep[vllm] @ file://$(CURDIR)' in (DOCS.parent / "Makefile").read_text()
+    makefile = (DOCS.parent / "Makefile").read_text()
+    assert './client/common ./client "kimi-vision-prep[vllm] @ file://$(CURDIR)"' in makefile
+
+
+def test_the_remote_form_library_md_describes_is_the_code() -> None:
+    """The remote processor's defaults and the setting's options as docs/library.md states them,
+    and the fault test's figures it cites."""
+    import test_remote_faults as faults
+
+    from kimi_vision_client import remote_processor
+    from kimi_vision_common import vllm_plugin
+
+    text = one_line("library.md")
+    assert f"`deadline_s` (default {remote_processor.DEFAULT_DEADLINE_S:g})" in text
+    assert f"`concurrency` (default {remote_processor.DEFAULT_CONCURRENCY})" in text
+    example = re.search(r"grpc://host:8001\?(\S+)`", text)
+    assert example is not None
+    assert [pair.split("=")[0] for pair in example.group(1).split("&")] == list(vllm_plugin.REMOTE_OPTIONS)
+    assert "`fallback=local`" in text and "local" in vllm_plugin.REMOTE_OPTIONS["fallback"]
+    assert "`shared_memory` (`auto`: on a loopback address)" in text
+    assert vllm_plugin.REMOTE_OPTIONS["shared_memory"][0] == "auto"
+    words = {4: "four"}
+    assert f"under load from {words[faults.THREADS]} threads" in text
+    assert f"(deadline {faults.DEADLINE_S:g} s)" in text and f"{faults.AT_ONCE} requests at once" in text
+    served = re.search(r"kimi-prep serve --models ([\w ]+?)  ", (DOCS / "library.md").read_text())
+    assert served is not None and "kimi_k25_video_chunk" in served.group(1).split()

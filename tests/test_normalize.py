@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 import kimi_vision_prep as kvp
-from kimi_vision_common.patches import normalize_table
+from kimi_vision_common.patches import expand_with_table_torch, normalize_table
 from kimi_vision_prep.normalize import (
     IDENTITY_TABLE,
     expand_patches,
-    expand_patches_torch,
     patchify_numpy,
     patchify_torch,
     write_patch_rows,
@@ -130,7 +129,7 @@ def test_kernels_reject_bad_inputs() -> None:
     with pytest.raises(ValueError, match="larger"):
         patchify_numpy(np.zeros((30, 14, 3), np.uint8), 2, 1, P)
     with pytest.raises(ValueError, match="uint8"):
-        expand_patches_torch(torch.zeros((1, 3, P, P)), table)
+        expand_with_table_torch(torch.zeros((1, 3, P, P)), table)
 
 
 @pytest.mark.parametrize("table_name", ["kimi", "odd"])
@@ -144,7 +143,7 @@ def test_torch_kernels_equal_numpy(table_name: str) -> None:
         patches = patchify_torch(tensor, grid_h, grid_w, P)
         assert patches.dtype == torch.uint8 and patches.is_contiguous()
         assert np.array_equal(patches.numpy(), expected_patches)
-        expanded = expand_patches_torch(patches, table)
+        expanded = expand_with_table_torch(patches, table)
         assert expanded.dtype == torch.float32 and expanded.numpy().tobytes() == expected_values.tobytes()
         assert write_patches_torch(tensor, table, grid_h, grid_w, P).numpy().tobytes() == expected_values.tobytes()
 

@@ -40,6 +40,9 @@ pytestmark = pytest.mark.server
 MODEL = "kimi_k25_vision_u8"
 PHOTOS = ["pil__hopper.jpg", "sklearn__china.jpg", "pil__hopper_gray.jpg", "sklearn__flower.jpg", "pilx__hopper.bmp"]
 UINT8 = {"do_rescale": False, "do_normalize": False}
+THREADS = 4  # callers of one processor at once
+DEADLINE_S = 2.0  # the processors' deadline where a fault is expected
+AT_ONCE = 300  # requests of the overload test's one call
 START_BUDGET_S = 300.0  # the longest a start may take before the test gives up (a failsafe, not a bound)
 
 
@@ -137,7 +140,7 @@ class Load:
 
     processor: RemoteKimiProcessor
     photos: dict[str, tuple[bytes, np.ndarray]]
-    threads: int = 4
+    threads: int = THREADS
     stop: threading.Event = field(default_factory=threading.Event)
     outcomes: list[tuple[float, str, str]] = field(default_factory=list)  # (time, photo, "exact" | class name)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -209,8 +212,8 @@ def test_a_chunk_to_a_server_without_the_chunk_model_names_the_flag(serve: Serve
 def test_an_overloaded_server_answers_every_request_of_a_call_exactly(serve: Serve, photos: dict) -> None:
     """300 requests at once, more than the decode step's queue holds: any it turns away (UNAVAILABLE,
     no answer produced) are sent again, and every answer is the image's own."""
-    remote = RemoteKimiProcessor(url=serve.grpc_url, concurrency=300, deadline_s=300)
-    names = [PHOTOS[i % len(PHOTOS)] for i in range(300)]
+    remote = RemoteKimiProcessor(url=serve.grpc_url, concurrency=AT_ONCE, deadline_s=START_BUDGET_S)
+    names = [PHOTOS[i % len(PHOTOS)] for i in range(AT_ONCE)]
     medias = [{"type": "image", "image": photos[name][0]} for name in names]
     got = remote.preprocess(medias, **UINT8)["pixel_values"]
     assert np.array_equal(got, np.concatenate([photos[name][1] for name in names]))
@@ -223,7 +226,7 @@ def test_a_stalled_server_fails_calls_at_their_deadline_and_answers_exactly_when
     """SIGSTOP to tritonserver under load (as a server stuck in a loop): every call ends with
     DeadlineExceededError naming the server; after SIGCONT every answer is exact (no request's
     output buffer was reused while the stalled server could still write it)."""
-    remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=2.0)
+    remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=DEADLINE_S)
     pid = serve.tritonserver_pid()
     with Load(remote, photos) as load:
         load.wait_for("exact", 20)
@@ -267,8 +270,8 @@ def test_a_killed_server_fails_calls_with_its_typed_error_and_is_used_again_when
     naming the server (or, in flight at the kill, DeadlineExceededError); with a fallback, calls are
     answered in process, exactly, counted, logged once; once a server is back on the address the same
     processor answers from it again."""
-    remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=2.0)
-    backed = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=2.0, fallback=KimiVisionProcessor())
+    remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=DEADLINE_S)
+    backed = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=DEADLINE_S, fallback=KimiVisionProcessor())
     with Load(remote, photos) as load:
         load.wait_for("exact", 20)
         killed = time.monotonic()

@@ -13,8 +13,8 @@ import pytest
 from c_step import F32_P, U8_P, load_c_step
 from vectors import NORMALISE_VECTORS, PATCH_VECTORS, NormaliseVector, PatchVector
 
-from kimi_vision_common.patches import expand_with_table, normalize_table
-from kimi_vision_prep.normalize import IDENTITY_TABLE, expand_patches_torch, write_patches_numpy, write_patches_torch
+from kimi_vision_common.patches import expand_with_table, expand_with_table_torch, normalize_table
+from kimi_vision_prep.normalize import IDENTITY_TABLE, write_patches_numpy, write_patches_torch
 from kimi_vision_prep.normalize import expand_patches as expand_patches_numba
 
 torch = pytest.importorskip("torch")
@@ -91,4 +91,4 @@ def test_every_patchify_is_the_vectors(c_step: ctypes.CDLL, vector: PatchVector)
         # The uint8 wire's expansion, by each implementation of it.
         assert np.array_equal(expand_with_table(expected_u8, table), expected_f32)
         assert np.array_equal(expand_patches_numba(expected_u8, table), expected_f32)
-        assert np.array_equal(expand_patches_torch(torch.from_numpy(expected_u8), table).numpy(), expected_f32)
+        assert np.array_equal(expand_with_table_torch(torch.from_numpy(expected_u8), table).numpy(), expected_f32)

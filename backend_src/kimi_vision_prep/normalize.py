@@ -25,7 +25,7 @@ from numba import njit, prange, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from kimi_vision_common.patches import expand_with_table
+from kimi_vision_common.patches import expand_with_table, expand_with_table_torch
 
 from .buffers import empty_output
 from .kernels import NUMPY, TORCH, get_kernel, register_kernel
@@ -381,8 +381,9 @@ def patchify_numpy(
     return write_patches_numpy(image, IDENTITY_TABLE, grid_h, grid_w, patch_size, out=out)
 
 
-# The numpy kernel of expand_patches is the client's table lookup (one implementation).
+# The kernels of expand_patches are the client's table lookups (one implementation each).
 register_kernel("expand_patches", NUMPY)(expand_with_table)
+register_kernel("expand_patches", TORCH)(expand_with_table_torch)
 
 
 # --------------------------------------------------------------------------- torch kernels
@@ -438,14 +439,3 @@ def _into(out: Any, result: torch.Tensor) -> torch.Tensor:
 def patchify_torch(image: torch.Tensor, grid_h: int, grid_w: int, patch_size: int, *, out: Any = None) -> torch.Tensor:
     """:func:`patchify` for torch, on the image's device (copied into ``out`` when given)."""
     return _into(out, _to_patches_torch(_pad_torch(image, grid_h, grid_w, patch_size), grid_h, grid_w, patch_size))
-
-
-@register_kernel("expand_patches", TORCH)
-def expand_patches_torch(patches: torch.Tensor, table: np.ndarray) -> torch.Tensor:
-    """:func:`expand_patches` for torch: one gather, on the patches' device."""
-    import torch
-
-    if patches.dtype != torch.uint8 or patches.ndim != 4 or patches.shape[1] != 3:
-        raise ValueError(f"expected uint8 (N, 3, p, p), got {patches.dtype} {tuple(patches.shape)}")
-    lut, channel = _torch_table(table, patches.device)
-    return lut[patches.long(), channel[:, None, None]]

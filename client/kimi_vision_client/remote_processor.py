@@ -51,7 +51,7 @@ from kimi_vision_common.errors import (
     UnsupportedImageError,
 )
 from kimi_vision_common.models import SERVED_PRESETS, model_prefix
-from kimi_vision_common.patches import expand_patches, normalize_table
+from kimi_vision_common.patches import expand_patches, expand_with_table_torch, normalize_table
 from kimi_vision_common.pillow_open import pillow_call
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.processor_api import MediaItem, ProcessorInterface, media_bytes, unwrapped
@@ -277,10 +277,7 @@ class RemoteKimiProcessor(ProcessorInterface):
         joined = torch.cat([torch.from_numpy(p) for p in patches]).to(self.device, non_blocking=True)
         if output == "pixel_patches":
             return joined
-        table = normalize_table(self.preset.image_mean, self.preset.image_std)
-        flat = torch.from_numpy(np.ascontiguousarray(table.T)).to(self.device).reshape(-1)
-        offsets = (torch.arange(3, device=joined.device) * 256).reshape(1, 3, 1, 1)
-        return flat[joined.long() + offsets]
+        return expand_with_table_torch(joined, normalize_table(self.preset.image_mean, self.preset.image_std))
 
     # -- connections ------------------------------------------------------------------------------
 
@@ -294,6 +291,12 @@ class RemoteKimiProcessor(ProcessorInterface):
                 self._clients.append(client)
         client.timeout_s = timeout_s
         return client
+
+    @property
+    def output_bytes_received(self) -> int:
+        """Output bytes received so far, every thread's (over the wire or through shared memory)."""
+        with self._lock:
+            return sum(client.output_bytes_received for client in self._clients)
 
     def close(self) -> None:
         """Close every thread's connection (and its shared-memory regions)."""

@@ -201,7 +201,7 @@ def test_a_turned_jpeg_on_cuda_equals_the_cpu_pipeline_on_the_same_turned_pixels
 def test_uint8_patches_on_cuda_expand_to_the_cpu_pixel_values(
     item: CorpusFile, preset: Preset, gpu_corpus: Path, cuda_device: str, lenient_cuda_decoder: ImageDecoder
 ) -> None:
-    """The uint8 wire on a GPU instance: patchify_torch + expand_patches_torch on the device equal
+    """The uint8 wire on a GPU instance: patchify_torch + expand_with_table_torch on the device equal
     the host's fused float32 pass on the same pixels."""
     decoded = lenient_cuda_decoder.decode((gpu_corpus / item.name).read_bytes(), preset)
     patches = preprocess_decoded(decoded, preset, output="pixel_patches").pixel_patches

@@ -160,11 +160,11 @@ def write_checkpoint(folder: Path, preset: str) -> Path:
     return folder
 
 
-def vllm_environment(stock: bool) -> dict[str, str]:
-    """The environment of a vLLM process run offline: with the plugin, or (``stock``) with vLLM's
-    own Kimi processing (``KIMI_PREP_VLLM=off``)."""
+def vllm_environment(setting: str | None = None) -> dict[str, str]:
+    """The environment of a vLLM process run offline, the plugin's setting ``KIMI_PREP_VLLM`` as
+    given: None (unset: ours in process), ``"off"`` (vLLM's own Kimi processing) or a server's address."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("KIMI_PREP_VLLM", None)
-    if stock:
-        env["KIMI_PREP_VLLM"] = "off"
+    if setting is not None:
+        env["KIMI_PREP_VLLM"] = setting
     return env

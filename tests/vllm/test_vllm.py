@@ -1,9 +1,11 @@
 """vLLM's own Kimi-K2.5 and K3 processing, stock and through the plugin, on the corpus.
 
-Run in ``.venv-vllm`` (``make vllm-venv``: vLLM from PyPI with the library installed, so the
-``vllm.general_plugins`` entry point is vLLM's); ``make test`` runs it there. Each side runs in a
-process of its own (``vllm_side.py``; the plugin changes vLLM's modules for a process's life):
-``KIMI_PREP_VLLM=off`` is stock vLLM, unset is ours. vLLM's renderer (its API server's input path)
+Run in ``.venv-vllm`` (``make vllm-venv``: vLLM from PyPI with the library and the client installed,
+so the ``vllm.general_plugins`` entry point is vLLM's); ``make test`` runs it there. Each side runs
+in a process of its own (``vllm_side.py``; the plugin changes vLLM's modules for a process's life):
+``KIMI_PREP_VLLM=off`` is stock vLLM, unset is ours in process, a server's address is ours remote
+(a real ``kimi-prep serve``, started from the serving environment: ``KIMI_SERVING_VENV``, default
+``.venv``). vLLM's renderer (its API server's input path)
 processes every accepted corpus image opened with ``Image.open`` (handed over in
 ``multi_modal_data``; K2.5 also as encoded bytes) and through the chat path (``data:`` and
 ``file://`` URLs), several photos in one prompt, video chunks (K2.5) and vLLM's start-up
@@ -14,9 +16,14 @@ tiny local checkpoints (``checkpoints.py``).
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import os
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +46,10 @@ REJECTED = [name for name in corpus_names(accepted=False) if not name.startswith
 SEVERAL = ["sklearn__china.jpg", "pil__hopper.jpg", "pilx__hopper.png", "imagers__progressive3.jpg"]
 CLIPS = ["video/torchcodec__av1_video.mkv", "video/torchcodec__h265_video.mp4"]
 OURS = "kimi_vision_prep.vllm_processor.VllmKimiProcessor"
+REMOTE = "kimi_vision_client.vllm_processor.VllmRemoteKimiProcessor"
+# What the remote side's server serves: each preset's uint8 image ensemble, K2.5's chunk model.
+SERVED = ("kimi_k25_vision_u8", "kimi_k25_video_chunk", "kimi_k3_vision_u8")
+ROOT = TESTS.parent
 STOCK = "vllm.transformers_utils.processors.kimi_k25_vision_fused.KimiK25FusedVisionProcessor"
 
 
@@ -80,43 +91,83 @@ def all_cases(folder: Path, preset: str) -> dict[str, dict]:
     return cases
 
 
-def run_side(checkpoint: Path, cases: Path, out: Path, stock: bool) -> None:
-    env = vllm_environment(stock)
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """A real ``kimi-prep serve`` (the serving environment's) of :data:`SERVED` on free loopback
+    ports: its gRPC address."""
+    venv = Path(os.environ.get("KIMI_SERVING_VENV", ROOT / ".venv"))
+    serve = venv / "bin" / "kimi-prep"
+    assert serve.exists(), f"no {serve}: make setup (or set KIMI_SERVING_VENV) serves the remote side"
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    command = [str(serve), "serve", "--models", *SERVED, "--instances", "1", "--threads", "1"]
+    command += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        give_up = time.monotonic() + 300  # a failsafe for a server that never starts, not a bound
+        while not ready(http):
+            assert process.poll() is None and time.monotonic() < give_up, "kimi-prep serve did not start"
+            time.sleep(0.5)
+        yield f"127.0.0.1:{grpc}"
+    finally:
+        process.terminate()
+        process.wait(timeout=120)
+
+
+def ready(http_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def run_side(checkpoint: Path, cases: Path, out: Path, setting: str | None) -> None:
+    env = vllm_environment(setting)
     command = [sys.executable, str(HERE / "vllm_side.py"), str(checkpoint), str(cases), str(out), str(CORPUS)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
 
 
 class Sides:
-    """Stock's and ours' results of one preset (``side[mode/case/field]``)."""
+    """Stock's, ours' (in process) and remote's (ours, from the server) results of one preset
+    (``side[mode/case/field]``)."""
 
-    def __init__(self, folder: Path, preset: str) -> None:
+    def __init__(self, folder: Path, preset: str, server: str) -> None:
         self.preset = preset
         checkpoint = write_checkpoint(folder / "checkpoint", preset)
         self.cases = all_cases(folder, preset)
         cases_file = folder / "cases.json"
         cases_file.write_text(json.dumps(self.cases))
-        run_side(checkpoint, cases_file, folder / "stock.npz", stock=True)
-        run_side(checkpoint, cases_file, folder / "ours.npz", stock=False)
+        for name, setting in (("stock", "off"), ("ours", None), ("remote", server)):
+            run_side(checkpoint, cases_file, folder / f"{name}.npz", setting)
         self.stock = dict(np.load(folder / "stock.npz"))
         self.ours = dict(np.load(folder / "ours.npz"))
+        self.remote = dict(np.load(folder / "remote.npz"))
 
-    def differing(self, mode: str, case: str) -> list[str]:
-        """The fields (or the error) in which ours differs from stock."""
-        key = f"{mode}/{case}"
-        if f"{key}/error" in self.stock or f"{key}/error" in self.ours:
-            return [] if (f"{key}/error" in self.stock) == (f"{key}/error" in self.ours) else ["error"]
+    def differing(self, mode: str, case: str, ours: str = "ours", base: str = "stock") -> list[str]:
+        """The fields (or the error) in which side ``ours`` differs from side ``base``."""
+        key, one, other = f"{mode}/{case}", getattr(self, base), getattr(self, ours)
+        if f"{key}/error" in one or f"{key}/error" in other:
+            return [] if (f"{key}/error" in one) == (f"{key}/error" in other) else ["error"]
         return [
             field
             for field in FIELDS
-            if self.stock[f"{key}/{field}"].dtype != self.ours[f"{key}/{field}"].dtype
-            or not np.array_equal(self.stock[f"{key}/{field}"], self.ours[f"{key}/{field}"])
+            if one[f"{key}/{field}"].dtype != other[f"{key}/{field}"].dtype
+            or not np.array_equal(one[f"{key}/{field}"], other[f"{key}/{field}"])
         ]
 
 
 @pytest.fixture(scope="module", params=PRESETS)
-def sides(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Sides:
-    return Sides(tmp_path_factory.mktemp(request.param), request.param)
+def sides(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, server: str) -> Sides:
+    return Sides(tmp_path_factory.mktemp(request.param), request.param, server)
 
 
 def has_transparency(name: str) -> bool:
@@ -131,7 +182,54 @@ def has_transparency(name: str) -> bool:
 def test_vllm_builds_ours_through_the_plugin_and_its_own_when_off(sides: Sides) -> None:
     for mode in MODES:
         assert str(sides.ours[f"{mode}/processor"]) == OURS
+        assert str(sides.remote[f"{mode}/processor"]) == REMOTE
         assert str(sides.stock[f"{mode}/processor"]) == STOCK
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_remote_form_equals_ours_in_process_in_every_case(sides: Sides, mode: str) -> None:
+    """Every case, refused ones and the by-design differences from stock included: the same prompt
+    token ids, grids and pixels (so the same as stock wherever ours is), the same verdicts (vLLM's
+    ValueError, the library's class named), and no JPEG decoded by Pillow in vLLM's process but
+    the photos vLLM's path turns to their EXIF orientation (decoded and turned there, then sent
+    losslessly: the server takes files in stored order)."""
+    differing = {case: sides.differing(mode, case, "remote", "ours") for case in [*sides.cases, "profile"]}
+    assert not {case: fields for case, fields in differing.items() if fields}
+    for case, spec in sides.cases.items():
+        error = f"{mode}/{case}/error"
+        if error in sides.ours:
+            assert str(sides.remote[error]).split(":")[:2] == str(sides.ours[error]).split(":")[:2], case
+        else:
+            decodes = f"{mode}/{case}/pillow_jpeg_decodes"
+            turned = turned_jpegs(spec, sides.preset)
+            assert int(sides.remote[decodes]) == int(sides.ours[decodes]) + turned, case
+
+
+@functools.cache
+def url_names() -> dict[str, str]:
+    """The corpus file each ``data:`` and ``file://`` URL of the cases stands for."""
+    names = [*ACCEPTED, *REJECTED]
+    return {**{data_url(name): name for name in names}, **{(CORPUS / name).as_uri(): name for name in names}}
+
+
+def turned_jpegs(case: dict, preset: str) -> int:
+    """JPEGs of a case that vLLM's path turns to their EXIF orientation: through the chat path, and
+    K3's opened images (its parser turns them; K2.5's vision chunks keep the stored order)."""
+    from PIL import Image
+
+    from kimi_vision_common.orientation import exif_orientation
+
+    if case["kind"] == "chat":
+        names = [url_names()[url] for url in case["urls"]]
+    elif case["kind"] == "pil" and preset == "kimi-k3":
+        names = [Path(path).name for path in case["paths"]]
+    else:
+        return 0
+    count = 0
+    for name in names:
+        with Image.open(CORPUS / name) as image:
+            count += image.format == "JPEG" and image.mode in ("RGB", "L") and exif_orientation(image) != 1
+    return count
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -266,7 +364,7 @@ def test_cache_keys_are_equal_for_equal_images_and_never_shared_by_different_one
 
 def run_check(code: str, checkpoint: Path | None = None) -> str:
     """``code`` run in a fresh vLLM process with the plugin installed; its standard output."""
-    env = {**vllm_environment(stock=False), "CHECKPOINT": str(checkpoint or "")}
+    env = {**vllm_environment(), "CHECKPOINT": str(checkpoint or "")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout + done.stderr
@@ -306,7 +404,7 @@ def test_a_process_serving_kimi_hands_jpegs_over_encoded(tmp_path: Path) -> None
 def test_a_vllm_whose_kimi_files_moved_keeps_its_own_processor_with_a_warning() -> None:
     code = """
 import logging
-import kimi_vision_prep.vllm_plugin as plugin
+import kimi_vision_common.vllm_plugin as plugin
 plugin.PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_moved_elsewhere"
 plugin.register()
 from vllm.transformers_utils import processor
@@ -317,18 +415,20 @@ print("wrapped:", processor.cached_get_image_processor.__wrapped__.__module__ ==
     assert "not where the plugin knows them" in out and "vLLM's own Kimi processor is used" in out
 
 
-def test_vllm_generates_from_a_chat_with_an_image_through_the_plugin(tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["local", "remote"])
+def test_vllm_generates_from_a_chat_with_an_image_through_the_plugin(tmp_path: Path, form: str, server: str) -> None:
     """``LLM(load_format="dummy")`` (the engine core and its worker in their own processes, as
-    served): the chat's image becomes the prompt's media tokens through ours, and tokens come out
-    (dummy weights: which tokens says nothing)."""
+    served): the chat's image becomes the prompt's media tokens through ours, in process or from
+    the server, and tokens come out (dummy weights: which tokens says nothing)."""
     checkpoint = write_checkpoint(tmp_path / "k25", "kimi-k2.5")
     photo = CORPUS / "sklearn__china.jpg"
     command = [sys.executable, str(HERE / "generate.py"), str(checkpoint), str(photo)]
-    done = subprocess.run(command, env=vllm_environment(stock=False), capture_output=True, text=True, check=False)
+    env = vllm_environment(None if form == "local" else server)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     errors = [line for line in (done.stdout + done.stderr).splitlines() if "Error" in line or "error" in line]
     assert done.returncode == 0, "\n".join(errors[-30:])
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith('{"processor"')))
-    assert result["processor"] == OURS
+    assert result["processor"] == (OURS if form == "local" else REMOTE)
     expected = reference_preprocess(photo.read_bytes(), "kimi-k2.5")
     assert result["prompt_token_ids"].count(163605) == expected.num_tokens
     assert len(result["generated_token_ids"]) == 4

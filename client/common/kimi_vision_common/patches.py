@@ -8,6 +8,7 @@ through it are bit-equal to the fused float32 output.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,18 @@ def expand_with_table(patches: np.ndarray, table: np.ndarray) -> np.ndarray:
     for channel in range(3):
         np.take(np.ascontiguousarray(table[:, channel], dtype=np.float32), patches[:, channel], out=out[:, channel])
     return out
+
+
+def expand_with_table_torch(patches: Any, table: np.ndarray) -> Any:
+    """:func:`expand_with_table` for a torch uint8 ``(N, 3, p, p)`` tensor: one gather on its device
+    (torch, where installed: only a caller holding a tensor calls this)."""
+    import torch
+
+    if patches.dtype != torch.uint8 or patches.ndim != 4 or patches.shape[1] != 3:
+        raise ValueError(f"expected uint8 (N, 3, p, p), got {patches.dtype} {tuple(patches.shape)}")
+    lut = torch.tensor(table, device=patches.device)  # a copy: the cached table is read-only
+    channel = torch.arange(3, device=patches.device)
+    return lut[patches.long(), channel[:, None, None]]
 
 
 def expand_patches(pixel_patches: np.ndarray, preset: str | Preset = "kimi-k2.5") -> np.ndarray:

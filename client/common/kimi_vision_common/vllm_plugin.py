@@ -63,8 +63,14 @@ PROCESSORS: dict[str, tuple[str, str] | None] = {
     "remote": ("kimi_vision_client.vllm_processor", "VllmRemoteKimiProcessor"),
 }
 MODES = tuple(PROCESSORS)
-# The remote processor's options a setting's query may give, with their types.
-REMOTE_OPTIONS = {"deadline_s": float, "fallback": str, "concurrency": int, "shared_memory": str}
+# The remote processor's options a setting's query may give: a type, or the values allowed (the
+# first is the default). fallback=local answers in process what the server cannot (the library).
+REMOTE_OPTIONS: dict[str, type | tuple[str, ...]] = {
+    "deadline_s": float,
+    "concurrency": int,
+    "fallback": ("none", "local"),
+    "shared_memory": ("auto", "yes", "no"),
+}
 # Where vLLM 0.32 builds image processors, and the class its Kimi models ask it for.
 BUILDER_MODULE = "vllm.transformers_utils.processor"
 PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_vision_fused"
@@ -98,10 +104,20 @@ def remote_settings(value: str) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"{value!r} is not local, off or a server's gRPC address (host:port, grpc://host:port?...)")
     options: dict[str, Any] = {}
     for key, text in urllib.parse.parse_qsl(parts.query, strict_parsing=bool(parts.query)):
-        if key not in REMOTE_OPTIONS:
-            raise ValueError(f"{SETTING}: unknown option {key!r} (known: {', '.join(REMOTE_OPTIONS)})")
-        options[key] = REMOTE_OPTIONS[key](text)
+        kind = REMOTE_OPTIONS.get(key)
+        if kind is None:
+            raise ValueError(f"unknown option {key!r} (known: {', '.join(REMOTE_OPTIONS)})")
+        if isinstance(kind, tuple) and text not in kind:
+            raise ValueError(f"{key} is one of {', '.join(kind)}, not {text!r}")
+        options[key] = text if isinstance(kind, tuple) else kind(text)
     return parts.netloc, options
+
+
+def processor_class(mode: str) -> type:
+    """The class :data:`PROCESSORS` names for ``mode``, imported (ImportError where its package is
+    not installed)."""
+    module_name, class_name = PROCESSORS[mode]  # type: ignore[misc]
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 def register() -> None:
@@ -111,11 +127,10 @@ def register() -> None:
     except ValueError as exc:
         log.warning("kimi-vision-prep: %s=%r: %s; vLLM's own Kimi processor is used", SETTING, os.environ[SETTING], exc)
         return
-    processor = PROCESSORS[mode]
-    if processor is None:
+    if PROCESSORS[mode] is None:
         return
     try:
-        build_ours_for_kimi(*processor)
+        build_ours_for_kimi(mode)
         defer_encoded_jpegs()
     except (ImportError, AttributeError) as exc:
         log.warning(
@@ -126,11 +141,11 @@ def register() -> None:
         )
 
 
-def build_ours_for_kimi(module_name: str, class_name: str) -> None:
+def build_ours_for_kimi(mode: str) -> None:
     """Wrap vLLM's ``cached_get_image_processor`` where it is defined and in the Kimi model modules
     already imported (the others bind the wrapper when they load): asked for vLLM's Kimi class, it
-    builds ``module_name.class_name`` through vLLM's own ``get_image_processor``, imported then
-    (where that import fails: one warning, and vLLM's class)."""
+    builds ``mode``'s class (:func:`processor_class`) through vLLM's own ``get_image_processor``,
+    imported then (where that import fails: one warning, and vLLM's class)."""
     builder = importlib.import_module(BUILDER_MODULE)
     get_image_processor = builder.get_image_processor
     cached_get_image_processor = builder.cached_get_image_processor  # AttributeError where this vLLM moved it
@@ -140,9 +155,9 @@ def build_ours_for_kimi(module_name: str, class_name: str) -> None:
     def build(name: str, *args: Any, processor_cls_overrides: Any = None, **kwargs: Any) -> Any:
         if getattr(processor_cls_overrides, "__name__", None) == PROCESSOR_NAME:
             try:
-                processor_cls_overrides = getattr(importlib.import_module(module_name), class_name)
+                processor_cls_overrides = processor_class(mode)
             except ImportError as exc:
-                log.warning("kimi-vision-prep: cannot load %s (%s); vLLM's own Kimi processor is used", class_name, exc)
+                log.warning("kimi-vision-prep: cannot load %s's processor (%s); vLLM's own is used", mode, exc)
         return get_image_processor(name, *args, processor_cls_overrides=processor_cls_overrides, **kwargs)
 
     cached_build = functools.lru_cache(build)
