@@ -8,7 +8,8 @@ tokenizer matter here) in vLLM's default uint8 mode (normalised on the device) w
 otherwise: stock (``KIMI_PREP_VLLM=off``: vLLM's fused processor and image loader), ours (the
 plugin, in process) and remote (the plugin's remote form: ``KIMI_PREP_VLLM`` holds the gRPC
 address of a ``kimi-prep serve`` of ``kimi_k25_vision_u8`` on this host, started from the serving
-venv with its host defaults; shared memory, as on loopback by default). Each photo of
+venv with its host defaults but no response cache, so each request is processed; shared memory, as
+on loopback by default). Each photo of
 ``photos.benchmark_photos`` is one request, three ways: (a) ``pil``: the photo opened with
 ``Image.open`` and handed over in ``multi_modal_data`` (vLLM's parser, hasher, processor, prompt
 update); (b) ``chat``: a chat message with the photo as a ``data:`` URL (base64 decode, vLLM's image
@@ -126,7 +127,8 @@ class Server:
 
     def __init__(self, venv: Path) -> None:
         ports = [free_port() for _ in range(3)]
-        command = [str(venv / "bin" / "kimi-prep"), "serve", "--models", SERVED]
+        # No response cache: every request processed (the rounds repeat the photos, which a cache would answer).
+        command = [str(venv / "bin" / "kimi-prep"), "serve", "--models", SERVED, "--response-cache-mib", "0"]
         command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.address = f"127.0.0.1:{ports[1]}"

@@ -85,9 +85,9 @@ def is_loopback(url: str) -> bool:
 
 
 def encoded_losslessly(image: Image.Image, preset: Preset) -> bytes:
-    """A decoded image as a file the server decodes to the same mode, pixels and transparency:
-    PNG (fastest level) for the modes it holds exactly, uncompressed TIFF for the others (whatever
-    compression the image was read with: TIFF would reuse a lossy one). A mode neither holds (HSV)
+    """A decoded image as a file the server decodes to the same mode, pixels and transparency
+    (:func:`lossless_format`; TIFF uncompressed whatever compression the image was read with: TIFF
+    would reuse a lossy one). A mode neither holds (HSV)
     travels converted to RGB where the preset converts every image to RGB first (K2.5), and is
     :class:`UnsupportedImageError` otherwise (K3 resizes in the source mode), as is a transparency
     key beside a mode PNG cannot hold."""
@@ -96,7 +96,7 @@ def encoded_losslessly(image: Image.Image, preset: Preset) -> bytes:
             f"cannot send a decoded {image.mode} image with a transparency key to the server: send its file instead"
         )
     try:
-        return saved(image, "PNG" if image.mode in PNG_MODES else "TIFF")
+        return saved(image, lossless_format(image))
     except (OSError, ValueError, KeyError) as exc:
         if preset.transparency == "convert_rgb":
             return saved(pillow_call(f"convert {image.mode} to RGB", image.convert, "RGB"), "PNG")
@@ -105,10 +105,18 @@ def encoded_losslessly(image: Image.Image, preset: Preset) -> bytes:
         ) from None
 
 
+def lossless_format(image: Image.Image) -> str:
+    """PPM (no compression: the bytes as they are) for RGB and L without a transparency key, PNG
+    for the other modes it holds, TIFF for the rest."""
+    if image.mode in ("RGB", "L") and "transparency" not in image.info:
+        return "PPM"
+    return "PNG" if image.mode in PNG_MODES else "TIFF"
+
+
 def saved(image: Image.Image, file_format: str) -> bytes:
     """``image`` as a lossless ``file_format`` file (PNG at its fastest level, TIFF uncompressed)."""
     out = io.BytesIO()
-    options = {"compress_level": 1} if file_format == "PNG" else {"compression": "raw"}
+    options = {"PNG": {"compress_level": 1}, "TIFF": {"compression": "raw"}}.get(file_format, {})
     image.save(out, format=file_format, **options)
     return out.getvalue()
 
