@@ -246,13 +246,14 @@ def test_the_vllm_table_is_the_benchmarks_json() -> None:
     summary = json.loads((ROOT / "docs" / "benchmarks" / "bench_vllm.json").read_text())["summary"]
     section = (ROOT / "BENCHMARKS.md").read_text().split("## In vLLM: the plugin", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| (")]
-    assert len(rows) == len(summary) == 2
-    for row, way in zip(rows, ("pil", "chat"), strict=True):
+    assert len(rows) == len(summary) == 3
+    for row, way in zip(rows, ("pil", "chat", "chat_1080p"), strict=True):
         x = summary[way]
-        cells = [cell.strip().strip("*") for cell in row.strip("|").split("|")][1:8]
+        cells = [cell.strip().strip("*") for cell in row.strip("|").split("|")][1:]
         assert cells == [
-            f"{x['stock_wall_ms_median']:.1f}", f"{x['ours_wall_ms_median']:.1f}",
+            f"{x['stock_wall_ms_median']:.1f}", f"{x['ours_wall_ms_median']:.1f}", f"{x['remote_wall_ms_median']:.1f}",
             f"{x['stock_over_ours_wall_ms_median']:.2f}x", f"{x['stock_over_ours_wall_ms_min']:.2f}x",
-            f"{x['stock_cpu_ms_median']:.1f}", f"{x['ours_cpu_ms_median']:.1f}",
-            f"{x['stock_over_ours_cpu_ms_median']:.2f}x",
+            f"{x['stock_cpu_ms_median']:.1f}", f"{x['ours_cpu_ms_median']:.1f}", f"{x['remote_cpu_ms_median']:.1f}",
+            f"{100 * x['remote_over_stock_cpu_ms_median']:.1f}%", f"{x['remote_server_cpu_ms_median']:.1f}",
+            f"{x['remote_over_ours_wall_ms_median']:.2f}x", f"{x['remote_received_over_patches']:.4f}",
         ]  # fmt: skip

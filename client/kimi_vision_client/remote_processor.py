@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import ipaddress
 import logging
 import threading
 import time
@@ -56,7 +55,7 @@ from kimi_vision_common.pillow_open import pillow_call
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.processor_api import MediaItem, ProcessorInterface, media_bytes, unwrapped
 from kimi_vision_common.results import PixelOutput
-from kimi_vision_common.wire import DEFAULT_GRPC_PORT
+from kimi_vision_common.wire import DEFAULT_GRPC_PORT, is_loopback
 
 from .client import KimiVisionClient, WireResult, strip_scheme
 
@@ -71,17 +70,6 @@ FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
 PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16"})
 # A chunk's frames are converted to RGB under every preset (the reference's convert("RGB")).
 RGB_FRAMES = get_preset("kimi-k2.5")
-
-
-def is_loopback(url: str) -> bool:
-    """Whether ``host:port`` names this host by a loopback address (or ``localhost``)."""
-    host = url.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def encoded_losslessly(image: Image.Image, preset: Preset) -> bytes:
@@ -181,7 +169,7 @@ class RemoteKimiProcessor(ProcessorInterface):
         self.url = strip_scheme(url)
         self.deadline_s = deadline_s
         self.concurrency = concurrency
-        self.shared_memory = is_loopback(self.url) if shared_memory is None else shared_memory
+        self.shared_memory = is_loopback(self.url.rsplit(":", 1)[0]) if shared_memory is None else shared_memory
         self.device = device
         self.fallback = fallback
         self.fallbacks = 0

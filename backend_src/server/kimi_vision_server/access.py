@@ -20,30 +20,19 @@ the manifest) or a random one per start, written to a file only its owner can re
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kimi_vision_common.wire import ADMIN_HEADER, admin_headers, checked_key
+from kimi_vision_common.wire import ADMIN_HEADER, admin_headers, checked_key, is_loopback
 
 ADMIN_APIS = ("model-repository", "logging", "trace")
 SHARED_MEMORY_API = "shared-memory"
 # The APIs an operator may open to anonymous clients (--open-api); the admin APIs stay behind the key.
 OPENABLE_APIS = (SHARED_MEMORY_API,)
 LOOPBACK_HOST = "127.0.0.1"
-
-
-def is_loopback(host: str) -> bool:
-    """True for a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def generated_key() -> str:

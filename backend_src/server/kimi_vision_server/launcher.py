@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
+from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, is_loopback
 
-from .access import LOOPBACK_HOST, AccessPolicy, access_args, generated_key, is_loopback, redacted, write_key_file
+from .access import LOOPBACK_HOST, AccessPolicy, access_args, generated_key, redacted, write_key_file
 from .allocator import describe_server_allocator
 from .host import cuda_device_count
 from .probes import ProbeServer

@@ -9,6 +9,7 @@ wrong shape, ...) carry no tag and map by code.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -45,6 +46,18 @@ GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 # Where the operator's key comes from when no key file is named (a Kubernetes Secret in the manifest).
 ADMIN_KEY_ENV = "KIMI_PREP_ADMIN_KEY"
 MIN_KEY_LENGTH = 16
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback address (127.0.0.0/8, ::1, bracketed or not) or ``localhost``: where
+    a server opens shared memory without the key, and a client uses it by default."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def admin_headers(key: str, protocol: str = "http") -> dict[str, str]:
