@@ -80,13 +80,14 @@ CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.p
 	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py tests/test_processor_interfaces.py \
 	tests/test_video_plan.py tests/test_repeat_cache.py
 
-test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed
+test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed $(PERF_VENV)/bin/perf_analyzer
 	$(call say,ruff)
 	$(VENV)/bin/ruff check -q .
 	$(call say,the core exactness tests in the library door ($(LIB_VENV)))
 	$(LIB_VENV)/bin/python -m pytest -q -p no:cacheprovider $(CORE_TESTS)
 	$(call say,every test in the serving environment ($(VENV)))
-	KIMI_CLIENT_VENV=$(CLIENT_VENV) KIMI_LIBRARY_VENV=$(LIB_VENV) $(VENV)/bin/pytest -q --durations=15
+	KIMI_CLIENT_VENV=$(CLIENT_VENV) KIMI_LIBRARY_VENV=$(LIB_VENV) KIMI_PERF_ANALYZER=$(PERF_VENV)/bin/perf_analyzer \
+		$(VENV)/bin/pytest -q --durations=15
 	$(call say,transformers' own Kimi_K25Processor with ours ($(PEER_VENV)))
 	$(PEER_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/peer tests/peer
 	$(call say,vLLM's own Kimi processing: stock and through the plugin in process and remote ($(VLLM_VENV)))

@@ -252,10 +252,18 @@ def python_model(  # noqa: PLR0917
     return ModelFiles(name, config, python_class)
 
 
+# Every model of a rendering has this one version (its folder), and an ensemble step names it: with
+# "-1" (the latest) perf_analyzer 2.41 cannot tell which version's statistics to read in a window
+# where the response cache answered every request and no step ran ("failed to find the requested
+# model version").
+MODEL_VERSION = 1
+
+
 def ensemble_step(model: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> str:
     maps = [f'      input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items()]
     maps += [f'      output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items()]
-    return f'    {{\n      model_name: "{model}"\n      model_version: -1\n' + "\n".join(maps) + "\n    }"
+    head = f'    {{\n      model_name: "{model}"\n      model_version: {MODEL_VERSION}\n'
+    return head + "\n".join(maps) + "\n    }"
 
 
 RESPONSE_CACHE = pbtxt.comment(

@@ -47,6 +47,7 @@ from .media_kinds import media_models
 from .render_blocks import (
     HOST_INDEPENDENT,
     IMAGE_BYTES_INPUT,
+    MODEL_VERSION,
     RAGGED,
     SERVING_DEFAULTS,
     ModelFiles,
@@ -391,7 +392,7 @@ def render_repository(
         if stale.parent.name not in names:
             shutil.rmtree(stale.parent)
     for model in models:
-        version = out / model.name / "1"
+        version = out / model.name / str(MODEL_VERSION)
         version.mkdir(parents=True, exist_ok=True)
         (out / model.name / "config.pbtxt").write_text(model.config)
         if model.python_class is None:
