@@ -29,6 +29,8 @@ CLIENT_VENV ?= .venv-client
 PEER_VENV ?= .venv-peer
 # vLLM (CPU build) with the library and its plugin, as a vLLM user installs them.
 VLLM_VENV ?= .venv-vllm
+# NVIDIA's perf_analyzer (below).
+PERF_VENV ?= .venv-perf
 LIBRARY_SOURCES := $(shell find backend_src/kimi_vision_prep client/common/kimi_vision_common -maxdepth 1 -name '*.py' -o -maxdepth 1 -name '*.c')
 
 $(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/server/kimi_vision_server/_triton_patchify.c
@@ -105,9 +107,9 @@ repository: setup
 demo: setup
 	$(VENV)/bin/kimi-prep demo
 
-# NVIDIA's perf_analyzer (the tritonclient 2.41 wheel) in its own venv, so it does not replace the
-# project's tritonclient; it needs Debian's libb64-0d and libcudart.so.12 (a wheel, on LD_LIBRARY_PATH).
-PERF_VENV ?= .venv-perf
+# NVIDIA's perf_analyzer (the tritonclient 2.41 wheel) in its own venv ($(PERF_VENV)), so it does not
+# replace the project's tritonclient; it needs Debian's libb64-0d and libcudart.so.12 (a wheel, on
+# LD_LIBRARY_PATH).
 $(PERF_VENV)/bin/perf_analyzer:
 	test -x $(PERF_VENV)/bin/python || python3 -m venv $(PERF_VENV)
 	$(PERF_VENV)/bin/pip install -q "tritonclient[all]==2.41.0" nvidia-cuda-runtime-cu12

@@ -57,7 +57,7 @@ from kimi_vision_common.processor_api import MediaItem, ProcessorInterface, medi
 from kimi_vision_common.results import PixelOutput
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, is_loopback
 
-from .client import KimiVisionClient, WireResult, strip_scheme
+from .client import PIXEL_PATCHES, KimiVisionClient, WireResult, strip_scheme
 
 log = logging.getLogger("kimi_vision_client.remote")
 
@@ -220,14 +220,18 @@ class RemoteKimiProcessor(ProcessorInterface):
             backoff = min(2 * backoff, MAX_BACKOFF_S)
 
     def _check_models(self, client: KimiVisionClient, requests: list[bytes | list[bytes]]) -> None:
-        """Once per model: the server serves it (else a typed error naming the flag that serves it)
-        and under this processor's preset (else :class:`InvalidPresetError`: its pixels would differ)."""
+        """Once per model: the server serves it (else a typed error naming the flag that serves it),
+        on the uint8 wire, and under this processor's preset (else :class:`InvalidPresetError`: its
+        pixels would differ)."""
         kinds = {"vision_u8" if isinstance(r, bytes) else "video_chunk" for r in requests}
         for model in sorted(served_model(get_preset(self.base_preset), kind) for kind in kinds):
             if model in self._checked:
                 continue
             client.require_model(model)
-            served = client.wire_of(model).preset
+            wire = client.wire_of(model)
+            if wire.pixel_output != PIXEL_PATCHES:
+                raise InvalidRequestError(f"{model} at {self.url} does not return uint8 {PIXEL_PATCHES}")
+            served = wire.preset
             if dataclasses.replace(served, name=self.preset.name) != self.preset:
                 raise InvalidPresetError(
                     f"{model} at {self.url} follows preset {served.name!r} and this processor's config differs "
