@@ -8,13 +8,17 @@ from ``conftest``: with several conftest.py files, ``import conftest`` may find 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import itertools
 import shutil
+import socket
 import struct
 import subprocess
 import tempfile
+import time
+import urllib.request
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from fractions import Fraction
@@ -309,6 +313,53 @@ def video_clips() -> dict[str, bytes]:
     real = ("torchcodec__av1_video.mkv", "torchcodec__h264_10bits.mp4", "torchcodec__h265_video.mp4")
     return {**encoded, **{name: (CORPUS / "video" / name).read_bytes() for name in real}}
 
+
+
+# The longest a `kimi-prep serve` may take to be ready before a test gives up (a failsafe, not a bound).
+SERVE_START_BUDGET_S = 300.0
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 (a readiness endpoint)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until_ready(process: subprocess.Popen, ready_url: str) -> None:
+    """Until ``ready_url`` answers; an AssertionError where ``process`` exits first or
+    :data:`SERVE_START_BUDGET_S` passes."""
+    give_up = time.monotonic() + SERVE_START_BUDGET_S
+    while not answers(ready_url):
+        assert process.poll() is None, "kimi-prep serve exited before it was ready"
+        assert time.monotonic() < give_up, "kimi-prep serve did not become ready"
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def kimi_prep_serve(kimi_prep: Sequence[str], *args: str) -> Iterator[tuple[int, int]]:
+    """``kimi_prep serve *args`` on free loopback ports (``kimi_prep``: the command that runs the
+    CLI), ready: (HTTP port, gRPC port); stopped at the end."""
+    http, grpc, metrics = (free_loopback_port() for _ in range(3))
+    command = [*kimi_prep, "serve", *args, "--http-port", str(http), "--grpc-port", str(grpc)]
+    process = subprocess.Popen(
+        [*command, "--metrics-port", str(metrics)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_until_ready(process, f"http://127.0.0.1:{http}/v2/health/ready")
+        yield http, grpc
+    finally:
+        process.terminate()
+        process.wait(timeout=120)
 
 
 def require_tritonserver() -> None:

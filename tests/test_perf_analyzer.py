@@ -14,13 +14,11 @@ import os
 import re
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from make_inputs import CORPUS, require_tritonserver
+from make_inputs import CORPUS, kimi_prep_serve, require_tritonserver
 
 from kimi_vision_server.embedded import free_port
 
@@ -48,27 +46,8 @@ def cudart_dir(binary: Path) -> str:
 def served() -> Iterator[tuple[int, int]]:
     """``kimi-prep serve --probe-port P``, as ``make serve`` runs it, on free ports: (HTTP, gRPC)."""
     require_tritonserver()
-    http, grpc, metrics, probe = (free_port() for _ in range(4))
-    command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--probe-port", str(probe)]
-    command += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        give_up = time.monotonic() + 300  # a failsafe for a server that never starts, not a bound
-        while not ready(http):
-            assert process.poll() is None and time.monotonic() < give_up, "kimi-prep serve did not start"
-            time.sleep(0.5)
-        yield http, grpc
-    finally:
-        process.terminate()
-        process.wait(timeout=120)
-
-
-def ready(http_port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2):
-            return True
-    except OSError:
-        return False
+    with kimi_prep_serve([sys.executable, "-m", "kimi_vision_client.cli"], "--probe-port", str(free_port())) as ports:
+        yield ports
 
 
 @pytest.fixture(scope="module")

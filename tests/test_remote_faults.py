@@ -16,14 +16,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
-from make_inputs import CORPUS, require_tritonserver
+from make_inputs import CORPUS, SERVE_START_BUDGET_S, require_tritonserver, wait_until_ready
 
 from kimi_vision_client.remote_processor import RemoteKimiProcessor
 from kimi_vision_common.errors import (
@@ -43,7 +42,6 @@ UINT8 = {"do_rescale": False, "do_normalize": False}
 THREADS = 4  # callers of one processor at once
 DEADLINE_S = 2.0  # the processors' deadline where a fault is expected
 AT_ONCE = 300  # requests of the overload test's one call
-START_BUDGET_S = 300.0  # the longest a start may take before the test gives up (a failsafe, not a bound)
 
 
 class Serve:
@@ -67,21 +65,9 @@ class Serve:
         )
         self.wait_ready()
 
-    def ready(self) -> bool:
-        url = f"http://127.0.0.1:{self.ports[0]}/v2/models/{MODEL}/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return True
-        except OSError:
-            return False
-
     def wait_ready(self) -> None:
-        give_up = time.monotonic() + START_BUDGET_S
-        while not self.ready():
-            assert self.process is not None and self.process.poll() is None, "kimi-prep serve exited"
-            if time.monotonic() > give_up:
-                pytest.fail("kimi-prep serve did not become ready")
-            time.sleep(0.5)
+        assert self.process is not None
+        wait_until_ready(self.process, f"http://127.0.0.1:{self.ports[0]}/v2/models/{MODEL}/ready")
 
     def tritonserver_pid(self) -> int:
         """The launcher's tritonserver child."""
@@ -179,7 +165,7 @@ class Load:
             return sum(1 for at, _, what in self.outcomes if what == seen and at >= since)
 
     def wait_for(self, seen: str, count: int, since: float = 0.0) -> None:
-        give_up = time.monotonic() + START_BUDGET_S
+        give_up = time.monotonic() + SERVE_START_BUDGET_S
         while self.count(seen, since) < count:
             if time.monotonic() > give_up:
                 pytest.fail(f"not {count} {seen} outcomes: {self.summary(since)}")
@@ -212,7 +198,7 @@ def test_a_chunk_to_a_server_without_the_chunk_model_names_the_flag(serve: Serve
 def test_an_overloaded_server_answers_every_request_of_a_call_exactly(serve: Serve, photos: dict) -> None:
     """300 requests at once, more than the decode step's queue holds: any it turns away (UNAVAILABLE,
     no answer produced) are sent again, and every answer is the image's own."""
-    remote = RemoteKimiProcessor(url=serve.grpc_url, concurrency=AT_ONCE, deadline_s=START_BUDGET_S)
+    remote = RemoteKimiProcessor(url=serve.grpc_url, concurrency=AT_ONCE, deadline_s=SERVE_START_BUDGET_S)
     names = [PHOTOS[i % len(PHOTOS)] for i in range(AT_ONCE)]
     medias = [{"type": "image", "image": photos[name][0]} for name in names]
     got = remote.preprocess(medias, **UINT8)["pixel_values"]
@@ -252,7 +238,7 @@ def test_a_stalled_server_fails_calls_at_their_deadline_and_answers_exactly_when
 def test_a_restarting_tritonserver_is_waited_for_within_the_deadline(serve: Serve, photos: dict) -> None:
     """tritonserver killed: ``kimi-prep serve`` starts it again; a call given a deadline longer than
     the restart retries the refused connection until the new server answers, exactly."""
-    remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=START_BUDGET_S)
+    remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=SERVE_START_BUDGET_S)
     data, expected = photos["sklearn__china.jpg"]
     assert np.array_equal(remote.preprocess({"type": "image", "image": data}, **UINT8)["pixel_values"], expected)
     killed = time.monotonic()

@@ -21,8 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +30,7 @@ from checkpoints import vllm_environment, write_checkpoint
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
-from make_inputs import CORPUS, corpus_names  # noqa: E402
+from make_inputs import CORPUS, corpus_names, kimi_prep_serve  # noqa: E402
 from reference import reference_preprocess, reference_verdict  # noqa: E402
 
 from kimi_vision_prep import KimiVisionProcessor  # noqa: E402
@@ -91,14 +89,6 @@ def all_cases(folder: Path, preset: str) -> dict[str, dict]:
     return cases
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """A real ``kimi-prep serve`` (the serving environment's) of :data:`SERVED` on free loopback
@@ -106,27 +96,8 @@ def server() -> Iterator[str]:
     venv = Path(os.environ.get("KIMI_SERVING_VENV", ROOT / ".venv"))
     serve = venv / "bin" / "kimi-prep"
     assert serve.exists(), f"no {serve}: make setup (or set KIMI_SERVING_VENV) serves the remote side"
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    command = [str(serve), "serve", "--models", *SERVED, "--instances", "1", "--threads", "1"]
-    command += ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        give_up = time.monotonic() + 300  # a failsafe for a server that never starts, not a bound
-        while not ready(http):
-            assert process.poll() is None and time.monotonic() < give_up, "kimi-prep serve did not start"
-            time.sleep(0.5)
+    with kimi_prep_serve([str(serve)], "--models", *SERVED, "--instances", "1", "--threads", "1") as (_, grpc):
         yield f"127.0.0.1:{grpc}"
-    finally:
-        process.terminate()
-        process.wait(timeout=120)
-
-
-def ready(http_port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 def run_side(checkpoint: Path, cases: Path, out: Path, setting: str | None) -> None:
