@@ -12,10 +12,14 @@ import contextlib
 import csv
 import io
 import itertools
+import os
+import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -360,6 +364,89 @@ def kimi_prep_serve(kimi_prep: Sequence[str], *args: str) -> Iterator[tuple[int,
     finally:
         process.terminate()
         process.wait(timeout=120)
+
+
+def children(parent: int, name: str) -> list[int]:
+    """The processes called ``name`` (their first 15 characters, as the kernel keeps them) whose
+    parent is ``parent``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)
+            command, parent_pid = fields[0].split("(", 1)[1], int(fields[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent_pid == parent and command == name[:15]:
+            found.append(int(stat.parent.name))
+    return found
+
+
+class ServeProcess:
+    """``kimi-prep serve --models *models *args`` on free loopback ports, in its own process group,
+    so that a test can kill it whole (launcher, tritonserver, stubs) and start it again on the same
+    ports."""
+
+    def __init__(self, models: Sequence[str], *args: str) -> None:
+        self.models = list(models)
+        self.args = list(args)
+        self.ports = [free_loopback_port() for _ in range(3)]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports[1]}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports[2]}/metrics"
+
+    def launch(self) -> None:
+        """Start it without waiting (:meth:`wait_ready` waits)."""
+        command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", *self.models, *self.args]
+        command += ["--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1])]
+        command += ["--metrics-port", str(self.ports[2])]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+
+    def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        assert self.process is not None
+        wait_until_ready(self.process, f"http://127.0.0.1:{self.ports[0]}/v2/models/{self.models[0]}/ready")
+
+    def tritonserver_pid(self) -> int:
+        """The launcher's tritonserver child (the leader of its own process group, with its stubs)."""
+        assert self.process is not None
+        (pid,) = children(self.process.pid, "tritonserver")
+        return pid
+
+    def counter(self, name: str, model: str) -> int:
+        """A per-model counter of tritonserver's metrics (0 where the model has none yet)."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        found = re.search(rf'^{name}{{model="{model}",version="1"}} (\S+)', text, re.M)
+        return int(float(found[1])) if found else 0
+
+    def kill(self) -> None:
+        """SIGKILL to tritonserver's process group (it and its stubs) and the launcher's: the way a
+        machine or a pod dies, no shutdown."""
+        assert self.process is not None
+        for pid in children(self.process.pid, "tritonserver"):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
 
 def require_tritonserver() -> None:

@@ -12,17 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
-from make_inputs import CORPUS, SERVE_START_BUDGET_S, require_tritonserver, wait_until_ready
+from make_inputs import CORPUS, SERVE_START_BUDGET_S, ServeProcess, require_tritonserver
 
 from kimi_vision_client.remote_processor import RemoteKimiProcessor
 from kimi_vision_common.errors import (
@@ -32,7 +29,6 @@ from kimi_vision_common.errors import (
     ServerUnavailableError,
 )
 from kimi_vision_prep import KimiVisionProcessor
-from kimi_vision_server.embedded import free_port
 
 pytestmark = pytest.mark.server
 
@@ -44,64 +40,10 @@ DEADLINE_S = 2.0  # the processors' deadline where a fault is expected
 AT_ONCE = 300  # requests of the overload test's one call
 
 
-class Serve:
-    """``kimi-prep serve --models kimi_k25_vision_u8`` on free ports, in its own process group."""
-
-    def __init__(self) -> None:
-        self.ports = [free_port() for _ in range(3)]
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.ports[1]}"
-
-    def start(self) -> None:
-        command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", MODEL]
-        command += ["--instances", "1", "--threads", "1"]
-        command += ["--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1])]
-        command += ["--metrics-port", str(self.ports[2])]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-        self.wait_ready()
-
-    def wait_ready(self) -> None:
-        assert self.process is not None
-        wait_until_ready(self.process, f"http://127.0.0.1:{self.ports[0]}/v2/models/{MODEL}/ready")
-
-    def tritonserver_pid(self) -> int:
-        """The launcher's tritonserver child."""
-        assert self.process is not None
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)
-                name = fields[0].split("(", 1)[1]
-                parent = int(fields[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if parent == self.process.pid and name == "tritonserver":
-                return int(stat.parent.name)
-        raise AssertionError("no tritonserver under kimi-prep serve")
-
-    def kill(self) -> None:
-        """SIGKILL to the whole process group: launcher, tritonserver and its stubs."""
-        assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 @pytest.fixture(scope="module")
-def serve() -> Iterator[Serve]:
+def serve() -> Iterator[ServeProcess]:
     require_tritonserver()
-    server = Serve()
+    server = ServeProcess([MODEL], "--instances", "1", "--threads", "1")
     server.start()
     try:
         yield server
@@ -187,7 +129,7 @@ def report(what: str, load: Load, since: float, **times: float) -> None:
     ))
 
 
-def test_a_chunk_to_a_server_without_the_chunk_model_names_the_flag(serve: Serve) -> None:
+def test_a_chunk_to_a_server_without_the_chunk_model_names_the_flag(serve: ServeProcess) -> None:
     remote = RemoteKimiProcessor(url=serve.grpc_url)
     frame = (CORPUS / "pil__hopper.jpg").read_bytes()
     with pytest.raises(ModelNotServedError, match="--models kimi_k25_video_chunk"):
@@ -195,7 +137,7 @@ def test_a_chunk_to_a_server_without_the_chunk_model_names_the_flag(serve: Serve
     remote.close()
 
 
-def test_an_overloaded_server_answers_every_request_of_a_call_exactly(serve: Serve, photos: dict) -> None:
+def test_an_overloaded_server_answers_every_request_of_a_call_exactly(serve: ServeProcess, photos: dict) -> None:
     """300 requests at once, more than the decode step's queue holds: any it turns away (UNAVAILABLE,
     no answer produced) are sent again, and every answer is the image's own."""
     remote = RemoteKimiProcessor(url=serve.grpc_url, concurrency=AT_ONCE, deadline_s=SERVE_START_BUDGET_S)
@@ -207,7 +149,7 @@ def test_an_overloaded_server_answers_every_request_of_a_call_exactly(serve: Ser
 
 
 def test_a_stalled_server_fails_calls_at_their_deadline_and_answers_exactly_when_it_resumes(
-    serve: Serve, photos: dict
+    serve: ServeProcess, photos: dict
 ) -> None:
     """SIGSTOP to tritonserver under load (as a server stuck in a loop): every call ends with
     DeadlineExceededError naming the server; after SIGCONT every answer is exact (no request's
@@ -235,7 +177,7 @@ def test_a_stalled_server_fails_calls_at_their_deadline_and_answers_exactly_when
     remote.close()
 
 
-def test_a_restarting_tritonserver_is_waited_for_within_the_deadline(serve: Serve, photos: dict) -> None:
+def test_a_restarting_tritonserver_is_waited_for_within_the_deadline(serve: ServeProcess, photos: dict) -> None:
     """tritonserver killed: ``kimi-prep serve`` starts it again; a call given a deadline longer than
     the restart retries the refused connection until the new server answers, exactly."""
     remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=SERVE_START_BUDGET_S)
@@ -250,7 +192,7 @@ def test_a_restarting_tritonserver_is_waited_for_within_the_deadline(serve: Serv
 
 
 def test_a_killed_server_fails_calls_with_its_typed_error_and_is_used_again_when_back(
-    serve: Serve, photos: dict, caplog: pytest.LogCaptureFixture
+    serve: ServeProcess, photos: dict, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The whole ``kimi-prep serve`` killed under load: each call ends with ServerUnavailableError
     naming the server (or, in flight at the kill, DeadlineExceededError); with a fallback, calls are

@@ -45,6 +45,7 @@ from .outcomes import (
     read_inputs,
     report,
 )
+from .replicas import BALANCES
 
 # Other packages add subcommands here: ``kimi-vision-server`` adds serve, preprocess, render-repository,
 # bench-local and demo (each entry point: ``add(subparsers)``).
@@ -77,7 +78,9 @@ def cmd_infer(args: argparse.Namespace) -> int:
             print_outcome(outcome)
     outcomes = [outcome for outcome, data in inputs if data is None]
     admin_key = operator_key(args.admin_key_file) if args.shm else None
-    with KimiVisionClient(args.url, args.protocol, args.model, args.shm, admin_key=admin_key) as client:
+    with KimiVisionClient(
+        args.url, args.protocol, args.model, args.shm, admin_key=admin_key, balance=args.balance
+    ) as client:
         try:
             if to_send:
                 client.require_model()
@@ -248,7 +251,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         default=None,
-        help=f"host:port (default: localhost:{DEFAULT_GRPC_PORT} for grpc, :{DEFAULT_HTTP_PORT} for http)",
+        help=f"host:port (default: localhost:{DEFAULT_GRPC_PORT} for grpc, :{DEFAULT_HTTP_PORT} for http); "
+        "infer over grpc: also several, h1:p1,h2:p2, or dns:///name:port",
     )
     parser.add_argument("--protocol", choices=("http", "grpc"), default="grpc", help="how to reach the server")
     parser.add_argument("--model", default="kimi_k25_vision", help="the image model to send to")
@@ -273,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     inf = command(sub, "infer", help="preprocess images on a running server")
     add_server_arguments(inf)
+    inf.add_argument(
+        "--balance",
+        choices=BALANCES,
+        default=BALANCES[0],
+        help="with several servers in --url (h1:p1,h2:p2 or dns:///name:port, gRPC): round_robin spreads the "
+        "requests; rendezvous sends an image's repeats to the same server (its response cache)",
+    )
     inf.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     inf.add_argument(
         "--out", type=Path, help="write pixel_values, grid_thws, num_tokens, names to this .npz (default: none written)"

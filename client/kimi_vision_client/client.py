@@ -21,12 +21,17 @@ renamed or re-parameterised model still expands exactly; the client keeps no tab
 With ``use_shared_memory=True`` the request and the outputs travel through POSIX shared memory
 (client and server must share ``/dev/shm``, e.g. the same host or pod). The output size is known
 before sending: the NaViT rule needs only the width and height from the image header.
+
+Over gRPC a client may be given several servers, or a ``dns:///`` name listing them: each request
+goes to one (:mod:`kimi_vision_client.replicas`), and one that got no answer is sent again to
+another (a preprocessing request is idempotent).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -45,6 +50,7 @@ from kimi_vision_common.sizing import chunk_target, navit_target_size
 from kimi_vision_common.wire import FRAME_BYTES, IMAGE_BYTES, NUM_TOKENS_DTYPE, PROMPT, admin_headers
 
 from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
+from .replicas import FAILOVER_BACKOFF_S, Balance, Replica, Replicas, request_key, server_addresses, unavailable_now
 from .server_errors import connection_failure, error_from_server
 from .transport import ADAPTERS, ShmRegion, ShmSlot, Waiter
 from .wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, PIXEL_VALUES, Wire, largest_preset, learn_wire
@@ -186,20 +192,36 @@ def to_images_result(outputs: Mapping[str, np.ndarray], preset: Preset | None = 
 
 
 @dataclass
+class _Request:
+    """What a request sends, kept to send it again to another replica."""
+
+    items: list[bytes]
+    model: str
+    input_name: str
+    attempt: int = 1
+
+
+@dataclass
 class _Pending:
-    """A submitted request: how to wait for it, and the shm slot (if any) holding its outputs."""
+    """A submitted request: how to wait for it, the shm slot (if any) holding its outputs, and the
+    replica it went to."""
 
     wait: Waiter
     slot: ShmSlot | None
     output_offsets: dict[str, int] | None
     wire: Wire
+    request: _Request
+    replica: Replica
     single_image: bool = True
 
 
 class KimiVisionClient:
     """Preprocess images on a Triton server running the Kimi vision models.
 
-    ``url`` is ``host:port`` (a scheme is accepted and ignored); ``protocol`` picks
+    ``url`` is ``host:port`` (a scheme is accepted and ignored), or over gRPC several of them
+    (``"h1:p1,h2:p2"`` or a list) or a ``dns:///name:port`` that lists them, spread per request as
+    ``balance`` says (``round_robin``: gRPC's policy; ``rendezvous``: an image's repeats to the
+    same replica, for its response cache; :mod:`~kimi_vision_client.replicas`); ``protocol`` picks
     tritonclient.http or tritonclient.grpc; ``model`` the ensemble (``kimi_*_vision`` float32, or
     ``kimi_*_vision_u8``: uint8 patches on the wire, expanded here; the result is the same) or
     the single models ``kimi_*_vision_fused`` / ``kimi_*_vision_fused_u8`` (the same two wires);
@@ -219,7 +241,7 @@ class KimiVisionClient:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         protocol: Protocol = "grpc",
         model: str = "kimi_k25_vision",
         use_shared_memory: bool = False,
@@ -228,17 +250,26 @@ class KimiVisionClient:
         max_concurrency: int = 16,
         admin_key: str | None = None,
         timeout_s: float | None = None,
+        balance: Balance = "round_robin",
     ) -> None:
         if protocol not in ADAPTERS:
             raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
-        self.url = strip_scheme(url)
+        addresses = server_addresses(url)
+        self.url = ",".join(addresses)
         self.protocol = protocol
         self.model = model
         self.use_shared_memory = use_shared_memory
         self._admin_headers = admin_headers(admin_key, protocol) if admin_key else None
         self._preset_override = get_preset(preset) if preset is not None else None
         self._adapter = ADAPTERS[protocol](timeout_s)
-        self._client = self._adapter.connect(self.url, max_concurrency)
+        several = len(addresses) > 1 or addresses[0].startswith("dns:")
+        if several and protocol == "http":
+            raise ValueError(f"several servers ({self.url}) need protocol='grpc': gRPC balances them")
+        if several and use_shared_memory:
+            raise ValueError("shared memory is registered with one server: use one address with use_shared_memory")
+        self._replicas = Replicas(
+            addresses, balance, lambda target, rr: self._adapter.connect(target, max_concurrency, rr)
+        )
         self._wires: dict[str, Wire] = {}
         self._free_slots: list[ShmSlot] = []
         self._all_slots: list[ShmSlot] = []
@@ -259,7 +290,8 @@ class KimiVisionClient:
                 failures.append(exc)
         self._all_slots.clear()
         self._free_slots.clear()
-        self._client.close()
+        for client in self._replicas.clients():
+            client.close()
         if failures:
             raise failures[0]
 
@@ -268,6 +300,11 @@ class KimiVisionClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @property
+    def _client(self) -> Any:
+        """The tritonclient for calls about the models (configs, readiness, shared memory)."""
+        return self._replicas.primary.client
 
     @property
     def timeout_s(self) -> float | None:
@@ -358,7 +395,7 @@ class KimiVisionClient:
         name = model or sibling_model(self.model, "video")
         self.require_model(name)
         wire = learn_wire(lambda n: self._adapter.model_config(self._client, n), name, self._preset_override)
-        return stream_video(self.url, name, data, wire, error_from_server)
+        return stream_video(self._replicas.stream_target, name, data, wire, error_from_server)
 
     def count_tokens(self, items: Sequence[bytes], model: str | None = None) -> list[TokenCount]:
         """Grid, tokens and prompt of each image from its header (``model``: default the
@@ -436,17 +473,31 @@ class KimiVisionClient:
         self, items: list[bytes], *, model: str | None = None, input_name: str = INPUT_NAME
     ) -> _Pending | PreprocessError:
         """Send one request (``input_name`` ``[1, K]``: K images, or a chunk's K frames)."""
-        model = model or self.model
-        single = len(items) == 1 or input_name == FRAME_BYTES
+        return self._send(_Request(items, model or self.model, input_name))
+
+    def _send(self, request: _Request) -> _Pending | PreprocessError:
+        single = len(request.items) == 1 or request.input_name == FRAME_BYTES
         slot = self._acquire_slot() if self.use_shared_memory else None
+        replica = self._replicas.pick(request_key(request.items)) if self._replicas.balanced else self._replicas.primary
         try:
-            wire = self.wire_of(model)
-            inputs, outputs, offsets = self._request(items, slot, wire, input_name)
-            waiter = self._adapter.submit(self._client, model, inputs, outputs)
-            return _Pending(waiter, slot, offsets, wire, single)
+            wire = self.wire_of(request.model)
+            inputs, outputs, offsets = self._request(request.items, slot, wire, request.input_name)
+            waiter = self._adapter.submit(replica.client, request.model, inputs, outputs)
+            return _Pending(waiter, slot, offsets, wire, request, replica, single)
         except Exception as exc:
             self._release_slot(slot)
             return error_from_server(exc, single)
+
+    def _resend(self, pending: _Pending, error: PreprocessError) -> _Pending | None:
+        """``pending`` sent again, to another replica where there is one, when it got no answer
+        (:func:`~kimi_vision_client.replicas.unavailable_now`) and has attempts left; else None."""
+        request = pending.request
+        if not unavailable_now(error) or request.attempt >= self._replicas.failover_attempts:
+            return None
+        self._replicas.failed(pending.replica)
+        time.sleep(FAILOVER_BACKOFF_S * 2 ** (request.attempt - 1))  # gRPC notices the dead connection
+        again = self._send(_Request(request.items, request.model, request.input_name, request.attempt + 1))
+        return again if isinstance(again, _Pending) else None
 
     def _collect(
         self, pending: _Pending | PreprocessError, convert: Callable[..., ResultT]
@@ -468,7 +519,9 @@ class KimiVisionClient:
             self.output_bytes_received += sum(array.nbytes for array in outputs.values())
             return convert(outputs, pending.wire if convert is to_wire_result else pending.wire.preset)
         except Exception as exc:
-            return error_from_server(exc, pending.single_image)
+            error = error_from_server(exc, pending.single_image)
+            again = None if answered else self._resend(pending, error)
+            return error if again is None else self._collect(again, convert)
         finally:
             if answered:
                 self._release_slot(pending.slot)

@@ -9,7 +9,9 @@ image to ``kimi_*_vision_u8``, a chunk's frames to ``kimi_*_video_chunk``, both 
 The patches are handed over as they arrive for ``do_rescale=False, do_normalize=False`` (vLLM) and
 expanded exactly into float32 otherwise, with numpy or, on the ``device`` the caller names, torch
 (a quarter of the bytes crosses the bus). Where the server is on this host (a loopback address),
-the request and its answer travel through system shared memory.
+the request and its answer travel through system shared memory. Given several servers (or a
+``dns:///`` name listing them), each request goes to one of them (``balance``, as
+:class:`~kimi_vision_client.client.KimiVisionClient` takes it), one that got no answer to another.
 
 What is sent: an encoded image's own bytes (bytes, ``data:`` URLs, paths, a JPEG Pillow opened but
 did not decode, an engine's wrapper of such a JPEG); an image already decoded in memory is sent as
@@ -57,7 +59,8 @@ from kimi_vision_common.processor_api import MediaItem, ProcessorInterface, medi
 from kimi_vision_common.results import PixelOutput
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, is_loopback
 
-from .client import PIXEL_PATCHES, KimiVisionClient, WireResult, strip_scheme
+from .client import PIXEL_PATCHES, KimiVisionClient, WireResult
+from .replicas import Balance, server_addresses, unavailable_now
 
 log = logging.getLogger("kimi_vision_client.remote")
 
@@ -141,9 +144,12 @@ class RemoteKimiProcessor(ProcessorInterface):
 
     ``media_proc_cfg``, ``preset``: as :class:`~kimi_vision_common.processor_api.ProcessorInterface`
     takes them (the server's model must follow the same values: checked at the first request).
-    ``url``: the server's gRPC ``host:port``. ``deadline_s``: the most one call waits, retries
-    included. ``concurrency``: requests of one call in flight. ``shared_memory``: send and receive
-    through system shared memory (None: where ``url`` is a loopback address). ``device``: where
+    ``url``: the server's gRPC ``host:port``, several (``"h1:p1,h2:p2"`` or a list) or a
+    ``dns:///name:port``; ``balance``: how requests spread over several (``round_robin``, or
+    ``rendezvous``: an image's repeats to one replica's response cache). ``deadline_s``: the most
+    one call waits, retries included. ``concurrency``: requests of one call in flight.
+    ``shared_memory``: send and receive through system shared memory (None: where ``url`` is one
+    loopback address). ``device``: where
     float32 ``pixel_values`` are expanded (None: numpy on the host; a torch device such as
     ``"cuda:0"``: the uint8 patches move there and expand there, torch tensors returned).
     ``fallback``: an in-process processor that answers a call the server cannot (down, stuck):
@@ -155,7 +161,8 @@ class RemoteKimiProcessor(ProcessorInterface):
         media_proc_cfg: Mapping[str, Any] | None = None,
         preset: str | Preset | None = None,
         *,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
+        balance: Balance = "round_robin",
         deadline_s: float = DEFAULT_DEADLINE_S,
         concurrency: int = DEFAULT_CONCURRENCY,
         shared_memory: bool | None = None,
@@ -166,10 +173,13 @@ class RemoteKimiProcessor(ProcessorInterface):
         super().__init__(media_proc_cfg, preset, **kwargs)
         if deadline_s <= 0 or concurrency < 1:
             raise ValueError(f"deadline_s must be > 0 and concurrency >= 1, got {deadline_s}, {concurrency}")
-        self.url = strip_scheme(url)
+        addresses = server_addresses(url)
+        self.url = ",".join(addresses)
+        self.balance = balance
         self.deadline_s = deadline_s
         self.concurrency = concurrency
-        self.shared_memory = is_loopback(self.url.rsplit(":", 1)[0]) if shared_memory is None else shared_memory
+        one_local = len(addresses) == 1 and is_loopback(addresses[0].rsplit(":", 1)[0])
+        self.shared_memory = one_local if shared_memory is None else shared_memory
         self.device = device
         self.fallback = fallback
         self.fallbacks = 0
@@ -285,7 +295,9 @@ class RemoteKimiProcessor(ProcessorInterface):
         """This thread's connection, its requests' deadline set to ``timeout_s``."""
         client = getattr(self._connections, "client", None)
         if client is None:
-            client = KimiVisionClient(self.url, "grpc", self.model, self.shared_memory, timeout_s=timeout_s)
+            client = KimiVisionClient(
+                self.url, "grpc", self.model, self.shared_memory, timeout_s=timeout_s, balance=self.balance
+            )
             self._connections.client = client
             with self._lock:
                 self._clients.append(client)
@@ -316,9 +328,3 @@ class RemoteKimiProcessor(ProcessorInterface):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._connections, self._clients, self._lock = threading.local(), [], threading.Lock()
-
-
-def unavailable_now(error: PreprocessError) -> bool:
-    """The server produced no answer and may a moment later: refused, restarting, queue full (not
-    a deadline: a server past it may still be working on the request)."""
-    return isinstance(error, ServerUnavailableError) and not isinstance(error, DeadlineExceededError)

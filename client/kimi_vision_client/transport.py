@@ -39,7 +39,7 @@ class HttpAdapter:
     def __init__(self, timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s
 
-    def connect(self, url: str, max_concurrency: int) -> Any:
+    def connect(self, url: str, max_concurrency: int, round_robin: bool = False) -> Any:
         if self.timeout_s is None:
             return tritonclient.http.InferenceServerClient(url, concurrency=max_concurrency)
         return tritonclient.http.InferenceServerClient(
@@ -74,8 +74,10 @@ class GrpcAdapter:
         """Keyword arguments that bound a management call (gRPC's deadline)."""
         return {} if self.timeout_s is None else {"client_timeout": self.timeout_s}
 
-    def connect(self, url: str, max_concurrency: int) -> Any:
-        return tritonclient.grpc.InferenceServerClient(url, channel_args=channel_args())
+    def connect(self, url: str, max_concurrency: int, round_robin: bool = False) -> Any:
+        """A client of ``url`` (a target of several servers: each request to one, by gRPC's
+        ``round_robin`` policy when asked)."""
+        return tritonclient.grpc.InferenceServerClient(url, channel_args=channel_args(round_robin))
 
     def submit(self, client: Any, model: str, inputs: list[Any], outputs: list[Any]) -> Waiter:
         future: Future[Any] = Future()
@@ -97,12 +99,15 @@ class GrpcAdapter:
         return client.get_model_config(model, as_json=True)["config"]
 
 
-def channel_args() -> list[tuple[str, Any]]:
+def channel_args(round_robin: bool = False) -> list[tuple[str, Any]]:
     """tritonclient's own gRPC channel options (unlimited messages, its keepalive defaults), and a
     reconnect backoff capped at :data:`MAX_RECONNECT_BACKOFF_MS`: gRPC's default grows to 120 s, so
-    a client would keep failing long after a restarted server is back."""
+    a client would keep failing long after a restarted server is back. ``round_robin``: each
+    request to the next connected address of the target (gRPC's default sticks to the first)."""
     keepalive = tritonclient.grpc.KeepAliveOptions()
+    balance = [("grpc.lb_policy_name", "round_robin")] if round_robin else []
     return [
+        *balance,
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),

@@ -25,7 +25,8 @@ a crash):
 
 ``KIMI_PREP_VLLM``, the one setting the plugin reads: ``local`` (default) processes in the vLLM
 process (``kimi_vision_prep.vllm_processor.VllmKimiProcessor``: the library); ``off`` leaves vLLM as
-it is; a server's gRPC address (``host:port`` or ``grpc://host:port``, options as a query:
+it is; a server's gRPC address (``host:port`` or ``grpc://host:port``; several replicas as
+``grpc://h1:8001,h2:8001`` or one ``dns:///name:8001``; options as a query:
 ``grpc://host:8001?deadline_s=30&fallback=local``, :func:`remote_settings`) sends the pixels to the
 served models (``kimi_vision_client.vllm_processor.VllmRemoteKimiProcessor``: the client).
 :data:`PROCESSORS` maps the values to the class built.
@@ -43,6 +44,7 @@ import importlib.util
 import io
 import logging
 import os
+import re
 import sys
 import urllib.parse
 from typing import Any
@@ -70,7 +72,10 @@ REMOTE_OPTIONS: dict[str, type | tuple[str, ...]] = {
     "concurrency": int,
     "fallback": ("none", "local"),
     "shared_memory": ("auto", "yes", "no"),
+    "balance": ("round_robin", "rendezvous"),
 }
+HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$")
+DNS_TARGET = "dns:///"
 # Where vLLM 0.32 builds image processors, and the class its Kimi models ask it for.
 BUILDER_MODULE = "vllm.transformers_utils.processor"
 PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_vision_fused"
@@ -97,20 +102,32 @@ def setting_mode(value: str) -> str:
 
 
 def remote_settings(value: str) -> tuple[str, dict[str, Any]]:
-    """A server address of the setting -> ``(host:port, options)``: ``host:port`` or
-    ``grpc://host:port``, options (:data:`REMOTE_OPTIONS`) as a URL query; ValueError otherwise."""
-    parts = urllib.parse.urlsplit(value if "://" in value else f"grpc://{value}")
-    if parts.scheme != "grpc" or not parts.hostname or parts.port is None or parts.path not in ("", "/"):
-        raise ValueError(f"{value!r} is not local, off or a server's gRPC address (host:port, grpc://host:port?...)")
+    """A server address of the setting -> ``(address, options)``: ``host:port``, ``grpc://host:port``,
+    several (``grpc://h1:p1,h2:p2``) or ``dns:///name:port``, options (:data:`REMOTE_OPTIONS`) as a
+    URL query; ValueError otherwise."""
+    address, _, query = value.partition("?")
+    hosts = address.removeprefix(DNS_TARGET) if address.startswith(DNS_TARGET) else address.removeprefix("grpc://")
+    if (
+        not hosts
+        or not all(HOST_PORT.match(host) for host in hosts.split(","))
+        or (address.startswith(DNS_TARGET) and "," in hosts)
+    ):
+        raise ValueError(
+            f"{value!r} is not local, off or a server's gRPC address "
+            "(host:port, grpc://host:port,host:port?..., dns:///name:port?...)"
+        )
     options: dict[str, Any] = {}
-    for key, text in urllib.parse.parse_qsl(parts.query, strict_parsing=bool(parts.query)):
+    for key, text in urllib.parse.parse_qsl(query, strict_parsing=bool(query)):
         kind = REMOTE_OPTIONS.get(key)
         if kind is None:
             raise ValueError(f"unknown option {key!r} (known: {', '.join(REMOTE_OPTIONS)})")
         if isinstance(kind, tuple) and text not in kind:
             raise ValueError(f"{key} is one of {', '.join(kind)}, not {text!r}")
-        options[key] = text if isinstance(kind, tuple) else kind(text)
-    return parts.netloc, options
+        try:
+            options[key] = text if isinstance(kind, tuple) else kind(text)
+        except ValueError:
+            raise ValueError(f"{key} is a number, not {text!r}") from None
+    return (address if address.startswith(DNS_TARGET) else hosts), options
 
 
 def processor_class(mode: str) -> type:

@@ -1,0 +1,95 @@
+"""kimi_vision_client.replicas without a server: how addresses are read, the gRPC target they make,
+which replica a request goes to, and what is refused."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from kimi_vision_client.client import KimiVisionClient
+from kimi_vision_client.replicas import (
+    Replicas,
+    grpc_target,
+    rank,
+    request_key,
+    server_addresses,
+    unavailable_now,
+)
+from kimi_vision_client.transport import channel_args
+from kimi_vision_common.errors import DeadlineExceededError, InvalidImageError, ServerUnavailableError
+
+
+def test_addresses_come_as_one_several_or_a_dns_name() -> None:
+    assert server_addresses("grpc://a:1") == ("a:1",)
+    assert server_addresses("a:1, grpc://b:2") == ("a:1", "b:2")
+    assert server_addresses(["a:1", "b:2"]) == ("a:1", "b:2")
+    assert server_addresses("dns:///prep-pods.ns.svc:8001") == ("dns:///prep-pods.ns.svc:8001",)
+    for bad in ("", "a:1,", "dns:///a:1,b:2"):
+        with pytest.raises(ValueError):
+            server_addresses(bad)
+
+
+def test_several_addresses_make_one_balanced_grpc_target() -> None:
+    assert grpc_target(["localhost:8001"]) == "localhost:8001"
+    assert grpc_target(["dns:///x:8001"]) == "dns:///x:8001"
+    assert grpc_target(["localhost:8001", "127.0.0.2:9001"]) == "ipv4:127.0.0.1:8001,127.0.0.2:9001"
+    assert grpc_target(["[::1]:8001", "[::1]:8002"]) == "ipv6:[::1]:8001,[::1]:8002"
+    with pytest.raises(ValueError, match="IPv4 and IPv6"):
+        grpc_target(["127.0.0.1:8001", "[::1]:8002"])
+    assert ("grpc.lb_policy_name", "round_robin") in channel_args(round_robin=True)
+    assert not any(key == "grpc.lb_policy_name" for key, _ in channel_args())
+
+
+def opened(balance: str, *addresses: str) -> tuple[Replicas, list[tuple[str, bool]]]:
+    channels: list[tuple[str, bool]] = []
+    replicas = Replicas(addresses, balance, lambda target, rr: channels.append((target, rr)) or target)  # type: ignore[arg-type]
+    return replicas, channels
+
+
+def test_round_robin_is_one_channel_and_rendezvous_one_per_replica() -> None:
+    one, channels = opened("round_robin", "127.0.0.1:8001")
+    assert channels == [("127.0.0.1:8001", False)] and not one.balanced and one.failover_attempts == 1
+    three, channels = opened("round_robin", "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+    assert channels == [("ipv4:127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", True)] and three.balanced
+    _, channels = opened("rendezvous", "127.0.0.1:1", "localhost:2", "127.0.0.1:1")
+    assert channels == [("127.0.0.1:1", False), ("127.0.0.1:2", False)]  # each server once
+    with pytest.raises(ValueError, match="balance"):
+        opened("random", "127.0.0.1:1")
+
+
+def test_rendezvous_sends_repeats_to_one_replica_and_spreads_the_rest() -> None:
+    replicas, _ = opened("rendezvous", "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+    keys = [request_key([f"image {i}".encode()]) for i in range(3000)]
+    first = [replicas.pick(key).name for key in keys]
+    assert [replicas.pick(key).name for key in keys] == first  # repeats go where the first went
+    shares = collections.Counter(first)
+    assert len(shares) == 3 and min(shares.values()) > 800  # about a third each
+    # A failed replica's keys move to their next in rank; the others stay where they were.
+    down = replicas.pick(keys[0])
+    replicas.failed(down)
+    moved = [replicas.pick(key).name for key in keys]
+    assert down.name not in moved
+    assert all(after == before for before, after in zip(first, moved, strict=True) if before != down.name)
+    for key, before, after in zip(keys, first, moved, strict=True):
+        if before == down.name:
+            ranked = sorted(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"), key=lambda n: rank(key, n), reverse=True)
+            assert after == ranked[1]
+
+
+def test_the_request_key_is_the_bytes_and_their_order() -> None:
+    assert request_key([b"a", b"b"]) == request_key([b"a", b"b"]) != request_key([b"b", b"a"])
+    assert request_key([b"ab"]) != request_key([b"a", b"b"])
+
+
+def test_only_a_request_that_got_no_answer_is_sent_again() -> None:
+    assert unavailable_now(ServerUnavailableError("connection reset"))
+    assert not unavailable_now(DeadlineExceededError("past its deadline"))  # may still be running
+    assert not unavailable_now(InvalidImageError("the server's verdict"))
+
+
+def test_several_servers_need_grpc_and_no_shared_memory() -> None:
+    with pytest.raises(ValueError, match="grpc"):
+        KimiVisionClient("127.0.0.1:1,127.0.0.1:2", "http")
+    with pytest.raises(ValueError, match="shared memory"):
+        KimiVisionClient("127.0.0.1:1,127.0.0.1:2", "grpc", use_shared_memory=True)
