@@ -110,6 +110,8 @@ def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     assert f"A load still running {defaults['load_stall_s']:g} s (`load_stall_s`)" in text
     assert f"reloads still running after {defaults['load_stall_s']:g} s (`load_stall_s`)" in text
     assert f"has not completed in {defaults['load_stall_s']:g} s;" in text
+    assert f"has not grown for {defaults['stuck_after_s']:g} s (`stuck_after_s`," in text
+    assert f"has not run for {defaults['stuck_after_s']:.1f} s ..." in text
     assert f"within {SERVER_QUICK_EXIT_S:g} s of its start (`watchdog.SERVER_QUICK_EXIT_S`)" in text
     assert defaults["initial_backoff_s"] == 1.0
     assert f"has run no stub for {PINNED_ONLY_AFTER_S:g} s (`launcher.PINNED_ONLY_AFTER_S`:" in text

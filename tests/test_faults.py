@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 import signal
 import subprocess
@@ -541,3 +542,129 @@ def test_a_load_stuck_in_a_stubs_initialize_is_ended_and_retried(
         assert counter(server, DEATHS, "stalling") == 1
         log = server.log_tail(200_000)
     assert "in initialize" in log and "most recent call first" in log  # the stalled stub's stack
+
+
+BUSY_CONFIG = STALLING_CONFIG.replace('"stalling"', '"busy"')
+BUSY_MODEL = '''import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        seconds = float(pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()[0])
+        end, spins = time.monotonic() + seconds, 0
+        while time.monotonic() < end:  # busy in Python the whole time, holding the GIL
+            spins += 1
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+'''
+STUCK = "kimi_prep_stuck_stubs_total"
+STUCK_AFTER_S = inspect.signature(StubWatchdog).parameters["stuck_after_s"].default  # the launcher's
+
+
+def test_a_stub_busy_longer_than_stuck_after_s_is_not_taken_for_stuck(tmp_path: Path) -> None:
+    """A slow but working stub: its execute spins in Python for twice ``stuck_after_s`` (a long
+    decode or video is no different to the watchdog). Its health thread, in C++, keeps running, so
+    it is answered, and neither counted stuck nor reloaded."""
+    require_tritonserver()
+    (tmp_path / "busy" / "1").mkdir(parents=True)
+    (tmp_path / "busy" / "config.pbtxt").write_text(BUSY_CONFIG)
+    (tmp_path / "busy" / "1" / "model.py").write_text(BUSY_MODEL)
+    with EmbeddedServer(model_repository=tmp_path, probe_port=free_port()) as server:
+        time.sleep(2 * STUB_SCAN_S)  # a scan has seen the stub
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        seconds = 2 * STUB_SCAN_S + 2 * STUCK_AFTER_S
+        tensor = grpcclient.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([seconds], dtype=np.int32))
+        answer = client.infer("busy", [tensor], client_timeout=CLIENT_TIMEOUT_S).as_numpy("Y").tolist()
+        client.close()
+        assert answer == [int(seconds)]
+        assert counter(server, STUCK, "busy") == 0 and counter(server, RECOVERIES, "busy") == 0
+        assert probe(server, "/readyz")[0] == 200
+
+
+@dataclass
+class Timeline:
+    """What each load thread saw, by when the request was sent: (time, "exact" | "wrong" | the
+    server's error)."""
+
+    seen: list[tuple[float, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, sent_at: float, what: str) -> None:
+        with self.lock:
+            self.seen.append((sent_at, what))
+
+    def between(self, start: float, end: float = float("inf")) -> Counter[str]:
+        with self.lock:
+            return Counter(what for at, what in self.seen if start <= at < end)
+
+
+def send_new_photos(stop: threading.Event, server: EmbeddedServer, images: list, timeline: Timeline) -> None:
+    """One load thread: its own client, each request a photo made new (bytes after its end, which
+    decoders ignore), as a server under load of new photos sees them."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for index in itertools.count():
+            if stop.is_set():
+                return
+            data, expected = images[index % len(images)]
+            sent_at = time.monotonic()
+            try:
+                outputs = infer(client, data + f"new photo {threading.get_ident()} {index}".encode())
+            except InferenceServerException as exc:
+                timeline.add(sent_at, f"{exc.status()}: {exc.message()}"[:160])
+                continue
+            timeline.add(sent_at, "exact" if is_exact(outputs, expected) else "wrong")
+    finally:
+        client.close()
+
+
+def test_a_stopped_stub_under_load_is_ended_and_replaced_and_no_request_fails_after(images: list) -> None:
+    """docs/faults.md: the default serve's layout of a model of two instances; one decode stub
+    stopped (SIGSTOP, as a decoder that stopped running would be) while four threads send new
+    photos. Requests it takes fail (the Python backend: not healthy) until the watchdog finds it
+    has not run for ``stuck_after_s``, ends it and reloads the model (/readyz 503 meanwhile); no
+    request sent after that fails. The stub is resumed at the end (it is gone by then)."""
+    require_tritonserver()
+    model = "kimi_k25_decode"
+    render = RenderOptions(instances=2, threads=1, kind="cpu")
+    with EmbeddedServer(render=render, models=(MODEL,), probe_port=free_port()) as server:
+        assert server.process is not None
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the stop")
+        timeline, stop, readyz = Timeline(), threading.Event(), []
+        threads = [
+            threading.Thread(target=send_new_photos, args=(stop, server, images, timeline), daemon=True)
+            for _ in range(4)
+        ]
+        threads.append(readyz_watcher(server, stop, readyz))
+        for thread in threads:
+            thread.start()
+        (stub,) = [s for s in stub_processes(server.process.pid) if s.instance == f"{model}_0_1" and not s.zombie]
+        try:
+            wait_for(lambda: timeline.between(0)["exact"] >= 8, "exact results under load before the stop")
+            stopped_at = time.monotonic()
+            os.kill(stub.pid, signal.SIGSTOP)
+            found_s = wait_for(lambda: counter(server, STUCK, model) == 1, "the stuck stub found", server)
+            wait_for(lambda: counter(server, RECOVERIES, model) == 1 or restarts(server) >= 1, "the recovery", server)
+            replaced_at = time.monotonic()
+            wait_for(lambda: timeline.between(replaced_at)["exact"] >= 40, "exact results after the recovery")
+            ended_at = time.monotonic()
+        finally:
+            stop.set()
+            signal_process(stub.pid, signal.SIGCONT)
+            for thread in threads:
+                thread.join(timeout=CLIENT_TIMEOUT_S + 10)
+        before, during = timeline.between(0, stopped_at), timeline.between(stopped_at, replaced_at)
+        after = timeline.between(replaced_at, ended_at)
+        print(
+            f"\nSIGSTOP {stub.instance} under load: found stuck {found_s:.2f} s after the stop, replaced "
+            f"{replaced_at - stopped_at:.2f} s after it; requests sent before the stop {dict(before)}, until "
+            f"replaced {dict(during)}, after {dict(after)}; /readyz codes {sorted(set(readyz))}"
+        )
+        assert not any(what == "wrong" for what, _ in timeline.between(0).items()), timeline.between(0)
+        assert set(after) == {"exact"}, after
+        assert 503 in readyz, "/readyz never reported the stuck stub"
+        assert counter(server, DEATHS, model) == 0  # ended as stuck, not counted again as a death
+        assert probe(server, "/readyz")[0] == 200

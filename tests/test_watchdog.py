@@ -33,6 +33,7 @@ class ScriptedServer:
         self.repository = repository
         self.pids = itertools.count(4_000_000)  # beyond pid_max: /proc has none of them
         self.stubs: dict[int, StubProcess] = {}
+        self.scheduled: dict[int, int] = {}  # times each stub's threads were put on a CPU, where counted
         self.states = {MODEL: READY}
         self.loads: list[str] = []
         self.unloads: list[str] = []
@@ -56,6 +57,10 @@ class ScriptedServer:
     def work(self, pid: int, ticks: int) -> None:
         """The stub uses ``ticks`` clock ticks of CPU."""
         self.stubs[pid] = dataclasses.replace(self.stubs[pid], cpu_ticks=self.stubs[pid].cpu_ticks + ticks)
+
+    def run(self, pid: int) -> None:
+        """The stub's threads run (its health thread beats): it was put on a CPU again."""
+        self.scheduled[pid] = self.scheduled.get(pid, 0) + 3
 
     def end(self, pid: int) -> None:
         """A stub that exits and is reaped (its version unloaded)."""
@@ -85,17 +90,20 @@ class ScriptedServer:
 
 
 REPLACED_IDLE_S = 0.2
+STUCK_AFTER_S = 0.2
 
 
 def watched(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> StubWatchdog:
     """A watchdog of ``server``: its scans, kills and repository calls go to the script."""
     monkeypatch.setattr(watchdog, "stub_processes", lambda pid: list(server.stubs.values()))
     monkeypatch.setattr(watchdog, "end_process", server.kill)
+    monkeypatch.setattr(watchdog, "times_scheduled", server.scheduled.get)
     guard = StubWatchdog(
         server,  # type: ignore[arg-type]
         "127.0.0.1:1",
         model_repository=server.repository,
         replaced_idle_s=REPLACED_IDLE_S,
+        stuck_after_s=STUCK_AFTER_S,
     )
     guard.repository = server  # type: ignore[assignment]
     return guard
@@ -317,3 +325,94 @@ def test_a_load_stuck_in_a_new_stubs_initialize_ends_that_stub_and_is_tried_agai
     assert server.unloads == [MODEL, MODEL] and server.loads == [MODEL, MODEL]
     assert counts(guard) == {"stub_deaths": 1, "recoveries": 1, "stalled_loads": 1}
     assert [stub.zombie for stub in server.stubs.values()].count(False) == 1
+
+
+def stuck(guard: StubWatchdog) -> int:
+    return guard.counters()["stuck_stubs"].get(MODEL, 0)
+
+
+def test_a_stub_that_stops_running_is_ended_and_its_model_reloaded(scripted) -> None:
+    """Stopped (or frozen): its threads are not put on a CPU again. After ``stuck_after_s`` it is
+    ended and its model reloaded as for a dead stub, readiness false until then; its exit is no
+    second death, and the other stub is left alone."""
+    server, guard = scripted
+    stopped, running = sorted(server.stubs)
+    for pid in (stopped, running):
+        server.run(pid)
+    guard.poll_once()
+    server.run(running)
+    guard.poll_once()
+    assert not server.stubs[stopped].zombie and stuck(guard) == 0  # not yet stuck_after_s
+    time.sleep(STUCK_AFTER_S)
+    server.run(running)
+    guard.poll_once()
+    assert server.stubs[stopped].zombie, "the stuck stub was ended"
+    assert stuck(guard) == 1 and server.loads == [MODEL]
+    assert counts(guard) == {"stub_deaths": 0, "recoveries": 1}
+    assert not server.stubs[running].zombie
+    guard.poll_once()
+    assert counts(guard) == {"stub_deaths": 0, "recoveries": 1} and stuck(guard) == 1
+
+
+def test_readiness_is_false_from_a_stuck_stub_until_its_model_is_reloaded(scripted, monkeypatch) -> None:
+    server, guard = scripted
+    stopped, _ = sorted(server.stubs)
+    server.run(stopped)
+    failing = []
+
+    def load_fails(model: str) -> None:
+        failing.append(model)
+        raise watchdog.RepositoryError("the load failed")
+
+    monkeypatch.setattr(server, "load", load_fails)
+    guard.poll_once()
+    time.sleep(STUCK_AFTER_S)
+    guard.poll_once()
+    assert failing == [MODEL] and stuck(guard) == 1
+    ready, why = guard.readiness()
+    assert not ready and MODEL in why and "stuck" in why
+
+
+def test_a_slow_but_working_stub_is_never_taken_for_stuck(scripted) -> None:
+    """A long decode keeps the stub's health thread beating: its threads are put on a CPU every
+    scan, however long the request takes."""
+    server, guard = scripted
+    busy, _ = sorted(server.stubs)
+    for _ in range(5):
+        server.run(busy)
+        server.work(busy, ticks=50)
+        guard.poll_once()
+        time.sleep(STUCK_AFTER_S)
+    assert stuck(guard) == 0 and not server.stubs[busy].zombie and server.loads == []
+
+
+def test_an_uncounted_stub_is_never_taken_for_stuck(scripted) -> None:
+    """Where the kernel keeps no count (no schedstat), nothing is judged stuck."""
+    server, guard = scripted
+    for _ in range(3):
+        guard.poll_once()
+        time.sleep(STUCK_AFTER_S)
+    assert stuck(guard) == 0 and server.loads == []
+
+
+def test_times_scheduled_counts_a_live_process_and_freezes_for_a_stopped_one() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    try:
+        first = watchdog.times_scheduled(sleeper.pid)
+        assert first is not None
+        while watchdog.times_scheduled(sleeper.pid) == first:  # it wakes every 10 ms
+            time.sleep(0.01)
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        while watchdog._stat_fields(Path(f"/proc/{sleeper.pid}"))[0] != "T":
+            time.sleep(0.01)
+        frozen = watchdog.times_scheduled(sleeper.pid)
+        time.sleep(0.1)
+        assert watchdog.times_scheduled(sleeper.pid) == frozen
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert watchdog.times_scheduled(sleeper.pid) is None

@@ -2,8 +2,9 @@
 
 - ``GET /livez``: 200 while tritonserver runs (the launcher answers, so it runs too), else 503.
 - ``GET /readyz``: 200 when :meth:`StubWatchdog.readiness` holds (server ready, every model
-  ``READY``, no stub known dead, no reload in progress), else 503 with the reason as the body.
-- ``GET /metrics``: ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}``,
+  ``READY``, no stub known dead or stuck, no reload in progress), else 503 with the reason as the body.
+- ``GET /metrics``: ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_stuck_stubs_total{model}``,
+  ``kimi_prep_recoveries_total{model}``,
   ``kimi_prep_replaced_stubs_ended_total{model}``, ``kimi_prep_stalled_loads_total{model}`` and
   ``kimi_prep_server_restarts_total`` in the Prometheus text format.
 """
@@ -19,7 +20,11 @@ from .watchdog import StubWatchdog
 METRIC_FAMILIES = {
     # counters() key: (metric family name, help)
     "stub_deaths": ("kimi_prep_stub_deaths_total", "Python backend stub processes found dead, by model"),
-    "recoveries": ("kimi_prep_recoveries_total", "Models reloaded after a stub death, by model"),
+    "stuck_stubs": (
+        "kimi_prep_stuck_stubs_total",
+        "Python backend stub processes found stuck (not run for stuck_after_s) and ended, by model",
+    ),
+    "recoveries": ("kimi_prep_recoveries_total", "Models reloaded after a stub death or a stuck stub, by model"),
     "replaced_stubs_ended": (
         "kimi_prep_replaced_stubs_ended_total",
         "Stubs of a replaced model version that never unloaded, ended once idle, by model",

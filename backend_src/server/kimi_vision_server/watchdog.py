@@ -44,7 +44,13 @@ the load completes.
   one left first), at once, or after the backoff where the last one also exited within
   :data:`SERVER_QUICK_EXIT_S` of its start; one that exits cleanly (code 0), or with an error
   code before it answered ``/v2/health/live`` (a start-up failure), is not;
-- ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_recoveries_total{model}``,
+- a stub that no longer runs at all (stopped, frozen: none of its threads put on a CPU for
+  ``stuck_after_s``) is stuck: the Python backend's health check already calls it "not healthy"
+  (its health thread beats every 300 ms, in C++, whatever the model's Python code is doing), so
+  every request it takes fails. The watchdog ends it (SIGKILL) and reloads its model as for a dead
+  one. A stub that is slow but working (a long decode, a long video) keeps its health thread
+  running and is never taken for stuck;
+- ``kimi_prep_stub_deaths_total{model}``, ``kimi_prep_stuck_stubs_total{model}``, ``kimi_prep_recoveries_total{model}``,
   ``kimi_prep_replaced_stubs_ended_total{model}``, ``kimi_prep_stalled_loads_total{model}`` and
   ``kimi_prep_server_restarts_total`` count deaths, completed recoveries, the stubs ended so, the
   loads ended for stalling and the servers started again;
@@ -103,6 +109,7 @@ class StubProcess:
     instance: str
     zombie: bool
     cpu_ticks: int = 0  # user + system CPU time so far, in clock ticks
+    state: str = "S"  # /proc's one-letter state: R running, S sleeping, T stopped, Z zombie...
 
     @property
     def identity(self) -> tuple[int, int]:
@@ -114,6 +121,27 @@ def _stat_fields(pid_dir: Path) -> list[str]:
     utime [11], stime [12], starttime [19]."""
     stat = (pid_dir / "stat").read_text()
     return stat.rsplit(")", 1)[1].split()
+
+
+def times_scheduled(pid: int) -> int | None:
+    """How often the threads of ``pid`` have been put on a CPU so far: the sum of their timeslice
+    counts (the third field of ``/proc/<pid>/task/<tid>/schedstat``); None where the process is
+    gone or the kernel keeps no such count. A live stub's count grows at least every 300 ms (its
+    health thread wakes then); a stopped or frozen one's does not."""
+    total, read = 0, 0
+    try:
+        tasks = list((PROC / str(pid) / "task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[2])
+            read += 1
+        except FileNotFoundError:  # a thread that ended meanwhile, or no schedstat at all
+            continue
+        except (OSError, IndexError, ValueError):
+            return None
+    return total if read else None
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -171,7 +199,9 @@ def stub_from_argv(pid: int, fields: list[str], argv: list[str]) -> StubProcess 
     if instance == model:
         return None
     cpu_ticks = int(fields[11]) + int(fields[12])
-    return StubProcess(pid, int(fields[19]), model, instance, zombie=fields[0] == "Z", cpu_ticks=cpu_ticks)
+    return StubProcess(
+        pid, int(fields[19]), model, instance, zombie=fields[0] == "Z", cpu_ticks=cpu_ticks, state=fields[0]
+    )
 
 
 def version_folders(model_folder: Path) -> list[Path]:
@@ -307,6 +337,14 @@ class PendingRecovery:
 
 
 @dataclass
+class Progress:
+    """A watched stub's :func:`times_scheduled` at the last scan, and when a scan last saw it grow."""
+
+    scheduled: int
+    changed_at: float
+
+
+@dataclass
 class ReplacedStub:
     """A live stub of a version a completed recovery replaced: its CPU time at the last scan, and
     when a scan last saw it grow by more than :data:`IDLE_TICKS_PER_SCAN`."""
@@ -334,6 +372,7 @@ class ServerState:
     pending: dict[str, PendingRecovery] = field(default_factory=dict)
     recovering: str | None = None
     replaced: dict[tuple[int, int], ReplacedStub] = field(default_factory=dict)  # ended once idle
+    progress: dict[tuple[int, int], Progress] = field(default_factory=dict)  # watched stubs, to find stuck ones
     pinned: set[str] = field(default_factory=set)  # models reloaded: a replaced version may never unload
     started_at: float = field(default_factory=time.monotonic)
     live_seen: bool = False  # it answered /v2/health/live: it started, whatever exits later is no start-up failure
@@ -344,6 +383,7 @@ class WatchdogState(ServerState):
     """:class:`ServerState` and the counters, kept across the servers the watchdog starts again."""
 
     deaths: Counter[str] = field(default_factory=Counter)
+    stuck: Counter[str] = field(default_factory=Counter)
     recoveries: Counter[str] = field(default_factory=Counter)
     replaced_ended: Counter[str] = field(default_factory=Counter)
     stalled_loads: Counter[str] = field(default_factory=Counter)
@@ -371,6 +411,7 @@ class StubWatchdog:
         max_backoff_s: float = 30.0,
         replaced_idle_s: float = 10.0,
         load_stall_s: float = 120.0,
+        stuck_after_s: float = 2.0,
         headers: dict[str, str] | None = None,
         restart: Callable[[subprocess.Popen[bytes]], subprocess.Popen[bytes]] | None = None,
     ) -> None:
@@ -382,6 +423,7 @@ class StubWatchdog:
         self.max_backoff_s = max_backoff_s
         self.replaced_idle_s = replaced_idle_s
         self.load_stall_s = load_stall_s
+        self.stuck_after_s = stuck_after_s
         self.restart = restart
         self._state = WatchdogState()
         self._lock = threading.Lock()
@@ -416,11 +458,13 @@ class StubWatchdog:
     # -- what the probes read --
 
     def counters(self) -> dict[str, dict[str, int]]:
-        """``{"stub_deaths": {model: n}, "recoveries": {model: n}, "replaced_stubs_ended": {model: n},
-        "stalled_loads": {model: n}, "server_restarts": {"": n}}`` ("": no label)."""
+        """``{"stub_deaths": {model: n}, "stuck_stubs": {model: n}, "recoveries": {model: n},
+        "replaced_stubs_ended": {model: n}, "stalled_loads": {model: n}, "server_restarts": {"": n}}``
+        ("": no label)."""
         with self._lock:
             return {
                 "stub_deaths": dict(self._state.deaths),
+                "stuck_stubs": dict(self._state.stuck),
                 "recoveries": dict(self._state.recoveries),
                 "replaced_stubs_ended": dict(self._state.replaced_ended),
                 "stalled_loads": dict(self._state.stalled_loads),
@@ -442,7 +486,7 @@ class StubWatchdog:
             broken = sorted({*self._state.pending, *([self._state.recovering] if self._state.recovering else [])})
             last_round = self._state.last_round_at
         if broken:
-            return False, f"recovering from a dead stub: {', '.join(broken)}"
+            return False, f"recovering from a dead or stuck stub: {', '.join(broken)}"
         if last_round is None or time.monotonic() - last_round > max(10.0, 20 * self.interval_s):
             return False, "the stub watchdog is not scanning"
         if not self.repository.server_ready():
@@ -514,6 +558,7 @@ class StubWatchdog:
         reloads that are due."""
         stubs = stub_processes(self.process.pid)
         self._record_deaths(stubs)
+        self._end_stuck(stubs)
         self._end_idle_replaced(stubs)
         now = time.monotonic()
         with self._lock:
@@ -563,6 +608,61 @@ class StubWatchdog:
                     f"{stub.instance} (pid {stub.pid}: {death_cause(stub.pid)})" for stub in model_stubs
                 )
                 log.warning("stub of %s died: %s; reloading the model", model, instances)
+
+    def _stuck_stubs(self, stubs: list[StubProcess]) -> list[StubProcess]:
+        """Watched stubs whose threads have not been put on a CPU for ``stuck_after_s`` (those of a
+        model already being reloaded are left to the reload)."""
+        now = time.monotonic()
+        stuck = []
+        with self._lock:
+            watched = set(self._state.known)
+            reloading = {*self._state.pending, self._state.recovering}
+            for identity in set(self._state.progress) - watched:
+                del self._state.progress[identity]
+        for stub in stubs:
+            if stub.zombie or stub.identity not in watched or stub.model in reloading:
+                continue
+            scheduled = times_scheduled(stub.pid)
+            if scheduled is None:
+                continue
+            with self._lock:
+                last = self._state.progress.get(stub.identity)
+                if last is None or scheduled != last.scheduled:
+                    self._state.progress[stub.identity] = Progress(scheduled, now)
+                elif now - last.changed_at >= self.stuck_after_s:
+                    stuck.append(stub)
+        return stuck
+
+    def _end_stuck(self, stubs: list[StubProcess]) -> None:
+        """End each stuck stub of a ``READY`` model and queue its model's reload, as for a death."""
+        stuck = self._stuck_stubs(stubs)
+        if not stuck:
+            return
+        try:
+            states = self.repository.model_states()
+        except RepositoryError as exc:
+            log.info("a stub is stuck but the repository did not answer: %s", exc)
+            return
+        for stub in stuck:
+            if states.get(stub.model) != READY:
+                continue
+            with self._lock:
+                since = time.monotonic() - self._state.progress[stub.identity].changed_at
+                self._state.known.pop(stub.identity, None)
+                self._state.progress.pop(stub.identity, None)
+                self._state.handled.add(stub.identity)
+                self._state.stuck[stub.model] += 1
+                self._state.pending.setdefault(stub.model, PendingRecovery(detected_at=time.monotonic()))
+            log.warning(
+                "stub of %s is stuck: %s (pid %d, state %s) has not run for %.1f s, and the Python backend "
+                "fails every request it takes (not healthy); ending it and reloading the model",
+                stub.model,
+                stub.instance,
+                stub.pid,
+                stub.state,
+                since,
+            )
+            end_process(stub.pid)
 
     def _attempt_recovery(self, model: str) -> None:
         with self._lock:
