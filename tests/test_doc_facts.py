@@ -170,3 +170,20 @@ def test_the_remote_form_library_md_describes_is_the_code() -> None:
     assert f"(deadline {faults.DEADLINE_S:g} s)" in text and f"{faults.AT_ONCE} requests at once" in text
     served = re.search(r"kimi-prep serve --models ([\w ]+?)  ", (DOCS / "library.md").read_text())
     assert served is not None and "kimi_k25_video_chunk" in served.group(1).split()
+
+
+def test_the_balancing_serving_md_describes_is_the_code() -> None:
+    """docs/serving.md, "How clients balance across replicas": the client's constants and the
+    failover test's load as stated."""
+    import test_replicas as failover
+
+    from kimi_vision_client import replicas, transport
+
+    text = one_line("serving.md")
+    assert f"passed over for {replicas.DOWN_S:g} s" in text
+    assert f"the reconnect backoff is capped at {transport.MAX_RECONNECT_BACKOFF_MS / 1000:g} s" in text
+    assert f"({failover.IN_FLIGHT} in flight:" in text
+    assert "three images the reference refuses" in text and len(failover.REFUSED) == 3
+    assert f"over {len(failover.PHOTOS)} images sent {failover.REPEATS} times each" in text
+    assert f"starts {['no', 'one', 'two', 'three'][failover.REPLICAS]} `kimi-prep serve`" in text
+    assert replicas.BALANCES[0] == "round_robin" and "`round_robin` (default)" in text

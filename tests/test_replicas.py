@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import itertools
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -237,3 +240,20 @@ def test_the_remote_processor_answers_exactly_from_several_replicas(
             assert got.dtype == verdicts[name].dtype and np.array_equal(got, verdicts[name])
     finally:
         remote.close()
+
+
+def test_kimi_prep_infer_spreads_over_several_addresses(replicas: list[ServeProcess], tmp_path: Path) -> None:
+    out = tmp_path / "out.npz"
+    command = [sys.executable, "-m", "kimi_vision_client.cli", "infer", "--quiet", "--model", MODEL]
+    command += ["--url", ",".join(s.grpc_url for s in replicas), "--balance", "rendezvous", "--out", str(out)]
+    command += [str(CORPUS / name) for name in PHOTOS]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(np.load(out, allow_pickle=True)["names"]) == len(PHOTOS)
+
+
+def test_a_dns_name_is_resolved_and_balanced_by_grpc(replicas: list[ServeProcess], verdicts: dict) -> None:
+    port = replicas[0].grpc_url.rsplit(":", 1)[1]
+    with KimiVisionClient(f"dns:///localhost:{port}", "grpc", MODEL) as client:
+        (result,) = client.preprocess_media([fresh(PHOTOS[0], "dns")])
+    assert isinstance(result, WireResult) and np.array_equal(result.pixels, verdicts[PHOTOS[0]])
