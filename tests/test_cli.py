@@ -208,6 +208,28 @@ def test_host_layout_formula(cores: int, gpus: int, expected: tuple[int, int, st
     assert f"{cores} CPU cores, {gpus} GPUs" in layout.describe()
 
 
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"cpu.max": "800000 100000\n"}, 8), ({"cpu.max": "150000 100000\n"}, 2), ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None), ({}, None),
+    ],
+)  # fmt: skip
+def test_a_containers_cpu_limit_is_read_from_its_cgroup(
+    files: dict[str, str], expected: int | None, tmp_path: Path
+) -> None:
+    """A Kubernetes ``limits.cpu`` (cgroup v2 or v1), rounded up to whole cores, bounds the layout's
+    cores: os.cpu_count() counts the whole node."""
+    from kimi_vision_server.host import available_cores, cpu_quota_cores
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_quota_cores(tmp_path) == expected
+    assert available_cores(tmp_path) == min(len(os.sched_getaffinity(0)), expected or 10**6)
+
+
 def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kimi_vision_server.repository import RenderOptions, repository_models
 

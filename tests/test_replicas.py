@@ -257,3 +257,16 @@ def test_a_dns_name_is_resolved_and_balanced_by_grpc(replicas: list[ServeProcess
     with KimiVisionClient(f"dns:///localhost:{port}", "grpc", MODEL) as client:
         (result,) = client.preprocess_media([fresh(PHOTOS[0], "dns")])
     assert isinstance(result, WireResult) and np.array_equal(result.pixels, verdicts[PHOTOS[0]])
+
+
+def test_a_replica_down_from_the_start_is_passed_over(replicas: list[ServeProcess], verdicts: dict) -> None:
+    """rendezvous with a first address nothing listens on: readiness and every request are answered
+    by the live one (each request ranked first at the dead one is sent again)."""
+    from make_inputs import free_loopback_port
+
+    url = f"127.0.0.1:{free_loopback_port()},{replicas[1].grpc_url}"
+    with KimiVisionClient(url, "grpc", MODEL, balance="rendezvous") as client:
+        client.require_model()
+        results = client.preprocess_media([fresh(name, "one down") for name in PHOTOS], concurrency=2)
+    for name, result in zip(PHOTOS, results, strict=True):
+        assert isinstance(result, WireResult) and np.array_equal(result.pixels, verdicts[name]), result

@@ -352,13 +352,18 @@ class KimiVisionClient:
         :class:`ServerUnavailableError` (nothing answers at the URL: refused, unreachable) or
         :class:`ModelNotServedError` (it answers but does not serve the model), saying what to do."""
         name = model or self.model
-        try:
-            live = self._client.is_server_live()
-        except Exception as exc:  # refused / unreachable / timed out, whatever the transport calls it
-            raise ServerUnavailableError(
-                f"cannot connect to {self.url} ({self.protocol}): {connection_failure(exc)}; "
-                "is the server running? start one with `kimi-prep serve`"
-            ) from None
+        for attempt in range(self._replicas.count):
+            try:
+                live = self._client.is_server_live()
+                break
+            except Exception as exc:  # refused / unreachable / timed out, whatever the transport calls it
+                if attempt + 1 < self._replicas.count:
+                    self._replicas.failed(self._replicas.primary)  # ask the next replica
+                    continue
+                raise ServerUnavailableError(
+                    f"cannot connect to {self.url} ({self.protocol}): {connection_failure(exc)}; "
+                    "is the server running? start one with `kimi-prep serve`"
+                ) from None
         if not live:
             raise ServerUnavailableError(f"the server at {self.url} ({self.protocol}) is not live yet; retry")
         try:

@@ -100,7 +100,8 @@ class Replicas:
     """The servers of one client. ``connect(target, round_robin)`` opens a tritonclient.
 
     Attributes: ``addresses`` as given; ``primary`` the replica for calls about the models (their
-    configs, readiness, shared memory); ``balanced`` whether there is more than one server to go to.
+    configs, readiness, shared memory): the first live one; ``balanced`` whether there is more
+    than one server to go to.
     """
 
     def __init__(self, addresses: Sequence[str], balance: Balance, connect: Any) -> None:
@@ -118,7 +119,14 @@ class Replicas:
 
     @property
     def primary(self) -> Replica:
-        return self._replicas[0]
+        """The first replica not passed over after a failure (the first, where all are)."""
+        now = time.monotonic()
+        return next((replica for replica in self._replicas if replica.down_until <= now), self._replicas[0])
+
+    @property
+    def count(self) -> int:
+        """The channels: one per server for ``rendezvous``, one for all of them otherwise."""
+        return len(self._replicas)
 
     @property
     def stream_target(self) -> str:

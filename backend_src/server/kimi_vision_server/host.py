@@ -75,8 +75,34 @@ class HostLayout:
         )
 
 
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cpu_quota_cores(cgroup: Path = CGROUP) -> int | None:
+    """The CPU limit of this process's cgroup in whole cores, rounded up (a Kubernetes container's
+    ``limits.cpu``: cgroup v2's ``cpu.max``, v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``);
+    None where there is none or it cannot be read."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, -(-int(quota) // int(period)))
+    with contextlib.suppress(OSError, ValueError):
+        quota_us = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else max(1, -(-quota_us // period_us))
+    return None
+
+
+def available_cores(cgroup: Path = CGROUP) -> int:
+    """The cores this process may use: those it may run on (its affinity), no more than its
+    cgroup's CPU limit. ``os.cpu_count()`` counts the whole machine, so a pod limited to 8 CPUs on
+    a 64-core node would run 64 threads in 8 CPUs' time."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cpu_quota_cores(cgroup)
+    return max(1, min(cores, quota) if quota else cores)
+
+
 def host_layout(cores: int | None = None, gpus: int | None = None) -> HostLayout:
-    """The serving layout for a host (``None``: this one's ``os.cpu_count()`` / :func:`cuda_device_count`).
+    """The serving layout for a host (``None``: this one's :func:`available_cores` / :func:`cuda_device_count`).
 
     CPU-only: instances x threads = cores, 1 thread an instance up to 4 cores and 2 above (several
     processes beat threads in one on small hosts: on 2 cores 2 instances x 1 thread served best;
@@ -86,7 +112,7 @@ def host_layout(cores: int | None = None, gpus: int | None = None) -> HostLayout
     out, at most :data:`MAX_GPU_THREADS` threads each; provisional until the served GPU check
     measures HBM per instance (tests/gpu/README.md).
     """
-    cores = max(1, cores if cores is not None else (os.cpu_count() or 1))
+    cores = max(1, cores if cores is not None else available_cores())
     gpus = cuda_device_count() if gpus is None else gpus
     if gpus:
         return HostLayout(cores, gpus, 1, max(1, min(MAX_GPU_THREADS, cores // gpus)), "gpu")
