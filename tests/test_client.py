@@ -393,3 +393,26 @@ def test_preprocess_images_in_one_request(
     assert type(raised.value) is type(in_process.value) and str(raised.value) == str(in_process.value)
     assert str(raised.value).startswith("image 1: ")
 
+
+
+@pytest.mark.server
+def test_a_grown_slot_leaves_its_old_regions_registered_for_the_caller_to_unregister(triton_server: object) -> None:
+    """The server may still hold a region a moment after it answered the request that used it
+    ("currently in use"), so growing a slot unlinks the old regions here and hands them back, still
+    registered; the client unregisters them after its next answer."""
+    from kimi_vision_client.transport import ShmSlot
+
+    url = strip_scheme(url_of(triton_server, "grpc"))
+    with tritonclient.grpc.InferenceServerClient(url) as client:
+        slot = ShmSlot()
+        assert slot.fit(client, 100, 100) == []
+        small = {slot.input.name, slot.output.name}
+        replaced = slot.fit(client, 1 << 20, 1 << 20)
+        assert {region.name for region in replaced} == small
+        registered = server_shm_regions(triton_server, "grpc")
+        assert small <= registered and {slot.input.name, slot.output.name} <= registered
+        assert not any(os.path.exists(f"/dev/shm/{name}") for name in small)
+        for region in replaced:
+            region.unregister(client)
+        slot.release(client)
+    assert not small & server_shm_regions(triton_server, "grpc")

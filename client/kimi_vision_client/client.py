@@ -29,7 +29,6 @@ another (a preprocessing request is idempotent).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -78,6 +77,8 @@ Protocol = Literal["http", "grpc"]
 ResultT = TypeVar("ResultT")
 
 INPUT_NAME = IMAGE_BYTES
+SHM_IN_USE = "currently in use"  # tritonserver's refusal to unregister a region a request still holds
+CLOSE_UNREGISTER_TRIES, CLOSE_UNREGISTER_WAIT_S = 20, 0.05
 OUTPUT_DTYPES: dict[str, np.dtype] = {
     PIXEL_VALUES: np.dtype(np.float32),
     PIXEL_PATCHES: np.dtype(np.uint8),
@@ -282,7 +283,11 @@ class KimiVisionClient:
         """Unregister and destroy every shared-memory region (each unlinked here even where the
         server fails; the first failure raised after), then close the connection."""
         failures = []
-        self._unregister_retired()
+        for _ in range(CLOSE_UNREGISTER_TRIES):  # a region the server still holds is let go within moments
+            self._unregister_retired()
+            if not self._unregister_later:
+                break
+            time.sleep(CLOSE_UNREGISTER_WAIT_S)
         for slot in self._all_slots:
             try:
                 slot.release(self._client)
@@ -556,7 +561,7 @@ class KimiVisionClient:
             image_sizes = [image_size(data) for data in items]
             known = None if None in image_sizes else image_sizes
             sizes = output_byte_sizes(known, wire.preset, wire.pixel_output) if known else None
-        slot.fit(self._client, input_bytes, sum(sizes.values()) if sizes else 0)
+        self._unregister_later += slot.fit(self._client, input_bytes, sum(sizes.values()) if sizes else 0)
         assert slot.input is not None and slot.output is not None
         shm.set_shared_memory_region(slot.input.handle, [serialized])
         image.set_shared_memory(slot.input.name, input_bytes)
@@ -602,8 +607,12 @@ class KimiVisionClient:
             self._unregister_later.append(region)
 
     def _unregister_retired(self) -> None:
-        """Unregister the retired regions (once each: a restarted server has forgotten them anyway)."""
+        """Unregister the retired and replaced regions: once each (a restarted server has forgotten
+        them anyway), but a region the server still holds is asked again after the next answer."""
         regions, self._unregister_later = self._unregister_later, []
         for region in regions:
-            with contextlib.suppress(Exception):  # gone with the server that had it, or unknown to a new one
+            try:
                 region.unregister(self._client)
+            except Exception as exc:  # gone with the server that had it, unknown to a new one, or in use
+                if SHM_IN_USE in str(exc):
+                    self._unregister_later.append(region)

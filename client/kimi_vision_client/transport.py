@@ -172,18 +172,24 @@ class ShmSlot:
         self.input: ShmRegion | None = None
         self.output: ShmRegion | None = None
 
-    def fit(self, client: Any, input_bytes: int, output_bytes: int) -> None:
-        """Make both regions at least this large (re-registering a region that is too small)."""
+    def fit(self, client: Any, input_bytes: int, output_bytes: int) -> list[ShmRegion]:
+        """Make both regions at least this large: a region too small is replaced by a larger one.
+        Returns the replaced regions, unlinked here but still registered: the server may hold one
+        a moment after it answered the request that used it (it lets go when it releases the
+        request), so the caller unregisters them later."""
+        replaced = []
         for attr, byte_size in (("input", input_bytes), ("output", max(output_bytes, 1))):
             region: ShmRegion | None = getattr(self, attr)
             if region is not None and region.byte_size >= byte_size:
                 continue
-            # Forget the old region before releasing it, so a failure below never releases it twice.
+            # Forget the old region before replacing it, so a failure below never releases it twice.
             setattr(self, attr, None)
             if region is not None:
-                region.release(client)
+                region.forget()
+                replaced.append(region)
             size = -(-byte_size // SHM_ALIGNMENT) * SHM_ALIGNMENT
             setattr(self, attr, ShmRegion(client, size, self.headers, self.options))
+        return replaced
 
     def detach(self) -> list[ShmRegion]:
         """The slot's regions, the slot left without them."""
