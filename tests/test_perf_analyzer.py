@@ -80,3 +80,7 @@ def test_perf_analyzer_measures_the_default_serve_pass_after_pass(
     hits = [int(n) for n in re.findall(r"Cache hit count: (\d+)", out)]
     assert hits and max(hits) > 0, out[-3000:]
     assert re.search(r"kimi_k\w+_decode, version: 1", out), out[-3000:]
+    passes = re.findall(r"Pass \[\d+\] throughput", out)
+    summary = re.findall(r"^Concurrency: (\d+), throughput: ([\d.]+) infer/sec, latency (\d+) usec", out, re.M)
+    figures = "; ".join(f"concurrency {c}: {t} infer/s, {int(u) / 1000:.1f} ms" for c, t, u in summary)
+    print(f"\nperf_analyzer {model}: {figures}; {len(passes)} passes, cache hits {max(hits)}")
