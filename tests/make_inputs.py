@@ -382,28 +382,31 @@ def children(parent: int, name: str) -> list[int]:
 
 
 class ServeProcess:
-    """``kimi-prep serve --models *models *args`` on free loopback ports, in its own process group,
-    so that a test can kill it whole (launcher, tritonserver, stubs) and start it again on the same
-    ports."""
+    """``kimi-prep serve --models *models *args`` on free ports of a loopback ``host`` (``grpc_port``:
+    that one), in its own process group, so that a test can kill it whole (launcher, tritonserver,
+    stubs) and start it again on the same ports."""
 
-    def __init__(self, models: Sequence[str], *args: str) -> None:
+    def __init__(
+        self, models: Sequence[str], *args: str, host: str = "127.0.0.1", grpc_port: int | None = None
+    ) -> None:
         self.models = list(models)
         self.args = list(args)
-        self.ports = [free_loopback_port() for _ in range(3)]
+        self.host = host
+        self.ports = [free_loopback_port(), grpc_port or free_loopback_port(), free_loopback_port()]
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.ports[1]}"
+        return f"{self.host}:{self.ports[1]}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports[2]}/metrics"
+        return f"http://{self.host}:{self.ports[2]}/metrics"
 
     def launch(self) -> None:
         """Start it without waiting (:meth:`wait_ready` waits)."""
         command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", *self.models, *self.args]
-        command += ["--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1])]
+        command += ["--host", self.host, "--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1])]
         command += ["--metrics-port", str(self.ports[2])]
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -415,7 +418,7 @@ class ServeProcess:
 
     def wait_ready(self) -> None:
         assert self.process is not None
-        wait_until_ready(self.process, f"http://127.0.0.1:{self.ports[0]}/v2/models/{self.models[0]}/ready")
+        wait_until_ready(self.process, f"http://{self.host}:{self.ports[0]}/v2/models/{self.models[0]}/ready")
 
     def tritonserver_pid(self) -> int:
         """The launcher's tritonserver child (the leader of its own process group, with its stubs)."""

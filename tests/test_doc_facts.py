@@ -181,6 +181,7 @@ def test_the_balancing_serving_md_describes_is_the_code() -> None:
 
     text = one_line("serving.md")
     assert f"passed over for {replicas.DOWN_S:g} s" in text
+    assert f"again every {replicas.REFRESH_S:g} s (`REFRESH_S` in" in text
     assert f"the reconnect backoff is capped at {transport.MAX_RECONNECT_BACKOFF_MS / 1000:g} s" in text
     assert f"({failover.IN_FLIGHT} in flight:" in text
     assert "three images the reference refuses" in text and len(failover.REFUSED) == 3

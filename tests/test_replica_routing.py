@@ -93,3 +93,49 @@ def test_several_servers_need_grpc_and_no_shared_memory() -> None:
         KimiVisionClient("127.0.0.1:1,127.0.0.1:2", "http")
     with pytest.raises(ValueError, match="shared memory"):
         KimiVisionClient("127.0.0.1:1,127.0.0.1:2", "grpc", use_shared_memory=True)
+
+
+@pytest.mark.parametrize("balance", ["round_robin", "rendezvous"])
+def test_a_dns_name_is_resolved_again_and_old_channels_close_once_idle(
+    balance: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pods an autoscaler adds are used without waiting for a connection to fail: the name is
+    resolved again every REFRESH_S; a changed set opens new channels, and an old channel closes
+    once the requests it carries have answered."""
+    from kimi_vision_client import replicas as module
+
+    pods = ["10.0.0.1:8001"]
+    monkeypatch.setattr(module, "resolved", lambda address: list(pods) if address.startswith("dns:") else [address])
+    closed: list[str] = []
+
+    class Channel:
+        def __init__(self, target: str) -> None:
+            self.target = target
+
+        def close(self) -> None:
+            closed.append(self.target)
+
+    group = Replicas(("dns:///pods.ns.svc:8001",), balance, lambda target, rr: Channel(target))  # type: ignore[arg-type]
+    first = group.pick(b"k" * 16)
+    assert first.name == "10.0.0.1:8001"
+    group.sent(first)
+    pods.append("10.0.0.2:8001")
+    group.pick(b"k" * 16)  # not yet REFRESH_S: the same channels
+    assert closed == [] and group.count == 1
+    monkeypatch.setattr(module, "REFRESH_S", 0.0)
+    group.pick(b"k" * 16)
+    names = sorted(replica.client.target for replica in group._replicas)
+    expected = ["ipv4:10.0.0.1:8001,10.0.0.2:8001"] if balance == "round_robin" else ["10.0.0.1:8001", "10.0.0.2:8001"]
+    assert names == expected
+    assert closed == [] and first.client in group.clients()  # still carrying a request
+    group.answered(first)
+    assert closed == [first.client.target] and first.client not in group.clients()
+
+    def unresolved(address: str) -> list[str]:
+        if address.startswith("dns:"):
+            raise OSError("no answer")  # the name stops resolving for a moment: keep what there is
+        return [address]
+
+    monkeypatch.setattr(module, "resolved", unresolved)
+    group.pick(b"k" * 16)
+    assert sorted(replica.client.target for replica in group._replicas) == expected

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -270,3 +271,54 @@ def test_a_replica_down_from_the_start_is_passed_over(replicas: list[ServeProces
         results = client.preprocess_media([fresh(name, "one down") for name in PHOTOS], concurrency=2)
     for name, result in zip(PHOTOS, results, strict=True):
         assert isinstance(result, WireResult) and np.array_equal(result.pixels, verdicts[name]), result
+
+
+def test_a_dns_name_follows_the_replicas_it_lists(monkeypatch: pytest.MonkeyPatch, verdicts: dict) -> None:
+    """A headless Service's name as an autoscaler changes it: one pod, then two, then only the new
+    one. The name (resolved by a stand-in for the cluster's DNS: two servers on 127.0.0.1 and
+    127.0.0.2, one port) is resolved again at each request here (REFRESH_S 0): the added replica
+    takes requests, the removed one none, every answer exact."""
+    from make_inputs import free_loopback_port
+
+    from kimi_vision_client import replicas as module
+
+    require_tritonserver()
+    port = free_loopback_port()
+    pods = [ServeProcess([MODEL], "--instances", "1", "--threads", "1", "--response-cache-mib", "0",
+                         host=f"127.0.0.{i}", grpc_port=port) for i in (1, 2)]  # fmt: skip
+    listed = ["127.0.0.1"]
+    real_getaddrinfo = socket.getaddrinfo
+
+    def cluster_dns(host: str, *args: object, **kwargs: object) -> list:
+        if host != "kimi-prep-pods.test":
+            return real_getaddrinfo(host, *args, **kwargs)  # type: ignore[arg-type]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in listed]
+
+    monkeypatch.setattr(module.socket, "getaddrinfo", cluster_dns)
+    monkeypatch.setattr(module, "REFRESH_S", 0.0)
+    for pod in pods:
+        pod.launch()
+    try:
+        for pod in pods:
+            pod.wait_ready()
+
+        def send(count: int, tag: str) -> None:
+            results = client.preprocess_media([fresh(PHOTOS[0], f"{tag} {i}") for i in range(count)], concurrency=2)
+            assert all(isinstance(r, WireResult) and np.array_equal(r.pixels, verdicts[PHOTOS[0]]) for r in results)
+
+        with KimiVisionClient(f"dns:///kimi-prep-pods.test:{port}", "grpc", MODEL) as client:
+            send(4, "one pod")
+            assert successes(pods) == [4, 0]
+            listed.append("127.0.0.2")
+            give_up = time.monotonic() + SERVE_START_BUDGET_S
+            while successes(pods)[1] == 0:
+                assert time.monotonic() < give_up, "the added replica got no request"
+                send(2, "two pods")
+            listed.remove("127.0.0.1")
+            before = successes(pods)
+            send(6, "the new pod")
+            after = successes(pods)
+        assert after[0] == before[0] and after[1] == before[1] + 6
+    finally:
+        for pod in pods:
+            pod.stop()

@@ -493,6 +493,7 @@ class KimiVisionClient:
             wire = self.wire_of(request.model)
             inputs, outputs, offsets = self._request(request.items, slot, wire, request.input_name)
             waiter = self._adapter.submit(replica.client, request.model, inputs, outputs)
+            self._replicas.sent(replica)
             return _Pending(waiter, slot, offsets, wire, request, replica, single)
         except Exception as exc:
             self._release_slot(slot)
@@ -533,6 +534,7 @@ class KimiVisionClient:
             again = None if answered else self._resend(pending, error)
             return error if again is None else self._collect(again, convert)
         finally:
+            self._replicas.answered(pending.replica)
             if answered:
                 self._release_slot(pending.slot)
                 self._unregister_retired()

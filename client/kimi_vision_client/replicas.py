@@ -6,12 +6,16 @@ requests (:data:`BALANCES`):
 
 - ``round_robin``: one gRPC channel over every address, grpcio's ``round_robin`` policy picking a
   connected replica per request; a replica whose connection fails leaves the rotation until it
-  reconnects (the reconnect backoff is capped at a second), and a ``dns:///`` name is resolved again
-  when a connection fails.
+  reconnects (the reconnect backoff is capped at a second).
 - ``rendezvous``: one channel per address; a request goes to the live replica that ranks highest
   for its bytes (rendezvous hashing), so every repeat of an image reaches the replica that answered
   it first and its response cache. A failed replica is passed over for :data:`DOWN_S`, its
   requests going to the next in rank.
+
+A ``dns:///`` name is resolved here, again every :data:`REFRESH_S` (gRPC's own resolver asks again
+only when a connection fails, so pods an autoscaler adds would wait for a failure): when the
+addresses change, new channels take the next requests and the old ones close once the requests
+they carry have answered.
 
 A request is idempotent: its answer depends on its bytes alone (docs/contract.md), and the server
 keeps nothing from it but a cache entry of the same answer. So a request that failed with
@@ -34,6 +38,7 @@ Balance = Literal["round_robin", "rendezvous"]
 BALANCES: tuple[Balance, ...] = ("round_robin", "rendezvous")
 DNS_SCHEME = "dns:"
 DOWN_S = 1.0  # how long a replica that failed is passed over (gRPC reconnects within a second)
+REFRESH_S = 30.0  # how often a dns:/// name is resolved again
 FAILOVER_BACKOFF_S = 0.05  # before the first resend; doubled for each next one
 
 
@@ -94,6 +99,7 @@ class Replica:
     name: str
     client: Any
     down_until: float = field(default=0.0)
+    in_flight: int = 0  # requests sent through it and not yet answered
 
 
 class Replicas:
@@ -110,12 +116,59 @@ class Replicas:
         self.addresses = tuple(addresses)
         self.balance = balance
         self.balanced = len(addresses) > 1 or addresses[0].startswith(DNS_SCHEME)
-        if balance == "rendezvous" and self.balanced:
-            names = list(dict.fromkeys(ip for address in addresses for ip in resolved(address)))
-            self._replicas = [Replica(name, connect(name, False)) for name in names]
+        self._connect = connect
+        self._dns = addresses[0] if addresses[0].startswith(DNS_SCHEME) else None
+        self._retired: list[Replica] = []
+        self._members: tuple[str, ...] = ()
+        self._replicas: list[Replica] = []
+        self._resolved_at = time.monotonic()
+        self._open(self._current_members() or self.addresses)
+
+    def _current_members(self) -> tuple[str, ...]:
+        """The servers now: the ``ip:port`` a ``dns:///`` name resolves to (empty where it does not
+        resolve), else the addresses as given."""
+        if self._dns is None:
+            return self.addresses
+        try:
+            return tuple(resolved(self._dns))
+        except OSError:  # no answer now: keep what was resolved last
+            return ()
+
+    def _open(self, members: tuple[str, ...]) -> None:
+        """Channels to ``members``: one per server (``rendezvous``), or one balanced by gRPC."""
+        self._retired += self._replicas
+        self._members = members
+        if self.balance == "rendezvous" and self.balanced:
+            names = list(dict.fromkeys(ip for member in members for ip in resolved(member)))
+            self._replicas = [Replica(name, self._connect(name, False)) for name in names]
         else:
-            target = grpc_target(addresses)
-            self._replicas = [Replica(target, connect(target, self.balanced))]
+            target = grpc_target(members)
+            self._replicas = [Replica(target, self._connect(target, self.balanced))]
+        self.close_idle_retired()
+
+    def refresh(self) -> None:
+        """Resolve a ``dns:///`` name again when :data:`REFRESH_S` has passed; new channels when its
+        addresses changed."""
+        if self._dns is None or time.monotonic() - self._resolved_at < REFRESH_S:
+            return
+        self._resolved_at = time.monotonic()
+        members = self._current_members()
+        if members and set(members) != set(self._members):
+            self._open(members)
+
+    def sent(self, replica: Replica) -> None:
+        replica.in_flight += 1
+
+    def answered(self, replica: Replica) -> None:
+        """A request sent through ``replica`` answered or failed: close it where it was retired
+        and carries no other."""
+        replica.in_flight -= 1
+        self.close_idle_retired()
+
+    def close_idle_retired(self) -> None:
+        for replica in [r for r in self._retired if r.in_flight == 0]:
+            self._retired.remove(replica)
+            replica.client.close()
 
     @property
     def primary(self) -> Replica:
@@ -135,7 +188,9 @@ class Replicas:
 
     def pick(self, key: bytes) -> Replica:
         """The replica for a request whose content hashes to ``key``: the highest-ranked live one
-        (``rendezvous``), else the one channel gRPC balances."""
+        (``rendezvous``), else the one channel gRPC balances (a ``dns:///`` name resolved again
+        first where due)."""
+        self.refresh()
         if len(self._replicas) == 1:
             return self._replicas[0]
         now = time.monotonic()
@@ -153,7 +208,8 @@ class Replicas:
         return len(self._replicas) + 3 if self.balanced else 1
 
     def clients(self) -> list[Any]:
-        return [replica.client for replica in self._replicas]
+        """Every open tritonclient, retired ones still carrying requests included."""
+        return [replica.client for replica in (*self._replicas, *self._retired)]
 
 
 def request_key(items: Sequence[bytes]) -> bytes:
