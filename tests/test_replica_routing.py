@@ -60,19 +60,20 @@ def test_round_robin_is_one_channel_and_rendezvous_one_per_replica() -> None:
 
 def test_rendezvous_sends_repeats_to_one_replica_and_spreads_the_rest() -> None:
     replicas, _ = opened("rendezvous", "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
-    keys = [request_key([f"image {i}".encode()]) for i in range(3000)]
-    first = [replicas.pick(key).name for key in keys]
-    assert [replicas.pick(key).name for key in keys] == first  # repeats go where the first went
+    requests = [[f"image {i}".encode()] for i in range(3000)]
+    first = [replicas.pick(items).name for items in requests]
+    assert [replicas.pick(items).name for items in requests] == first  # repeats go where the first went
     shares = collections.Counter(first)
     assert len(shares) == 3 and min(shares.values()) > 800  # about a third each
     # A failed replica's keys move to their next in rank; the others stay where they were.
-    down = replicas.pick(keys[0])
+    down = replicas.pick(requests[0])
     replicas.failed(down)
-    moved = [replicas.pick(key).name for key in keys]
+    moved = [replicas.pick(items).name for items in requests]
     assert down.name not in moved
     assert all(after == before for before, after in zip(first, moved, strict=True) if before != down.name)
-    for key, before, after in zip(keys, first, moved, strict=True):
+    for items, before, after in zip(requests, first, moved, strict=True):
         if before == down.name:
+            key = request_key(items)
             ranked = sorted(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"), key=lambda n: rank(key, n), reverse=True)
             assert after == ranked[1]
 
@@ -116,14 +117,14 @@ def test_a_dns_name_is_resolved_again_and_old_channels_close_once_idle(
             closed.append(self.target)
 
     group = Replicas(("dns:///pods.ns.svc:8001",), balance, lambda target, rr: Channel(target))  # type: ignore[arg-type]
-    first = group.pick(b"k" * 16)
+    first = group.pick([b"k"])
     assert first.name == "10.0.0.1:8001"
     group.sent(first)
     pods.append("10.0.0.2:8001")
-    group.pick(b"k" * 16)  # not yet REFRESH_S: the same channels
+    group.pick([b"k"])  # not yet REFRESH_S: the same channels
     assert closed == [] and group.count == 1
     monkeypatch.setattr(module, "REFRESH_S", 0.0)
-    group.pick(b"k" * 16)
+    group.pick([b"k"])
     names = sorted(replica.client.target for replica in group._replicas)
     expected = ["ipv4:10.0.0.1:8001,10.0.0.2:8001"] if balance == "round_robin" else ["10.0.0.1:8001", "10.0.0.2:8001"]
     assert names == expected
@@ -137,5 +138,5 @@ def test_a_dns_name_is_resolved_again_and_old_channels_close_once_idle(
         return [address]
 
     monkeypatch.setattr(module, "resolved", unresolved)
-    group.pick(b"k" * 16)
+    group.pick([b"k"])
     assert sorted(replica.client.target for replica in group._replicas) == expected

@@ -49,7 +49,16 @@ from kimi_vision_common.sizing import chunk_target, navit_target_size
 from kimi_vision_common.wire import FRAME_BYTES, IMAGE_BYTES, NUM_TOKENS_DTYPE, PROMPT, admin_headers
 
 from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
-from .replicas import FAILOVER_BACKOFF_S, Balance, Replica, Replicas, request_key, server_addresses, unavailable_now
+from .replicas import (
+    FAILOVER_BACKOFF_S,
+    Balance,
+    Replica,
+    Replicas,
+    server_addresses,
+    several_servers,
+    strip_scheme,
+    unavailable_now,
+)
 from .server_errors import connection_failure, error_from_server
 from .transport import ADAPTERS, ShmRegion, ShmSlot, Waiter
 from .wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, PIXEL_VALUES, Wire, largest_preset, learn_wire
@@ -109,11 +118,6 @@ class WireResult:
     grid_thw: np.ndarray
     num_tokens: int
     wire: Wire
-
-
-def strip_scheme(url: str) -> str:
-    """``http://host:8000/`` -> ``host:8000`` (tritonclient wants no scheme)."""
-    return url.split("://", 1)[-1].rstrip("/")
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
@@ -263,7 +267,7 @@ class KimiVisionClient:
         self._admin_headers = admin_headers(admin_key, protocol) if admin_key else None
         self._preset_override = get_preset(preset) if preset is not None else None
         self._adapter = ADAPTERS[protocol](timeout_s)
-        several = len(addresses) > 1 or addresses[0].startswith("dns:")
+        several = several_servers(addresses)
         if several and protocol == "http":
             raise ValueError(f"several servers ({self.url}) need protocol='grpc': gRPC balances them")
         if several and use_shared_memory:
@@ -488,7 +492,7 @@ class KimiVisionClient:
     def _send(self, request: _Request) -> _Pending | PreprocessError:
         single = len(request.items) == 1 or request.input_name == FRAME_BYTES
         slot = self._acquire_slot() if self.use_shared_memory else None
-        replica = self._replicas.pick(request_key(request.items)) if self._replicas.balanced else self._replicas.primary
+        replica = self._replicas.pick(request.items)
         try:
             wire = self.wire_of(request.model)
             inputs, outputs, offsets = self._request(request.items, slot, wire, request.input_name)

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kimi_vision_common.errors import DeadlineExceededError, PreprocessError, ServerUnavailableError
+from kimi_vision_common.wire import BALANCES
 
-Balance = Literal["round_robin", "rendezvous"]
-BALANCES: tuple[Balance, ...] = ("round_robin", "rendezvous")
+Balance = Literal["round_robin", "rendezvous"]  # one of kimi_vision_common.wire.BALANCES
 DNS_SCHEME = "dns:"
 DOWN_S = 1.0  # how long a replica that failed is passed over (gRPC reconnects within a second)
 REFRESH_S = 30.0  # how often a dns:/// name is resolved again
@@ -49,19 +49,26 @@ def unavailable_now(error: PreprocessError) -> bool:
     return isinstance(error, ServerUnavailableError) and not isinstance(error, DeadlineExceededError)
 
 
+def strip_scheme(url: str) -> str:
+    """``http://host:port/`` -> ``host:port`` (tritonclient wants no scheme)."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
 def server_addresses(url: str | Sequence[str]) -> tuple[str, ...]:
     """``url`` as addresses: ``host:port`` items (a ``grpc://`` / ``http://`` scheme dropped) from a
     comma-separated string or a list, or one ``dns:///name:port`` kept whole."""
-    items = url.split(",") if isinstance(url, str) else list(url)
-    addresses = tuple(
-        item.strip() if item.strip().startswith(DNS_SCHEME) else item.strip().split("://", 1)[-1].rstrip("/")
-        for item in items
-    )
+    items = [item.strip() for item in (url.split(",") if isinstance(url, str) else url)]
+    addresses = tuple(item if item.startswith(DNS_SCHEME) else strip_scheme(item) for item in items)
     if not addresses or not all(addresses):
         raise ValueError(f"no server address in {url!r}")
     if len(addresses) > 1 and any(a.startswith(DNS_SCHEME) for a in addresses):
         raise ValueError(f"a dns:/// name stands alone: it lists the replicas itself ({url!r})")
     return addresses
+
+
+def several_servers(addresses: Sequence[str]) -> bool:
+    """Whether ``addresses`` (:func:`server_addresses`) may name more than one server."""
+    return len(addresses) > 1 or addresses[0].startswith(DNS_SCHEME)
 
 
 def resolved(address: str) -> list[str]:
@@ -115,7 +122,7 @@ class Replicas:
             raise ValueError(f"balance is one of {', '.join(BALANCES)}, not {balance!r}")
         self.addresses = tuple(addresses)
         self.balance = balance
-        self.balanced = len(addresses) > 1 or addresses[0].startswith(DNS_SCHEME)
+        self.balanced = several_servers(addresses)
         self._connect = connect
         self._dns = addresses[0] if addresses[0].startswith(DNS_SCHEME) else None
         self._retired: list[Replica] = []
@@ -186,14 +193,14 @@ class Replicas:
         """Where a video stream goes (a stream stays on the replica it started on)."""
         return self.primary.name
 
-    def pick(self, key: bytes) -> Replica:
-        """The replica for a request whose content hashes to ``key``: the highest-ranked live one
-        (``rendezvous``), else the one channel gRPC balances (a ``dns:///`` name resolved again
-        first where due)."""
+    def pick(self, items: Sequence[bytes]) -> Replica:
+        """The replica for a request of ``items``: the highest-ranked live one for their bytes
+        (``rendezvous``, :func:`request_key`), else the one channel (gRPC balances it where it
+        reaches several servers); a ``dns:///`` name resolved again first where due."""
         self.refresh()
         if len(self._replicas) == 1:
             return self._replicas[0]
-        now = time.monotonic()
+        now, key = time.monotonic(), request_key(items)
         ranked = sorted(self._replicas, key=lambda replica: rank(key, replica.name), reverse=True)
         return next((replica for replica in ranked if replica.down_until <= now), ranked[0])
 

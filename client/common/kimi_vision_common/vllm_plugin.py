@@ -53,6 +53,7 @@ from PIL import Image
 
 from .orientation import TurnedJpeg, exif_orientation
 from .pillow_open import unloaded_jpeg_bytes
+from .wire import BALANCES
 
 log = logging.getLogger("kimi_vision_prep.vllm")
 
@@ -72,7 +73,7 @@ REMOTE_OPTIONS: dict[str, type | tuple[str, ...]] = {
     "concurrency": int,
     "fallback": ("none", "local"),
     "shared_memory": ("auto", "yes", "no"),
-    "balance": ("round_robin", "rendezvous"),
+    "balance": BALANCES,
 }
 HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$")
 DNS_TARGET = "dns:///"

@@ -48,6 +48,11 @@ ADMIN_KEY_ENV = "KIMI_PREP_ADMIN_KEY"
 MIN_KEY_LENGTH = 16
 
 
+# How a client of several servers spreads its requests (kimi_vision_client.replicas): the client's
+# ``balance`` and the vLLM setting's ``balance=`` option; the first is the default.
+BALANCES = ("round_robin", "rendezvous")
+
+
 def is_loopback(host: str) -> bool:
     """True for a loopback address (127.0.0.0/8, ::1, bracketed or not) or ``localhost``: where
     a server opens shared memory without the key, and a client uses it by default."""
