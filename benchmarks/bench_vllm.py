@@ -31,19 +31,18 @@ import hashlib
 import io
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "vllm"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 WAYS = ("pil", "chat", "chat_1080p")
 SIDES = ("stock", "ours", "remote")
@@ -126,17 +125,15 @@ class Server:
     (host defaults otherwise), and the CPU time of its process tree."""
 
     def __init__(self, venv: Path) -> None:
-        ports = [free_port() for _ in range(3)]
+        from make_inputs import free_loopback_port, wait_until_ready
+
+        ports = [free_loopback_port() for _ in range(3)]
         # No response cache: every request processed (the rounds repeat the photos, which a cache would answer).
         command = [str(venv / "bin" / "kimi-prep"), "serve", "--models", SERVED, "--response-cache-mib", "0"]
         command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.address = f"127.0.0.1:{ports[1]}"
-        ready = f"http://127.0.0.1:{ports[0]}/v2/models/{SERVED}/ready"
-        while not answers(ready):
-            if self.process.poll() is not None:
-                raise RuntimeError("kimi-prep serve ended before it was ready")
-            time.sleep(0.5)
+        wait_until_ready(self.process, f"http://127.0.0.1:{ports[0]}/v2/models/{SERVED}/ready")
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the server's processes (launcher, tritonserver, stubs)."""
@@ -161,20 +158,6 @@ class Server:
     def close(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 # -- the driver --------------------------------------------------------------------------------------

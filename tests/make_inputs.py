@@ -349,23 +349,6 @@ def wait_until_ready(process: subprocess.Popen, ready_url: str) -> None:
         time.sleep(0.5)
 
 
-@contextlib.contextmanager
-def kimi_prep_serve(kimi_prep: Sequence[str], *args: str) -> Iterator[tuple[int, int]]:
-    """``kimi_prep serve *args`` on free loopback ports (``kimi_prep``: the command that runs the
-    CLI), ready: (HTTP port, gRPC port); stopped at the end."""
-    http, grpc, metrics = (free_loopback_port() for _ in range(3))
-    command = [*kimi_prep, "serve", *args, "--http-port", str(http), "--grpc-port", str(grpc)]
-    process = subprocess.Popen(
-        [*command, "--metrics-port", str(metrics)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_until_ready(process, f"http://127.0.0.1:{http}/v2/health/ready")
-        yield http, grpc
-    finally:
-        process.terminate()
-        process.wait(timeout=120)
-
-
 def children(parent: int, name: str) -> list[int]:
     """The processes called ``name`` (their first 15 characters, as the kernel keeps them) whose
     parent is ``parent``."""
@@ -382,14 +365,19 @@ def children(parent: int, name: str) -> list[int]:
 
 
 class ServeProcess:
-    """``kimi-prep serve --models *models *args`` on free ports of a loopback ``host`` (``grpc_port``:
-    that one), in its own process group, so that a test can kill it whole (launcher, tritonserver,
-    stubs) and start it again on the same ports."""
+    """``kimi-prep serve *args`` on free ports of a loopback ``host`` (``grpc_port``: that one), in
+    its own process group, so that a test can kill it whole (launcher, tritonserver, stubs) and start
+    it again on the same ports. ``kimi_prep``: the command that runs the CLI (default: this
+    interpreter's)."""
 
     def __init__(
-        self, models: Sequence[str], *args: str, host: str = "127.0.0.1", grpc_port: int | None = None
+        self,
+        *args: str,
+        kimi_prep: Sequence[str] = (sys.executable, "-m", "kimi_vision_client.cli"),
+        host: str = "127.0.0.1",
+        grpc_port: int | None = None,
     ) -> None:
-        self.models = list(models)
+        self.kimi_prep = list(kimi_prep)
         self.args = list(args)
         self.host = host
         self.ports = [free_loopback_port(), grpc_port or free_loopback_port(), free_loopback_port()]
@@ -405,7 +393,7 @@ class ServeProcess:
 
     def launch(self) -> None:
         """Start it without waiting (:meth:`wait_ready` waits)."""
-        command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", *self.models, *self.args]
+        command = [*self.kimi_prep, "serve", *self.args]
         command += ["--host", self.host, "--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1])]
         command += ["--metrics-port", str(self.ports[2])]
         self.process = subprocess.Popen(
@@ -418,7 +406,7 @@ class ServeProcess:
 
     def wait_ready(self) -> None:
         assert self.process is not None
-        wait_until_ready(self.process, f"http://{self.host}:{self.ports[0]}/v2/models/{self.models[0]}/ready")
+        wait_until_ready(self.process, f"http://{self.host}:{self.ports[0]}/v2/health/ready")
 
     def tritonserver_pid(self) -> int:
         """The launcher's tritonserver child (the leader of its own process group, with its stubs)."""
@@ -450,6 +438,18 @@ class ServeProcess:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@contextlib.contextmanager
+def kimi_prep_serve(kimi_prep: Sequence[str], *args: str) -> Iterator[tuple[int, int]]:
+    """``kimi_prep serve *args`` on free loopback ports (``kimi_prep``: the command that runs the
+    CLI), ready: (HTTP port, gRPC port); stopped at the end."""
+    server = ServeProcess(*args, kimi_prep=kimi_prep)
+    server.start()
+    try:
+        yield server.ports[0], server.ports[1]
+    finally:
+        server.stop()
 
 
 def require_tritonserver() -> None:

@@ -43,7 +43,7 @@ AT_ONCE = 300  # requests of the overload test's one call
 @pytest.fixture(scope="module")
 def serve() -> Iterator[ServeProcess]:
     require_tritonserver()
-    server = ServeProcess([MODEL], "--instances", "1", "--threads", "1")
+    server = ServeProcess("--models", MODEL, "--instances", "1", "--threads", "1")
     server.start()
     try:
         yield server

@@ -50,7 +50,7 @@ REPEATS = 5  # each image of the hit-rate load, sent this many times
 def replicas() -> Iterator[list[ServeProcess]]:
     require_tritonserver()
     servers = [
-        ServeProcess([MODEL], "--instances", "1", "--threads", "1", "--response-cache-mib", "64")
+        ServeProcess("--models", MODEL, "--instances", "1", "--threads", "1", "--response-cache-mib", "64")
         for _ in range(REPLICAS)
     ]
     for server in servers:
@@ -284,7 +284,7 @@ def test_a_dns_name_follows_the_replicas_it_lists(monkeypatch: pytest.MonkeyPatc
 
     require_tritonserver()
     port = free_loopback_port()
-    pods = [ServeProcess([MODEL], "--instances", "1", "--threads", "1", "--response-cache-mib", "0",
+    pods = [ServeProcess("--models", MODEL, "--instances", "1", "--threads", "1", "--response-cache-mib", "0",
                          host=f"127.0.0.{i}", grpc_port=port) for i in (1, 2)]  # fmt: skip
     listed = ["127.0.0.1"]
     real_getaddrinfo = socket.getaddrinfo
