@@ -37,14 +37,8 @@ from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server import shm_regions
 from kimi_vision_server.embedded import EmbeddedServer, free_port
 from kimi_vision_server.render_blocks import RenderOptions
-from kimi_vision_server.watchdog import (
-    StubWatchdog,
-    parent_pid,
-    signal_process,
-    stub_processes,
-    stubs_in_group,
-    watchdog_thread_name,
-)
+from kimi_vision_server.stub_scan import parent_pid, signal_process, stub_processes, stubs_in_group
+from kimi_vision_server.watchdog import StubWatchdog, watchdog_thread_name
 
 pytestmark = pytest.mark.server
 
@@ -455,7 +449,7 @@ def test_readyz_follows_an_operators_explicit_unload_and_load() -> None:
 
 def test_the_watchdog_says_why_a_stub_died() -> None:
     """A zombie's wait status (a signal or an exit code), or gone once reaped: what the watchdog logs."""
-    from kimi_vision_server.watchdog import death_cause
+    from kimi_vision_server.stub_scan import death_cause
 
     killed = subprocess.Popen(["sleep", "30"])
     os.kill(killed.pid, signal.SIGKILL)

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_stub_activity import STOPPED_OR_DEADLOCKED, WAITING
 
-from kimi_vision_server import watchdog
-from kimi_vision_server.watchdog import READY, StubProcess, StubWatchdog
+from kimi_vision_server import recovery, stub_activity, stub_scan, triton_repository, watchdog
+from kimi_vision_server.stub_activity import Activity
+from kimi_vision_server.stub_scan import StubProcess
+from kimi_vision_server.triton_repository import READY, RepositoryError
+from kimi_vision_server.watchdog import StubWatchdog
 
 MODEL = "kimi_k25_decode"
 
@@ -34,6 +38,8 @@ class ScriptedServer:
         self.pids = itertools.count(4_000_000)  # beyond pid_max: /proc has none of them
         self.stubs: dict[int, StubProcess] = {}
         self.scheduled: dict[int, int] = {}  # times each stub's threads were put on a CPU, where counted
+        self.thread_states: dict[int, str] = {}  # each stub's threads' states (/proc), where not all "S"
+        self.frozen: set[int] = set()  # stubs whose cgroup is frozen
         self.states = {MODEL: READY}
         self.loads: list[str] = []
         self.unloads: list[str] = []
@@ -61,6 +67,20 @@ class ScriptedServer:
     def run(self, pid: int) -> None:
         """The stub's threads run (its health thread beats): it was put on a CPU again."""
         self.scheduled[pid] = self.scheduled.get(pid, 0) + 3
+
+    def hold(self, pid: int, states: str, frozen: bool = False) -> None:
+        """The stub's threads are in ``states`` (one letter each, as /proc shows them) from now on,
+        its cgroup frozen or not."""
+        self.thread_states[pid] = states
+        self.frozen.discard(pid)
+        if frozen:
+            self.frozen.add(pid)
+
+    def activity(self, pid: int) -> Activity | None:
+        """What /proc tells of the stub's threads: None where the kernel keeps no count."""
+        if pid not in self.scheduled:
+            return None
+        return Activity(self.scheduled[pid], self.thread_states.get(pid, "SSS"), pid in self.frozen)
 
     def end(self, pid: int) -> None:
         """A stub that exits and is reaped (its version unloaded)."""
@@ -93,20 +113,21 @@ REPLACED_IDLE_S = 0.2
 STUCK_AFTER_S = 0.2
 
 
-def watched(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> StubWatchdog:
-    """A watchdog of ``server``: its scans, kills and repository calls go to the script."""
-    monkeypatch.setattr(watchdog, "stub_processes", lambda pid: list(server.stubs.values()))
-    monkeypatch.setattr(watchdog, "end_process", server.kill)
-    monkeypatch.setattr(watchdog, "times_scheduled", server.scheduled.get)
-    guard = StubWatchdog(
+def watched(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch, **settings: float) -> StubWatchdog:
+    """A watchdog of ``server`` (``settings``: more of its keyword arguments): its scans, kills and
+    repository calls go to the script."""
+    monkeypatch.setattr(stub_scan, "stub_processes", lambda pid: list(server.stubs.values()))
+    monkeypatch.setattr(stub_scan, "end_process", server.kill)
+    monkeypatch.setattr(stub_activity, "read_activity", server.activity)
+    monkeypatch.setattr(watchdog, "TritonRepository", lambda *args, **kwargs: server)
+    return StubWatchdog(
         server,  # type: ignore[arg-type]
         "127.0.0.1:1",
         model_repository=server.repository,
         replaced_idle_s=REPLACED_IDLE_S,
         stuck_after_s=STUCK_AFTER_S,
+        **settings,
     )
-    guard.repository = server  # type: ignore[assignment]
-    return guard
 
 
 def repository_of(folder: Path) -> Path:
@@ -217,7 +238,7 @@ def test_a_stub_retired_by_a_failed_reload_is_left_alone(scripted, monkeypatch) 
     server, guard = scripted
 
     def refused(model: str) -> None:
-        raise watchdog.RepositoryError("POST unload: HTTP 503")
+        raise RepositoryError("POST unload: HTTP 503")
 
     monkeypatch.setattr(server, "unload", refused)
     _, survivor = kill_the_first_stub(server, guard)  # the death; its reload fails
@@ -255,7 +276,7 @@ def test_a_read_only_repository_is_reloaded_by_unload_and_load(with_repository, 
     def read_only(folders: list[Path]) -> None:
         raise PermissionError(30, "Read-only file system", str(folders[0]))
 
-    monkeypatch.setattr(watchdog, "mark_changed", read_only)
+    monkeypatch.setattr(recovery, "mark_changed", read_only)
     old = kill_the_first_stub(server, guard)
     assert server.unloads == [MODEL] and server.loads == [MODEL]
     assert len(new_stubs(server, old)) == 2
@@ -266,7 +287,7 @@ def test_a_load_that_keeps_the_dead_instance_is_followed_by_unload_and_load(with
     """Where tritonserver does not see the folders' change (its load keeps the instances, the dead
     one too), the recovery does not stop there."""
     server, guard = with_repository
-    monkeypatch.setattr(watchdog, "mark_changed", lambda folders: None)
+    monkeypatch.setattr(recovery, "mark_changed", lambda folders: None)
     old = kill_the_first_stub(server, guard)
     assert server.unloads == [MODEL] and server.loads == [MODEL, MODEL]
     assert len(new_stubs(server, old)) == 2
@@ -278,9 +299,9 @@ def test_marking_a_folder_changed_moves_its_mtime_past_the_last_one(tmp_path: Pa
     folder.mkdir()
     future = time.time_ns() + 3_600 * 10**9
     os.utime(folder, ns=(future, future))  # a clock that went back since, or a coarse one
-    watchdog.mark_changed([folder])
+    triton_repository.mark_changed([folder])
     assert folder.stat().st_mtime_ns > future
-    assert watchdog.version_folders(tmp_path) == [folder]
+    assert triton_repository.version_folders(tmp_path) == [folder]
 
 
 def test_a_model_with_no_other_live_instance_is_reloaded_by_unload_and_load(tmp_path: Path, monkeypatch) -> None:
@@ -300,9 +321,8 @@ def test_a_load_stuck_in_a_new_stubs_initialize_ends_that_stub_and_is_tried_agai
     """The Python backend waits for a new stub's initialize as long as the stub lives: the load
     still running after ``load_stall_s`` has its new stub ended, fails, and the next attempt loads."""
     server = ScriptedServer(instances=1, repository=repository_of(tmp_path))
-    monkeypatch.setattr(watchdog, "STACKS_WRITTEN_S", 0.0)
-    guard = watched(server, monkeypatch)
-    guard.load_stall_s, guard.initial_backoff_s = 0.2, 0.0
+    monkeypatch.setattr(recovery, "STACKS_WRITTEN_S", 0.0)
+    guard = watched(server, monkeypatch, load_stall_s=0.2, initial_backoff_s=0.0)
     loaded = server.load
 
     def stuck(model: str) -> None:
@@ -312,7 +332,7 @@ def test_a_load_stuck_in_a_new_stubs_initialize_ends_that_stub_and_is_tried_agai
         while not server.stubs[stub].zombie:
             time.sleep(0.01)
         monkeypatch.setattr(server, "load", loaded)
-        raise watchdog.RepositoryError(f"POST load: HTTP 400: Stub process '{MODEL}_0_0' is not healthy.")
+        raise RepositoryError(f"POST load: HTTP 400: Stub process '{MODEL}_0_0' is not healthy.")
 
     monkeypatch.setattr(server, "load", stuck)
     (only,) = server.stubs
@@ -332,14 +352,15 @@ def stuck(guard: StubWatchdog) -> int:
 
 
 def test_a_stub_that_stops_running_is_ended_and_its_model_reloaded(scripted) -> None:
-    """Stopped (or frozen): its threads are not put on a CPU again. After ``stuck_after_s`` it is
-    ended and its model reloaded as for a dead stub, readiness false until then; its exit is no
-    second death, and the other stub is left alone."""
+    """Stopped (SIGSTOP: its threads in state T): they are not put on a CPU again. After
+    ``stuck_after_s`` it is ended and its model reloaded as for a dead stub; its exit is no second
+    death, and the other stub is left alone."""
     server, guard = scripted
     stopped, running = sorted(server.stubs)
     for pid in (stopped, running):
         server.run(pid)
     guard.poll_once()
+    server.hold(stopped, "TTT")
     server.run(running)
     guard.poll_once()
     assert not server.stubs[stopped].zombie and stuck(guard) == 0  # not yet stuck_after_s
@@ -354,15 +375,53 @@ def test_a_stub_that_stops_running_is_ended_and_its_model_reloaded(scripted) -> 
     assert counts(guard) == {"stub_deaths": 0, "recoveries": 1} and stuck(guard) == 1
 
 
+@pytest.mark.parametrize("states", STOPPED_OR_DEADLOCKED.values(), ids=list(STOPPED_OR_DEADLOCKED))
+def test_a_stub_stopped_or_deadlocked_for_stuck_after_s_is_ended(scripted, states: str) -> None:
+    server, guard = scripted
+    held, _ = sorted(server.stubs)
+    server.run(held)
+    guard.poll_once()
+    server.hold(held, states)
+    guard.poll_once()
+    time.sleep(STUCK_AFTER_S)
+    guard.poll_once()
+    assert server.stubs[held].zombie and stuck(guard) == 1 and server.loads == [MODEL]
+
+
+@pytest.mark.parametrize(("states", "frozen"), WAITING.values(), ids=list(WAITING))
+def test_a_waiting_stub_is_left_alone_however_long_and_logged_once(
+    scripted, states: str, frozen: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not put on a CPU for three times ``stuck_after_s``, but waiting: not ended, its model not
+    reloaded, one warning that it waits. Stopped then (T), it is stuck ``stuck_after_s`` later."""
+    server, guard = scripted
+    held, _ = sorted(server.stubs)
+    server.run(held)
+    guard.poll_once()
+    server.hold(held, states, frozen)
+    for _ in range(3):
+        time.sleep(STUCK_AFTER_S)
+        guard.poll_once()
+    assert not server.stubs[held].zombie and stuck(guard) == 0 and server.loads == []
+    waiting = [record.getMessage() for record in caplog.records if "is waiting, not stuck" in record.getMessage()]
+    assert len(waiting) == 1 and server.stubs[held].instance in waiting[0], caplog.text
+    server.hold(held, "TTT")
+    guard.poll_once()
+    time.sleep(STUCK_AFTER_S)
+    guard.poll_once()
+    assert server.stubs[held].zombie and stuck(guard) == 1
+
+
 def test_readiness_is_false_from_a_stuck_stub_until_its_model_is_reloaded(scripted, monkeypatch) -> None:
     server, guard = scripted
     stopped, _ = sorted(server.stubs)
     server.run(stopped)
+    server.hold(stopped, "TTT")
     failing = []
 
     def load_fails(model: str) -> None:
         failing.append(model)
-        raise watchdog.RepositoryError("the load failed")
+        raise RepositoryError("the load failed")
 
     monkeypatch.setattr(server, "load", load_fails)
     guard.poll_once()
@@ -393,26 +452,3 @@ def test_an_uncounted_stub_is_never_taken_for_stuck(scripted) -> None:
         guard.poll_once()
         time.sleep(STUCK_AFTER_S)
     assert stuck(guard) == 0 and server.loads == []
-
-
-def test_times_scheduled_counts_a_live_process_and_freezes_for_a_stopped_one() -> None:
-    import signal
-    import subprocess
-    import sys
-
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
-    try:
-        first = watchdog.times_scheduled(sleeper.pid)
-        assert first is not None
-        while watchdog.times_scheduled(sleeper.pid) == first:  # it wakes every 10 ms
-            time.sleep(0.01)
-        os.kill(sleeper.pid, signal.SIGSTOP)
-        while watchdog._stat_fields(Path(f"/proc/{sleeper.pid}"))[0] != "T":
-            time.sleep(0.01)
-        frozen = watchdog.times_scheduled(sleeper.pid)
-        time.sleep(0.1)
-        assert watchdog.times_scheduled(sleeper.pid) == frozen
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-    assert watchdog.times_scheduled(sleeper.pid) is None
