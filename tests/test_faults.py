@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import logging
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cgroup_holds
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -37,7 +39,7 @@ from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server import shm_regions
 from kimi_vision_server.embedded import EmbeddedServer, free_port
 from kimi_vision_server.render_blocks import RenderOptions
-from kimi_vision_server.stub_scan import parent_pid, signal_process, stub_processes, stubs_in_group
+from kimi_vision_server.stub_scan import StubProcess, parent_pid, signal_process, stub_processes, stubs_in_group
 from kimi_vision_server.watchdog import StubWatchdog, watchdog_thread_name
 
 pytestmark = pytest.mark.server
@@ -662,3 +664,88 @@ def test_a_stopped_stub_under_load_is_ended_and_replaced_and_no_request_fails_af
         assert 503 in readyz, "/readyz never reported the stuck stub"
         assert counter(server, DEATHS, model) == 0  # ended as stuck, not counted again as a death
         assert probe(server, "/readyz")[0] == 200
+
+
+FROZEN_WAYS = ("cgroup v2 freeze", "cgroup v1 freezer")  # tests/cgroup_holds.py: threads read S / D
+
+
+def busy_server(folder: Path) -> EmbeddedServer:
+    """A server of the one-instance ``busy`` model (:data:`BUSY_MODEL`) in ``folder``, not started."""
+    (folder / "busy" / "1").mkdir(parents=True)
+    (folder / "busy" / "config.pbtxt").write_text(BUSY_CONFIG)
+    (folder / "busy" / "1" / "model.py").write_text(BUSY_MODEL)
+    return EmbeddedServer(model_repository=folder, probe_port=free_port())
+
+
+def busy_answers(server: EmbeddedServer) -> list[int] | str:
+    """What ``busy`` answers to a request of 0 s: its output, or the server's error."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("X", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([0], dtype=np.int32))
+    try:
+        return client.infer("busy", [tensor], client_timeout=CLIENT_TIMEOUT_S).as_numpy("Y").tolist()
+    except InferenceServerException as exc:
+        return f"{exc.status()}: {exc.message()}"
+    finally:
+        client.close()
+
+
+def the_busy_stub(server: EmbeddedServer) -> StubProcess:
+    assert server.process is not None
+    (stub,) = [s for s in stub_processes(server.process.pid) if s.model == "busy" and not s.zombie]
+    return stub
+
+
+@pytest.mark.parametrize("way", FROZEN_WAYS)
+def test_a_stub_frozen_while_no_request_comes_is_left_alone_and_serves_after(
+    tmp_path: Path, way: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/faults.md step 6: a stub frozen in its cgroup past ``stuck_after_s`` has not run, but
+    only waits: the watchdog logs it waiting, neither counts it stuck nor ends it, and, thawed
+    another ``stuck_after_s`` later, the same stub answers."""
+    require_tritonserver()
+    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watchdog")
+    with busy_server(tmp_path) as server:
+        assert busy_answers(server) == [0]
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the freeze")
+        stub = the_busy_stub(server)
+        with cgroup_holds.hold(stub.pid, way):
+            frozen_at = time.monotonic()
+            wait_for(lambda: "is waiting, not stuck" in caplog.text or counter(server, STUCK, "busy") > 0, "a verdict")
+            seen_s = time.monotonic() - frozen_at
+            time.sleep(STUCK_AFTER_S)  # frozen for twice stuck_after_s in all
+            held_s = time.monotonic() - frozen_at
+        answer = busy_answers(server)
+        print(f"\n{way} of {stub.instance} for {held_s:.1f} s: logged waiting after {seen_s:.1f} s; after: {answer}")
+        assert counter(server, STUCK, "busy") == 0 and counter(server, DEATHS, "busy") == 0
+        assert f"{stub.instance} (pid {stub.pid}) has not run for" in caplog.text
+        assert answer == [0] and the_busy_stub(server).identity == stub.identity
+        assert counter(server, RECOVERIES, "busy") == 0 and restarts(server) == 0
+
+
+@pytest.mark.parametrize("way", FROZEN_WAYS)
+def test_a_frozen_stub_a_request_failed_on_is_ended_while_frozen_and_replaced(tmp_path: Path, way: str) -> None:
+    """docs/faults.md step 6: a request sent to a frozen stub fails (the Python backend: not
+    healthy), and that stub would crash when thawed (it reads the request the backend freed), which
+    takes tritonserver down at the next request. So once it has not run for ``stuck_after_s`` it is
+    counted stuck and ended while still frozen; its model is reloaded, and serves, on the same server."""
+    require_tritonserver()
+    with busy_server(tmp_path) as server:
+        assert busy_answers(server) == [0]
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the freeze")
+        stub = the_busy_stub(server)
+        with cgroup_holds.hold(stub.pid, way):
+            frozen_at = time.monotonic()
+            during = busy_answers(server)
+            wait_for(lambda: counter(server, STUCK, "busy") == 1, "the frozen stub ended", server)
+            found_s = time.monotonic() - frozen_at
+        recovered_s = wait_for(lambda: busy_answers(server) == [0], "busy answering again", server)
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 after the recovery")
+        print(
+            f"\n{way} of {stub.instance}, a request sent: {during!r}; ended {found_s:.1f} s after the freeze, "
+            f"answering again {recovered_s:.1f} s after the thaw"
+        )
+        assert "not healthy" in str(during)
+        assert counter(server, DEATHS, "busy") == 0 and restarts(server) == 0
+        assert counter(server, RECOVERIES, "busy") == 1
+        assert the_busy_stub(server).identity != stub.identity

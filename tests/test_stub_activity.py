@@ -8,6 +8,7 @@ tests/test_faults.py freezes a real tritonserver's stub.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -53,8 +54,32 @@ def test_only_time_nothing_explains_counts_toward_stuck() -> None:
     progress = stub_activity.progress_after(progress, waiting, now=105.0)
     assert (progress.stalled_s, progress.waited_s) == (0.0, 5.0)
     progress = stub_activity.progress_after(progress, stopped, now=106.5)
-    assert (progress.stalled_s, progress.waited_s) == (1.5, 5.0)
+    assert (progress.stalled_s, progress.waited_s, progress.not_running_s) == (1.5, 5.0, 6.5)
     assert stub_activity.progress_after(progress, ran, now=107.0) == stub_activity.Progress(13, seen_at=107.0)
+
+
+STUCK_AFTER_S = 2.0
+
+
+@pytest.mark.parametrize(("states", "frozen"), WAITING.values(), ids=list(WAITING))
+def test_a_waiting_stub_is_stuck_only_once_a_request_of_its_model_failed_meanwhile(states: str, frozen: bool) -> None:
+    waiting = Activity(10, states, frozen)
+    progress = stub_activity.Progress(10, seen_at=0.0, waited_s=STUCK_AFTER_S, failed_before=4)
+    assert stub_activity.stuck_reason(progress, waiting, failed_now=4, stuck_after_s=STUCK_AFTER_S) is None
+    assert stub_activity.stuck_reason(progress, waiting, failed_now=None, stuck_after_s=STUCK_AFTER_S) is None
+    why = stub_activity.stuck_reason(progress, waiting, failed_now=5, stuck_after_s=STUCK_AFTER_S)
+    assert why is not None and "a request of its model failed" in why
+    early = dataclasses.replace(progress, waited_s=STUCK_AFTER_S / 2)
+    assert stub_activity.stuck_reason(early, waiting, failed_now=5, stuck_after_s=STUCK_AFTER_S) is None
+
+
+@pytest.mark.parametrize("states", STOPPED_OR_DEADLOCKED.values(), ids=list(STOPPED_OR_DEADLOCKED))
+def test_a_stub_stopped_or_deadlocked_for_stuck_after_s_is_stuck_whatever_its_model_did(states: str) -> None:
+    progress = stub_activity.Progress(10, seen_at=0.0, stalled_s=STUCK_AFTER_S)
+    why = stub_activity.stuck_reason(progress, Activity(10, states), failed_now=None, stuck_after_s=STUCK_AFTER_S)
+    assert why is not None and f"in state {''.join(sorted(set(states)))}" in why
+    early = dataclasses.replace(progress, stalled_s=STUCK_AFTER_S / 2)
+    assert stub_activity.stuck_reason(early, Activity(10, states), failed_now=9, stuck_after_s=STUCK_AFTER_S) is None
 
 
 # -- what /proc tells of real processes ----------------------------------------------------------

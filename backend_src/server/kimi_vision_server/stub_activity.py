@@ -4,7 +4,7 @@ A live stub runs at least every 300 ms, whatever its Python code is doing: its h
 C++, wakes then to tell the Python backend it is healthy. Each scan reads how often the stub's
 threads have been put on a CPU so far (the timeslice counts of ``/proc/<pid>/task/*/schedstat``)
 and the state each thread is in (``/proc/<pid>/task/<tid>/stat``). A count that has not grown
-since the last scan is explained, and that time not counted against the stub, while
+since the last scan is explained, the stub only waiting, while
 
 - one of its threads is runnable (``R``): it waits for a CPU, its cgroup's CPU quota spent
   (``cpu.max``, ``cpu.cfs_quota_us``) or the host saturated, and runs once it gets one;
@@ -13,14 +13,20 @@ since the last scan is explained, and that time not counted against the stub, wh
 - its cgroup v2 is frozen (``frozen 1`` in its ``cgroup.events``: ``cgroup.freeze`` on it or on
   one above it, as ``docker pause`` does): it runs once thawed, its threads reading ``S`` meanwhile.
 
-Any other stall counts: every thread stopped (``T``: SIGSTOP, a terminal's stop) or traced
-(``t``: a debugger holding it), or every thread asleep (``S``) past the health thread's 300 ms
-beat, which only a deadlock does (its health thread blocked on a lock that will not be
-released). Such a stub is stopped on purpose or deadlocked: it will not run again by itself, and
-the Python backend calls it "not healthy" and fails every request it takes. A stub whose
-unexplained stall reaches the watchdog's ``stuck_after_s`` is stuck. A stub deadlocked in its
-Python code alone is not: its health thread keeps beating (and the Python backend keeps waiting
-for it), so its count keeps growing (docs/faults.md, "Recovery", step 6).
+Any other stall is the stub's own: every thread stopped (``T``: SIGSTOP) or traced (``t``: a
+debugger holding it), or every thread asleep (``S``) past the health thread's 300 ms beat, which
+only a deadlock does (its health thread blocked on a lock that will not be released). Such a stub
+is stopped on purpose or deadlocked and will not run again by itself. A stub deadlocked in its
+Python code alone is not seen here: its health thread keeps beating, so its count keeps growing
+(and the Python backend keeps waiting for it).
+
+A stub that has not run for the watchdog's ``stuck_after_s`` is **stuck** (:func:`stuck_reason`)
+where that time was all its own, or where it waited but a request of its model failed since it
+stopped running. The Python backend gives a stub 1 s to take or answer a request, then fails it as
+"not healthy" and frees what it shared with the stub for it; a stub that runs again after that
+reads the freed request and dies (SIGSEGV), and tritonserver aborts at its next request to that
+instance (a lock the dead stub held, docs/faults.md). Ended while it still waits, it is replaced
+by a reload and the server lives. A stub that waited while no request came resumes and serves.
 
 The time between two scans is judged by the second one's reading (a scan every 0.5 s).
 """
@@ -64,12 +70,20 @@ def waiting_reason(activity: Activity) -> str | None:
 class Progress:
     """What the scans saw of one stub: its :attr:`Activity.scheduled` at the last scan (at
     ``seen_at``, monotonic seconds) and, since that count last grew, for how long nothing explained
-    its threads not running (``stalled_s``) and for how long something did (``waited_s``)."""
+    its threads not running (``stalled_s``) and for how long something did (``waited_s``);
+    ``failed_before``: its model's failed requests when a scan first found it not running (None
+    until read)."""
 
     scheduled: int
     seen_at: float
     stalled_s: float = 0.0
     waited_s: float = 0.0
+    failed_before: int | None = None
+
+    @property
+    def not_running_s(self) -> float:
+        """How long the stub has not been put on a CPU (as the scans saw it), for whatever reason."""
+        return self.stalled_s + self.waited_s
 
 
 def progress_after(last: Progress | None, activity: Activity, now: float) -> Progress:
@@ -82,6 +96,23 @@ def progress_after(last: Progress | None, activity: Activity, now: float) -> Pro
     if waiting_reason(activity) is None:
         return replace(last, seen_at=now, stalled_s=last.stalled_s + elapsed)
     return replace(last, seen_at=now, waited_s=last.waited_s + elapsed)
+
+
+def stuck_reason(progress: Progress, activity: Activity, failed_now: int | None, stuck_after_s: float) -> str | None:
+    """Why a stub is stuck (the module's docstring), None where it is not: its own stall reached
+    ``stuck_after_s``, or it has not run for that long, waiting, and its model's failed requests
+    grew from ``progress.failed_before`` to ``failed_now`` meanwhile (None: not known)."""
+    if progress.stalled_s >= stuck_after_s:
+        states = "".join(sorted(set(activity.states)))
+        return f"stopped or deadlocked (its threads in state {states}, none waiting for a CPU or on the kernel)"
+    if progress.not_running_s < stuck_after_s or failed_now is None or progress.failed_before is None:
+        return None
+    if failed_now > progress.failed_before:
+        return (
+            f"{waiting_reason(activity)}, but a request of its model failed meanwhile: the Python backend "
+            "has given up on it, and a stub resumed after that crashes"
+        )
+    return None
 
 
 def read_activity(pid: int) -> Activity | None:

@@ -1,5 +1,6 @@
-"""The few HTTP endpoints of tritonserver's repository API that the stub watchdog calls, and the
-version folders whose mtime makes a ``load`` start a new version of a model.
+"""The few HTTP endpoints of tritonserver that the stub watchdog calls (its repository API, health
+and a model's failed requests), and the version folders whose mtime makes a ``load`` start a new
+version of a model.
 
 tritonserver loads a model whose version folder is newer than at its last load as a new version,
 in the background while the old one serves (docs/faults.md, "Recovery").
@@ -37,15 +38,19 @@ class TritonRepository:
         self.headers = dict(headers or {})
 
     def _post(self, path: str, timeout_s: float) -> bytes:
-        request = urllib.request.Request(f"{self.base}{path}", data=b"{}", method="POST", headers=self.headers)
+        return self._call("POST", path, timeout_s)
+
+    def _call(self, method: str, path: str, timeout_s: float) -> bytes:
+        data = b"{}" if method == "POST" else None
+        request = urllib.request.Request(f"{self.base}{path}", data=data, method=method, headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 return response.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
-            raise RepositoryError(f"POST {path}: HTTP {exc.code}: {detail}") from None
+            raise RepositoryError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
-            raise RepositoryError(f"POST {path}: {exc}") from None
+            raise RepositoryError(f"{method} {path}: {exc}") from None
 
     def index(self) -> list[dict[str, str]]:
         """tritonserver's repository index: ``name``, ``state`` and ``reason`` of every model."""
@@ -55,6 +60,12 @@ class TritonRepository:
         """``{model: state}`` of every model in the repository (READY, LOADING, UNLOADING, UNAVAILABLE;
         UNLOADED for one an operator unloaded through the repository API)."""
         return {entry["name"]: _state(entry) for entry in self.index()}
+
+    def failed_requests(self, model: str) -> int:
+        """How many requests of ``model`` have failed so far (``inference_stats.fail.count`` of its
+        versions' statistics): a stub's "not healthy" answers count there."""
+        body = json.loads(self._call("GET", f"/models/{model}/stats", timeout_s=10))
+        return sum(int(stats["inference_stats"]["fail"]["count"]) for stats in body.get("model_stats", []))
 
     def server_ready(self) -> bool:
         return self._health("ready")

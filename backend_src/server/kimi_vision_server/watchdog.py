@@ -10,15 +10,17 @@ in the launcher process, next to the tritonserver it started:
   ``kimi_k25_decode_0_0``). A stub that became a zombie (the server does not reap it) or vanished
   while its model is still ``READY`` is dead; stubs of a model the repository reports as not
   ``READY`` are being (un)loaded on purpose and are left alone;
-- a stub that is stopped or deadlocked (none of its threads put on a CPU for ``stuck_after_s``,
-  with nothing that explains it: no thread waiting for a CPU or on the kernel, its cgroup not
-  frozen; the rule is :mod:`.stub_activity`'s) is stuck: the Python backend's health check already
-  calls it "not healthy" (its health thread beats every 300 ms, in C++, whatever the model's
-  Python code is doing), so every request it takes fails. The watchdog ends it (SIGKILL) and has
-  its model reloaded as for a dead one. A stub that is slow but working (a long decode, a long
-  video) keeps its health thread running and is never taken for stuck; nor is one that only waits
-  (CPU-throttled, in uninterruptible sleep under memory pressure, in a frozen cgroup), which
-  serves again once the kernel lets it run: it is logged once it has waited ``stuck_after_s``;
+- a stub that has not run for ``stuck_after_s`` (none of its threads put on a CPU) is stuck where
+  nothing explains it (no thread waiting for a CPU or on the kernel, its cgroup not frozen: it is
+  stopped or deadlocked), or where it waited but a request of its model failed meanwhile (the
+  Python backend gave up on that request, and a stub that resumes after that crashes); the rule is
+  :mod:`.stub_activity`'s. The Python backend's health check already calls a stuck stub "not
+  healthy" (its health thread beats every 300 ms, in C++, whatever the model's Python code is
+  doing), so every request it takes fails. The watchdog ends it (SIGKILL) and has its model
+  reloaded as for a dead one. A stub that is slow but working (a long decode, a long video) keeps
+  its health thread running and is never taken for stuck; one that only waits (CPU-throttled, in
+  uninterruptible sleep under memory pressure, in a frozen cgroup) while no request fails on it is
+  left to run again, and logged once it has waited ``stuck_after_s``;
 - a model with a dead or stuck stub is reloaded by its :class:`~.recovery.ModelRecovery` (one
   reload at a time, with backoff; a new version in the background where another instance serves
   meanwhile), which also ends the stubs a replaced version leaves running;
@@ -45,13 +47,14 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 # stub_scan's and stub_activity's readings and signals are called through their modules, as the
 # recovery calls them: the scripted scans of tests/test_watchdog.py replace them in one place.
 from . import stub_activity, stub_scan
 from .recovery import ModelRecovery, RecoveryTimes
-from .stub_activity import Activity, Progress, progress_after, waiting_reason
+from .stub_activity import Progress, progress_after, stuck_reason, waiting_reason
 from .stub_scan import (
     StubProcess,
     death_cause,
@@ -90,7 +93,8 @@ def watchdog_thread_name(server_pid: int) -> str:
 
 
 class StubWatchdog:
-    """Thread watching the stubs of ``process`` (a running tritonserver) and reloading their models."""
+    """Thread watching the stubs of ``process`` (a running tritonserver); its :attr:`recovery` reloads
+    their models."""
 
     def __init__(
         self,
@@ -298,10 +302,10 @@ class StubWatchdog:
                 )
                 log.warning("stub of %s died: %s; reloading the model", model, instances)
 
-    def _stuck_stubs(self, stubs: list[StubProcess]) -> list[tuple[StubProcess, Activity, Progress]]:
-        """Watched stubs that have not run for ``stuck_after_s`` with nothing explaining it
-        (:mod:`.stub_activity`), with what the scan read of them; those of a model already being
-        reloaded are left to the reload. A stub that has waited that long is logged once a wait."""
+    def _stuck_stubs(self, stubs: list[StubProcess]) -> list[tuple[StubProcess, Progress, str]]:
+        """Watched stubs that are stuck (:func:`~.stub_activity.stuck_reason`), with what the scans
+        saw of them and why; those of a model already being reloaded are left to the reload. A stub
+        that has waited ``stuck_after_s`` and is not stuck is logged, once a wait."""
         now = time.monotonic()
         stuck = []
         with self._lock:
@@ -317,19 +321,34 @@ class StubWatchdog:
                 continue
             with self._lock:
                 last = self._state.progress.get(stub.identity)
-                progress = self._state.progress[stub.identity] = progress_after(last, activity, now)
-            if progress.stalled_s >= self.stuck_after_s:
-                stuck.append((stub, activity, progress))
+            progress = progress_after(last, activity, now)
+            if progress.not_running_s > 0 and progress.failed_before is None:
+                progress = replace(progress, failed_before=self._failed_requests(stub.model))
+            failed_now = self._failed_requests(stub.model) if progress.not_running_s >= self.stuck_after_s else None
+            reason = stuck_reason(progress, activity, failed_now, self.stuck_after_s)
+            with self._lock:
+                self._state.progress[stub.identity] = progress
+            if reason is not None:
+                stuck.append((stub, progress, reason))
             elif last is not None and last.waited_s < self.stuck_after_s <= progress.waited_s:
                 log.warning(
-                    "stub of %s is waiting, not stuck: %s (pid %d) has not run for %.1f s, %s; left to run again",
+                    "stub of %s is waiting, not stuck: %s (pid %d) has not run for %.1f s, %s, and no request "
+                    "of its model failed meanwhile; left to run again",
                     stub.model,
                     stub.instance,
                     stub.pid,
-                    progress.waited_s + progress.stalled_s,
+                    progress.not_running_s,
                     waiting_reason(activity),
                 )
         return stuck
+
+    def _failed_requests(self, model: str) -> int | None:
+        """``model``'s failed requests so far; None where tritonserver does not answer."""
+        try:
+            return self.repository.failed_requests(model)
+        except RepositoryError as exc:
+            log.info("the statistics of %s did not answer: %s", model, exc)
+            return None
 
     def _end_stuck(self, stubs: list[StubProcess]) -> None:
         """End each stuck stub of a ``READY`` model and queue its model's reload, as for a death."""
@@ -341,7 +360,7 @@ class StubWatchdog:
         except RepositoryError as exc:
             log.info("a stub is stuck but the repository did not answer: %s", exc)
             return
-        for stub, activity, progress in stuck:
+        for stub, progress, reason in stuck:
             if states.get(stub.model) != READY:
                 continue
             with self._lock:
@@ -351,13 +370,12 @@ class StubWatchdog:
                 self._state.stuck[stub.model] += 1
                 self._state.pending.setdefault(stub.model, PendingRecovery(detected_at=time.monotonic()))
             log.warning(
-                "stub of %s is stuck: %s (pid %d, state %s) has not run for %.1f s, stopped or deadlocked "
-                "(no thread waiting for a CPU or on the kernel), and the Python backend fails every request "
-                "it takes (not healthy); ending it and reloading the model",
+                "stub of %s is stuck: %s (pid %d) has not run for %.1f s, %s; the Python backend fails "
+                "every request it takes (not healthy): ending it and reloading the model",
                 stub.model,
                 stub.instance,
                 stub.pid,
-                "".join(sorted(set(activity.states))),
-                progress.stalled_s,
+                progress.not_running_s,
+                reason,
             )
             stub_scan.end_process(stub.pid)
