@@ -33,6 +33,7 @@ from kimi_vision_client.client import (
     to_vision_result,
 )
 from kimi_vision_client.samples import sample_images
+from kimi_vision_common.errors import ConnectionLostError
 from kimi_vision_common.wire import served_message
 from kimi_vision_prep import (
     KIMI_K3,
@@ -44,7 +45,6 @@ from kimi_vision_prep import (
     InvalidImageError,
     InvalidRequestError,
     PreprocessError,
-    ServerUnavailableError,
     UnsupportedImageError,
     get_preset,
     preprocess_bytes,
@@ -138,20 +138,21 @@ def test_served_errors_raise_the_in_process_type(status: str, raised: Preprocess
     [
         ("400", InvalidRequestError),
         ("StatusCode.INVALID_ARGUMENT", InvalidRequestError),
-        ("503", ServerUnavailableError),
-        ("StatusCode.UNAVAILABLE", ServerUnavailableError),
+        ("503", ConnectionLostError),
+        ("StatusCode.UNAVAILABLE", ConnectionLostError),
         ("500", PreprocessError),
     ],
 )
-def test_tritons_own_rejections_map_by_code(status: str, error_type: type[PreprocessError]) -> None:
-    """Untagged messages come from Triton itself (queue full, wrong shape, ...): the class of the code."""
-    error = error_from_server(tritonclient.utils.InferenceServerException("Exceeds maximum queue size", status=status))
-    assert type(error) is error_type and str(error) == "Exceeds maximum queue size"
+def test_untagged_words_no_rule_names_map_by_code(status: str, error_type: type[PreprocessError]) -> None:
+    """Untagged messages come from Triton or the transport: those kimi_vision_common.faults has no
+    rule for take the class of their code (an unknown UNAVAILABLE: no answer is assumed)."""
+    error = error_from_server(tritonclient.utils.InferenceServerException("some words", status=status))
+    assert type(error) is error_type and str(error) == "some words"
 
 
-def test_transport_errors_become_preprocess_errors() -> None:
-    error = error_from_server(ConnectionRefusedError("refused"))
-    assert type(error) is PreprocessError and "refused" in str(error)
+def test_transport_errors_are_a_lost_connection() -> None:
+    error = error_from_server(ConnectionRefusedError("[Errno 111] Connection refused"))
+    assert type(error) is ConnectionLostError and "connection refused" in str(error)
 
 
 def test_output_byte_sizes_match_the_arrays_preprocessing_produces(corpus: Path) -> None:
@@ -354,11 +355,11 @@ def test_shared_memory_is_bit_equal_and_cleaned_up(
     names.append("large_resized.jpg")
     with KimiVisionClient(url_of(triton_server, protocol), protocol, model, use_shared_memory=True) as client:
         results = client.infer_many(images, concurrency=2)
-        # One input and one output region per request in flight; later requests reuse (and grow) them.
-        assert len(client.shared_memory_regions) == 2 * 2
+        # One region (input, then outputs) per request in flight; later requests reuse (and grow) them.
+        assert len(client.shared_memory_regions) == 2
         again = [client.infer(images[-1]), client.infer(images[0])]
         regions = set(client.shared_memory_regions)
-        assert len(regions) == 2 * 2
+        assert len(regions) == 2
         assert regions <= server_shm_regions(triton_server, protocol)
     for name, data, got in zip(names, images, results, strict=True):
         assert_same(got, in_process(data, model), f"shm {protocol} {name}")
@@ -396,23 +397,28 @@ def test_preprocess_images_in_one_request(
 
 
 @pytest.mark.server
-def test_a_grown_slot_leaves_its_old_regions_registered_for_the_caller_to_unregister(triton_server: object) -> None:
+def test_a_grown_slot_leaves_its_old_region_registered_until_the_next_answer(triton_server: object) -> None:
     """The server may still hold a region a moment after it answered the request that used it
-    ("currently in use"), so growing a slot unlinks the old regions here and hands them back, still
-    registered; the client unregisters them after its next answer."""
-    from kimi_vision_client.transport import ShmSlot
+    ("currently in use"), so growing a slot unlinks the old region here at once and unregisters it
+    from the server only after the next answer."""
+    from kimi_vision_client.deadline import Deadline
+    from kimi_vision_client.shm_slots import SharedMemoryPool
+    from kimi_vision_client.transport import GrpcAdapter
 
     url = strip_scheme(url_of(triton_server, "grpc"))
     with tritonclient.grpc.InferenceServerClient(url) as client:
-        slot = ShmSlot()
-        assert slot.fit(client, 100, 100) == []
-        small = {slot.input.name, slot.output.name}
-        replaced = slot.fit(client, 1 << 20, 1 << 20)
-        assert {region.name for region in replaced} == small
-        registered = server_shm_regions(triton_server, "grpc")
-        assert small <= registered and {slot.input.name, slot.output.name} <= registered
-        assert not any(os.path.exists(f"/dev/shm/{name}") for name in small)
-        for region in replaced:
-            region.unregister(client)
-        slot.release(client)
-    assert not small & server_shm_regions(triton_server, "grpc")
+        pool = SharedMemoryPool(GrpcAdapter(), None, True)
+        slot = pool.slot_for(client, 100, 100, Deadline.after(30))
+        small = slot.region.name
+        pool.answered(slot)
+        grown = pool.slot_for(client, 1 << 20, 1 << 20, Deadline.after(30))
+        assert grown is slot and slot.region.name != small and pool.region_names == [slot.region.name]
+        assert {small, slot.region.name} <= server_shm_regions(triton_server, "grpc")
+        assert not os.path.exists(f"/dev/shm/{small}")
+        pool.answered(slot)
+        pool.unregister_retired(client, Deadline.after(30))
+        assert small not in server_shm_regions(triton_server, "grpc")
+        big = slot.region.name
+        pool.close(client, Deadline.after(30))
+    assert not {small, big} & server_shm_regions(triton_server, "grpc")
+    assert not os.path.exists(f"/dev/shm/{big}")

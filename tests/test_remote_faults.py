@@ -71,6 +71,7 @@ class Load:
     threads: int = THREADS
     stop: threading.Event = field(default_factory=threading.Event)
     outcomes: list[tuple[float, str, str]] = field(default_factory=list)  # (time, photo, "exact" | class name)
+    last_error: str = ""  # the message of the last error a call raised
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -89,6 +90,7 @@ class Load:
             except PreprocessError as exc:
                 named = self.processor.url in str(exc)
                 seen = type(exc).__name__ if named else f"{type(exc).__name__} not naming the server: {exc}"
+                self.last_error = str(exc)
             with self.lock:
                 self.outcomes.append((time.monotonic(), name, seen))
 
@@ -194,19 +196,20 @@ def test_a_restarting_tritonserver_is_waited_for_within_the_deadline(serve: Serv
 def test_a_killed_server_fails_calls_with_its_typed_error_and_is_used_again_when_back(
     serve: ServeProcess, photos: dict, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The whole ``kimi-prep serve`` killed under load: each call ends with ServerUnavailableError
-    naming the server (or, in flight at the kill, DeadlineExceededError); with a fallback, calls are
-    answered in process, exactly, counted, logged once; once a server is back on the address the same
-    processor answers from it again."""
+    """The whole ``kimi-prep serve`` killed under load: each call, having asked again until its
+    deadline, ends with DeadlineExceededError naming the server and the last fault (the connection
+    refused: ConnectionLostError); with a fallback, calls are answered in process, exactly, counted,
+    logged once; once a server is back on the address the same processor answers from it again."""
     remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=DEADLINE_S)
     backed = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=DEADLINE_S, fallback=KimiVisionProcessor())
     with Load(remote, photos) as load:
         load.wait_for("exact", 20)
         killed = time.monotonic()
         serve.kill()
-        load.wait_for("ServerUnavailableError", 2 * load.threads, killed)
-    report("killed", load, killed, first_unavailable=load.first("ServerUnavailableError", killed))
-    assert set(load.summary()) <= {"exact", "ServerUnavailableError", "DeadlineExceededError"}, load.summary()
+        load.wait_for("DeadlineExceededError", 2 * load.threads, killed)
+    report("killed", load, killed, first_unavailable=load.first("DeadlineExceededError", killed))
+    assert set(load.summary()) <= {"exact", "DeadlineExceededError"}, load.summary()
+    assert "ConnectionLostError" in load.last_error
 
     with caplog.at_level(logging.DEBUG, logger="kimi_vision_client.remote"):
         for name in PHOTOS:

@@ -1,23 +1,36 @@
-"""kimi_vision_client.replicas without a server: how addresses are read, the gRPC target they make,
-which replica a request goes to, and what is refused."""
+"""kimi_vision_client.replicas without a server: how addresses are read, the channels they make,
+which replica a request goes to, how a ``dns:///`` name is resolved apart from the requests, and
+what is refused."""
 
 from __future__ import annotations
 
 import collections
+import threading
+from collections.abc import Callable
 
 import pytest
 
 from kimi_vision_client.client import KimiVisionClient
-from kimi_vision_client.replicas import (
-    Replicas,
-    grpc_target,
-    rank,
-    request_key,
-    server_addresses,
-    unavailable_now,
-)
-from kimi_vision_client.transport import channel_args
-from kimi_vision_common.errors import DeadlineExceededError, InvalidImageError, ServerUnavailableError
+from kimi_vision_client.replicas import Replicas, Resolver, rank, request_key, resolved, server_addresses
+from kimi_vision_common.errors import ConnectionLostError
+
+THREE = ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+
+
+def at_once(work: Callable[[], None]) -> None:
+    """A resolution run in the calling thread: the test sees its outcome at the next look."""
+    work()
+
+
+class Channel:
+    """A stand-in for a tritonclient: its target; closing it records the target in ``closed``."""
+
+    def __init__(self, target: str, closed: list[str] | None = None) -> None:
+        self.target = target
+        self.closed = [] if closed is None else closed
+
+    def close(self) -> None:
+        self.closed.append(self.target)
 
 
 def test_addresses_come_as_one_several_or_a_dns_name() -> None:
@@ -30,36 +43,42 @@ def test_addresses_come_as_one_several_or_a_dns_name() -> None:
             server_addresses(bad)
 
 
-def test_several_addresses_make_one_balanced_grpc_target() -> None:
-    assert grpc_target(["localhost:8001"]) == "localhost:8001"
-    assert grpc_target(["dns:///x:8001"]) == "dns:///x:8001"
-    assert grpc_target(["localhost:8001", "127.0.0.2:9001"]) == "ipv4:127.0.0.1:8001,127.0.0.2:9001"
-    assert grpc_target(["[::1]:8001", "[::1]:8002"]) == "ipv6:[::1]:8001,[::1]:8002"
-    with pytest.raises(ValueError, match="IPv4 and IPv6"):
-        grpc_target(["127.0.0.1:8001", "[::1]:8002"])
-    assert ("grpc.lb_policy_name", "round_robin") in channel_args(round_robin=True)
-    assert not any(key == "grpc.lb_policy_name" for key, _ in channel_args())
-
-
-def opened(balance: str, *addresses: str) -> tuple[Replicas, list[tuple[str, bool]]]:
-    channels: list[tuple[str, bool]] = []
-    replicas = Replicas(addresses, balance, lambda target, rr: channels.append((target, rr)) or target)  # type: ignore[arg-type]
+def opened(balance: str, *addresses: str, resolver: Resolver | None = None) -> tuple[Replicas, list[str]]:
+    channels: list[str] = []
+    replicas = Replicas(addresses, balance, lambda target: channels.append(target) or target, resolver=resolver)  # type: ignore[arg-type]
     return replicas, channels
 
 
-def test_round_robin_is_one_channel_and_rendezvous_one_per_replica() -> None:
-    one, channels = opened("round_robin", "127.0.0.1:8001")
-    assert channels == [("127.0.0.1:8001", False)] and not one.balanced and one.failover_attempts == 1
-    three, channels = opened("round_robin", "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
-    assert channels == [("ipv4:127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", True)] and three.balanced
-    _, channels = opened("rendezvous", "127.0.0.1:1", "localhost:2", "127.0.0.1:1")
-    assert channels == [("127.0.0.1:1", False), ("127.0.0.1:2", False)]  # each server once
+def test_each_listed_server_is_one_channel_to_its_name() -> None:
+    """A listed ``host:port`` is one server whatever its name resolves to: one channel to the name,
+    which gRPC resolves and tries address by address (``localhost``: ``::1`` and ``127.0.0.1``)."""
+    one, channels = opened("round_robin", "localhost:8001")
+    assert channels == ["localhost:8001"] and not one.balanced and one.failover_attempts == 1
+    _, channels = opened("rendezvous", "127.0.0.1:1", "localhost:2", "[::1]:3", "127.0.0.1:1")
+    assert channels == ["127.0.0.1:1", "localhost:2", "[::1]:3"]  # each server once, by its name
     with pytest.raises(ValueError, match="balance"):
         opened("random", "127.0.0.1:1")
 
 
+def test_every_address_of_a_name_is_resolved_both_families() -> None:
+    found = resolved("localhost:8001")
+    assert "127.0.0.1:8001" in found
+    assert set(found) <= {"127.0.0.1:8001", "[::1]:8001"}
+    assert resolved("[::1]:8001") == ["[::1]:8001"]
+
+
+def test_round_robin_takes_each_live_replica_in_turn() -> None:
+    replicas, _ = opened("round_robin", *THREE)
+    assert replicas.balanced and replicas.failover_attempts == len(THREE) + 1
+    turns = [replicas.pick([b"same image"]).name for _ in range(9)]
+    assert collections.Counter(turns) == dict.fromkeys(THREE, 3)
+    down = replicas.pick([b"x"])
+    replicas.failed(down)
+    assert down.name not in {replicas.pick([b"x"]).name for _ in range(6)}
+
+
 def test_rendezvous_sends_repeats_to_one_replica_and_spreads_the_rest() -> None:
-    replicas, _ = opened("rendezvous", "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+    replicas, _ = opened("rendezvous", *THREE)
     requests = [[f"image {i}".encode()] for i in range(3000)]
     first = [replicas.pick(items).name for items in requests]
     assert [replicas.pick(items).name for items in requests] == first  # repeats go where the first went
@@ -74,19 +93,13 @@ def test_rendezvous_sends_repeats_to_one_replica_and_spreads_the_rest() -> None:
     for items, before, after in zip(requests, first, moved, strict=True):
         if before == down.name:
             key = request_key(items)
-            ranked = sorted(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"), key=lambda n: rank(key, n), reverse=True)
+            ranked = sorted(THREE, key=lambda n: rank(key, n), reverse=True)
             assert after == ranked[1]
 
 
 def test_the_request_key_is_the_bytes_and_their_order() -> None:
     assert request_key([b"a", b"b"]) == request_key([b"a", b"b"]) != request_key([b"b", b"a"])
     assert request_key([b"ab"]) != request_key([b"a", b"b"])
-
-
-def test_only_a_request_that_got_no_answer_is_sent_again() -> None:
-    assert unavailable_now(ServerUnavailableError("connection reset"))
-    assert not unavailable_now(DeadlineExceededError("past its deadline"))  # may still be running
-    assert not unavailable_now(InvalidImageError("the server's verdict"))
 
 
 def test_several_servers_need_grpc_and_no_shared_memory() -> None:
@@ -101,22 +114,23 @@ def test_a_dns_name_is_resolved_again_and_old_channels_close_once_idle(
     balance: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pods an autoscaler adds are used without waiting for a connection to fail: the name is
-    resolved again every REFRESH_S; a changed set opens new channels, and an old channel closes
-    once the requests it carries have answered."""
+    resolved again every REFRESH_S; a changed set opens a channel per address, and an old channel
+    closes once the requests it carries have answered. A name that stops resolving keeps its last
+    addresses."""
     from kimi_vision_client import replicas as module
 
     pods = ["10.0.0.1:8001"]
-    monkeypatch.setattr(module, "resolved", lambda address: list(pods) if address.startswith("dns:") else [address])
+    answers: list[list[str] | OSError] = []
+
+    def resolve(name: str) -> list[str]:
+        answer = answers.pop(0) if answers else list(pods)
+        if isinstance(answer, OSError):
+            raise answer
+        return answer
+
     closed: list[str] = []
-
-    class Channel:
-        def __init__(self, target: str) -> None:
-            self.target = target
-
-        def close(self) -> None:
-            closed.append(self.target)
-
-    group = Replicas(("dns:///pods.ns.svc:8001",), balance, lambda target, rr: Channel(target))  # type: ignore[arg-type]
+    resolver = Resolver("dns:///pods.ns.svc:8001", resolve, start=at_once)
+    group = Replicas(("dns:///pods.ns.svc:8001",), balance, lambda target: Channel(target, closed), resolver=resolver)
     first = group.pick([b"k"])
     assert first.name == "10.0.0.1:8001"
     group.sent(first)
@@ -126,17 +140,61 @@ def test_a_dns_name_is_resolved_again_and_old_channels_close_once_idle(
     monkeypatch.setattr(module, "REFRESH_S", 0.0)
     group.pick([b"k"])
     names = sorted(replica.client.target for replica in group._replicas)
-    expected = ["ipv4:10.0.0.1:8001,10.0.0.2:8001"] if balance == "round_robin" else ["10.0.0.1:8001", "10.0.0.2:8001"]
-    assert names == expected
+    assert names == ["10.0.0.1:8001", "10.0.0.2:8001"]
     assert closed == [] and first.client in group.clients()  # still carrying a request
     group.answered(first)
     assert closed == [first.client.target] and first.client not in group.clients()
-
-    def unresolved(address: str) -> list[str]:
-        if address.startswith("dns:"):
-            raise OSError("no answer")  # the name stops resolving for a moment: keep what there is
-        return [address]
-
-    monkeypatch.setattr(module, "resolved", unresolved)
+    answers.append(OSError("no answer"))  # the name stops resolving for a moment: keep what there is
     group.pick([b"k"])
-    assert sorted(replica.client.target for replica in group._replicas) == expected
+    assert sorted(replica.client.target for replica in group._replicas) == names
+
+
+def test_no_request_waits_for_the_names_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resolution that hangs (a DNS server that does not answer) runs in its own thread: requests
+    keep going to the addresses resolved last meanwhile, and take the new ones once it answers."""
+    from kimi_vision_client import replicas as module
+
+    answer, hung, started = threading.Event(), threading.Event(), threading.Event()
+    calls: list[str] = []
+    seen_by_pick: list[bool] = []
+
+    def resolve(name: str) -> list[str]:
+        calls.append(name)
+        if len(calls) == 1:
+            return ["10.0.0.1:8001"]
+        if len(calls) == 2:  # the second resolution hangs until the test lets it answer
+            started.set()
+            hung.set()
+            answer.wait(60)
+            hung.clear()
+        return ["10.0.0.2:8001"]
+
+    resolver = Resolver("dns:///pods:8001", resolve)
+    group = Replicas(("dns:///pods:8001",), "round_robin", Channel, resolver=resolver)
+    monkeypatch.setattr(module, "REFRESH_S", 0.0)
+    assert group.pick([b"k"]).name == "10.0.0.1:8001"  # starts the second resolution
+    assert started.wait(60)
+    seen_by_pick.append(hung.is_set())
+    assert group.pick([b"k"]).name == "10.0.0.1:8001"  # while it hangs
+    seen_by_pick.append(hung.is_set())
+    answer.set()
+    assert seen_by_pick == [True, True]  # pick returned while the resolution still hung
+    for _ in range(6000):  # until the resolution's thread has stored its answer
+        if group.pick([b"k"]).name == "10.0.0.2:8001":
+            break
+        never_set = threading.Event()
+        never_set.wait(0.01)
+    else:
+        pytest.fail("the resolution's answer was never taken")
+
+
+def test_a_name_that_does_not_resolve_is_refused_at_the_start_within_its_bound() -> None:
+    never = threading.Event()
+
+    def hangs(name: str) -> list[str]:
+        never.wait(60)
+        return []
+
+    with pytest.raises(ConnectionLostError, match=r"did not resolve within 0\.1 s"):
+        Replicas(("dns:///nowhere:8001",), "rendezvous", str, 0.1, Resolver("dns:///nowhere:8001", hangs))
+    never.set()

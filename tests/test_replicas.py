@@ -1,7 +1,7 @@
-"""Three ``kimi-prep serve`` replicas behind one client, balanced by gRPC itself.
+"""Three ``kimi-prep serve`` replicas behind one client, which balances them.
 
 A mixed load (photos and their repeats, fresh photos, images the reference refuses) goes through one
-``KimiVisionClient`` given all three addresses (gRPC's ``round_robin``); one replica is killed
+``KimiVisionClient`` given all three addresses (``round_robin``); one replica is killed
 mid-load (SIGKILL: tritonserver, its stubs and the launcher, as a pod dies) and started again on the
 same ports. No request is lost or answered wrong: every photo gets its own patches, every refused
 image its own typed error; the survivors take the dead replica's share and the returned replica is
@@ -253,7 +253,7 @@ def test_kimi_prep_infer_spreads_over_several_addresses(replicas: list[ServeProc
     assert len(np.load(out, allow_pickle=True)["names"]) == len(PHOTOS)
 
 
-def test_a_dns_name_is_resolved_and_balanced_by_grpc(replicas: list[ServeProcess], verdicts: dict) -> None:
+def test_a_dns_name_is_resolved_and_balanced(replicas: list[ServeProcess], verdicts: dict) -> None:
     port = replicas[0].grpc_url.rsplit(":", 1)[1]
     with KimiVisionClient(f"dns:///localhost:{port}", "grpc", MODEL) as client:
         (result,) = client.preprocess_media([fresh(PHOTOS[0], "dns")])
@@ -306,15 +306,25 @@ def test_a_dns_name_follows_the_replicas_it_lists(monkeypatch: pytest.MonkeyPatc
             results = client.preprocess_media([fresh(PHOTOS[0], f"{tag} {i}") for i in range(count)], concurrency=2)
             assert all(isinstance(r, WireResult) and np.array_equal(r.pixels, verdicts[PHOTOS[0]]) for r in results)
 
+        def resolved_to(client: KimiVisionClient, ips: list[str]) -> None:
+            """Until the name's resolution (apart from the requests) has taken the change."""
+            give_up = time.monotonic() + SERVE_START_BUDGET_S
+            while set(client._replicas.members) != {f"{ip}:{port}" for ip in ips}:
+                assert time.monotonic() < give_up, "the name's new addresses were never taken"
+                client._replicas.refresh()
+                time.sleep(0.01)
+
         with KimiVisionClient(f"dns:///kimi-prep-pods.test:{port}", "grpc", MODEL) as client:
             send(4, "one pod")
             assert successes(pods) == [4, 0]
             listed.append("127.0.0.2")
+            resolved_to(client, listed)
             give_up = time.monotonic() + SERVE_START_BUDGET_S
             while successes(pods)[1] == 0:
                 assert time.monotonic() < give_up, "the added replica got no request"
                 send(2, "two pods")
             listed.remove("127.0.0.1")
+            resolved_to(client, listed)
             before = successes(pods)
             send(6, "the new pod")
             after = successes(pods)

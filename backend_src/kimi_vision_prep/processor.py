@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from kimi_vision_common.errors import InvalidRequestError
 from kimi_vision_common.orientation import TurnedJpeg
 from kimi_vision_common.pillow_open import pillow_call
 from kimi_vision_common.presets import Preset
@@ -28,6 +27,7 @@ from kimi_vision_common.processor_api import (
     MediaItem,
     ProcessorInterface,
     base64_payload,
+    chunk_of_images,
     media_bytes,
     media_item,
     unwrapped,
@@ -119,9 +119,7 @@ class KimiVisionProcessor(ProcessorInterface):
 
     def _video_chunk(self, frames: Sequence[Any], output: PixelOutput) -> PreprocessResult:
         frames = [unwrapped(frame) for frame in frames]
-        if all(not isinstance(frame, Image.Image) for frame in frames):
+        if not chunk_of_images(frames):
             encoded = [media_bytes(f) for f in frames]
             return preprocess_video_chunk(encoded, self.preset, decoder=self.decoder, output=output)  # type: ignore[arg-type]
-        if not all(isinstance(frame, Image.Image) for frame in frames):
-            raise InvalidRequestError("a video_chunk's frames are all PIL images or all encoded")
         return preprocess_frames([rgb_frame(frame) for frame in frames], self.preset, output=output)

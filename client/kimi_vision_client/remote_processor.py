@@ -8,9 +8,9 @@ each image, and each video chunk, as its own request to the served models over g
 image to ``kimi_*_vision_u8``, a chunk's frames to ``kimi_*_video_chunk``, both on the uint8 wire.
 The patches are handed over as they arrive for ``do_rescale=False, do_normalize=False`` (vLLM) and
 expanded exactly into float32 otherwise, with numpy or, on the ``device`` the caller names, torch
-(a quarter of the bytes crosses the bus). Where the server is on this host (a loopback address),
-the request and its answer travel through system shared memory. Given several servers (or a
-``dns:///`` name listing them), each request goes to one of them (``balance``, as
+(a quarter of the bytes crosses the bus). Where the server is on this host (one loopback address)
+and maps this process's shared memory, the request and its answer travel through it. Given several
+servers (or a ``dns:///`` name listing them), each request goes to one of them (``balance``, as
 :class:`~kimi_vision_client.client.KimiVisionClient` takes it), one that got no answer to another.
 
 What is sent: an encoded image's own bytes (bytes, ``data:`` URLs, paths, a JPEG Pillow opened but
@@ -19,13 +19,17 @@ a lossless file of its own mode and transparency (:func:`encoded_losslessly`), w
 decodes to the same pixels. Bit-equal to in process for everything it accepts, and a bad image
 raises the library's typed error (the server's verdict, carried by its message's tag).
 
-Faults: each call has one deadline (``deadline_s``). A server that refuses the connection or is
-restarting (gRPC ``UNAVAILABLE``: no answer was produced) is asked again, with a backoff, until the
-deadline; one that does not answer in time fails with :class:`DeadlineExceededError` (never asked
-again: it may still be working on it). Either way the error names the server and what to do, or,
-given ``fallback`` (an in-process processor, e.g. the library's ``KimiVisionProcessor``), the call is
-answered by it instead: counted in :attr:`RemoteKimiProcessor.fallbacks`, the first one logged as a
-warning. A request is never sent again after an answer, so none is answered twice; each has its own
+Faults: each call has one deadline (``deadline_s``), and every RPC it makes (the models' check on
+first use, shared-memory registration, each request and resend) gets the time left of it, on any
+thread, so the call returns by it. A fault of the server's state, not a verdict on the input
+(:class:`ServerUnavailableError` and its subclasses: refused or lost connections, a stub that died or
+is being replaced, a model reloading, busy decoders, a full queue; :mod:`kimi_vision_common.faults`)
+is asked again, with a backoff, while time is left; a request that does not answer in time fails
+with :class:`DeadlineExceededError` (never asked again: it may still be working on it). Either way
+the error names the server and what to do, or, given ``fallback`` (an in-process processor, e.g. the
+library's ``KimiVisionProcessor``), the call is answered by it instead: counted in
+:attr:`RemoteKimiProcessor.fallbacks`, the first one logged as a warning. A verdict on the input is
+final. A request is never sent again after an answer, so none is answered twice; each has its own
 output buffer, and the buffer of a request that did not answer is never reused.
 """
 
@@ -36,8 +40,9 @@ import dataclasses
 import io
 import logging
 import threading
-import time
+import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,16 +56,19 @@ from kimi_vision_common.errors import (
     ServerUnavailableError,
     UnsupportedImageError,
 )
+from kimi_vision_common.faults import retry_elsewhere
 from kimi_vision_common.models import SERVED_PRESETS, model_prefix
 from kimi_vision_common.patches import expand_patches, expand_with_table_torch, normalize_table
 from kimi_vision_common.pillow_open import pillow_call
 from kimi_vision_common.presets import Preset, get_preset
-from kimi_vision_common.processor_api import MediaItem, ProcessorInterface, media_bytes, unwrapped
+from kimi_vision_common.processor_api import MediaItem, ProcessorInterface, chunk_of_images, media_bytes, unwrapped
 from kimi_vision_common.results import PixelOutput
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, is_loopback
 
-from .client import PIXEL_PATCHES, KimiVisionClient, WireResult
-from .replicas import Balance, server_addresses, unavailable_now
+from .client import CLOSE_DEADLINE_S, PIXEL_PATCHES, KimiVisionClient, WireResult
+from .deadline import Deadline
+from .replicas import Balance, server_addresses
+from .shm_slots import SharedMemoryMode
 
 log = logging.getLogger("kimi_vision_client.remote")
 
@@ -119,11 +127,10 @@ def encoded(source: Any, preset: Preset) -> bytes:
 
 
 def chunk_frames(frames: Sequence[Any]) -> list[bytes]:
-    """A video chunk's frames as files (all encoded, or all PIL images: as in process)."""
+    """A video chunk's frames as files: all encoded, or all PIL images, by the rule every
+    processor follows (:func:`~kimi_vision_common.processor_api.chunk_of_images`)."""
     frames = [unwrapped(frame) for frame in frames]
-    decoded = [isinstance(frame, Image.Image) and media_bytes(frame) is None for frame in frames]
-    if any(decoded) and not all(isinstance(frame, Image.Image) for frame in frames):
-        raise InvalidRequestError("a video_chunk's frames are all PIL images or all encoded")
+    chunk_of_images(frames)
     return [encoded(frame, RGB_FRAMES) for frame in frames]
 
 
@@ -139,6 +146,13 @@ def served_model(preset: Preset, kind: str) -> str:
     )
 
 
+@dataclass
+class _ThreadClient:
+    """A thread's connection, held in a ``threading.local``: dropped (and finalized) as the thread ends."""
+
+    client: KimiVisionClient
+
+
 class RemoteKimiProcessor(ProcessorInterface):
     """The checkpoint's vision processor (K2.5 / K2.6 / K3) whose pixels a kimi-prep server computes.
 
@@ -147,13 +161,16 @@ class RemoteKimiProcessor(ProcessorInterface):
     ``url``: the server's gRPC ``host:port``, several (``"h1:p1,h2:p2"`` or a list) or a
     ``dns:///name:port``; ``balance``: how requests spread over several (``round_robin``, or
     ``rendezvous``: an image's repeats to one replica's response cache). ``deadline_s``: the most
-    one call waits, retries included. ``concurrency``: requests of one call in flight.
-    ``shared_memory``: send and receive through system shared memory (None: where ``url`` is one
-    loopback address). ``device``: where
+    one call waits, every RPC of it included (first use, resends, retries). ``concurrency``:
+    requests of one call in flight. ``shared_memory``: send and receive through system shared
+    memory (True; None: ``"auto"`` where ``url`` is one loopback address, once the server is seen
+    to map this process's regions, :mod:`~kimi_vision_client.shm_slots`). ``device``: where
     float32 ``pixel_values`` are expanded (None: numpy on the host; a torch device such as
     ``"cuda:0"``: the uint8 patches move there and expand there, torch tensors returned).
-    ``fallback``: an in-process processor that answers a call the server cannot (down, stuck):
-    counted in :attr:`fallbacks`, the first logged. Thread safe (one connection per thread).
+    ``fallback``: an in-process processor that answers a call the server cannot (a fault of its
+    state, :class:`ServerUnavailableError`: down, stuck, restarting, busy): counted in
+    :attr:`fallbacks`, the first logged. Thread safe: one connection per thread, closed once the
+    thread ends.
     """
 
     def __init__(
@@ -179,13 +196,18 @@ class RemoteKimiProcessor(ProcessorInterface):
         self.deadline_s = deadline_s
         self.concurrency = concurrency
         one_local = len(addresses) == 1 and is_loopback(addresses[0].rsplit(":", 1)[0])
-        self.shared_memory = one_local if shared_memory is None else shared_memory
+        # On one loopback address, shared memory once the server is seen to map this process's
+        # regions: a loopback port may lead into a container with its own /dev/shm.
+        self.shared_memory: SharedMemoryMode = (
+            ("auto" if one_local else False) if shared_memory is None else shared_memory
+        )
         self.device = device
         self.fallback = fallback
         self.fallbacks = 0
         self.model = served_model(get_preset(self.base_preset), "vision_u8")
         self._connections = threading.local()
-        self._clients: list[KimiVisionClient] = []
+        self._clients: list[KimiVisionClient] = []  # every live thread's
+        self._ended: list[KimiVisionClient] = []  # those of threads that ended, to close
         self._lock = threading.Lock()
         self._checked: set[str] = set()
 
@@ -205,40 +227,54 @@ class RemoteKimiProcessor(ProcessorInterface):
         return self._joined(results, output), np.stack([r.grid_thw for r in results])
 
     def _answers(self, requests: list[bytes | list[bytes]]) -> list[WireResult]:
-        """The server's answer to each request, asking again those the server was unavailable for
-        (no answer produced) until the deadline; the first other error (in order) raised."""
-        deadline = time.monotonic() + self.deadline_s
+        """The server's answer to each request within one deadline (``deadline_s`` from now: every
+        RPC of the call gets the time left of it), asking again those the server could not take
+        (a fault of its state, not a verdict on the input) with a backoff while time is left; the
+        first verdict on an input (in order) raised, else the server's fault."""
+        deadline = Deadline.after(self.deadline_s)
+        self._release_ended_threads(deadline)
         results: list[WireResult | PreprocessError | None] = [None] * len(requests)
         backoff = FIRST_BACKOFF_S
         while True:
             pending = [i for i, result in enumerate(results) if not isinstance(result, WireResult)]
-            client = self._client(max(deadline - time.monotonic(), 0.001))
             try:
-                self._check_models(client, [requests[i] for i in pending])
-                answers = client.preprocess_media([requests[i] for i in pending], self.concurrency)
+                client = self._client(deadline)
+                self._check_models(client, [requests[i] for i in pending], deadline)
+                answers = client.preprocess_media([requests[i] for i in pending], self.concurrency, deadline=deadline)
             except ServerUnavailableError as exc:
                 answers = [exc] * len(pending)
             for i, answer in zip(pending, answers, strict=True):
                 results[i] = answer
             failures = [r for r in results if isinstance(r, PreprocessError)]
-            retry = failures and all(unavailable_now(r) for r in failures)
             if not failures:
                 return results  # type: ignore[return-value]
-            if not retry or time.monotonic() + backoff >= deadline:
+            verdicts = [r for r in failures if not isinstance(r, ServerUnavailableError)]
+            if verdicts:
+                raise verdicts[0]
+            left = deadline.left()
+            if not all(retry_elsewhere(r) for r in failures) or (left is not None and left <= backoff):
                 raise self._explained(failures[0])
-            time.sleep(backoff)
+            log.debug(
+                "kimi-vision-client: %d of %d requests not taken (%s: %s); asking again in %.2f s",
+                len(failures),
+                len(requests),
+                type(failures[0]).__name__,
+                failures[0],
+                backoff,
+            )
+            deadline.sleep(backoff)
             backoff = min(2 * backoff, MAX_BACKOFF_S)
 
-    def _check_models(self, client: KimiVisionClient, requests: list[bytes | list[bytes]]) -> None:
+    def _check_models(self, client: KimiVisionClient, requests: list[bytes | list[bytes]], deadline: Deadline) -> None:
         """Once per model: the server serves it (else a typed error naming the flag that serves it),
         on the uint8 wire, and under this processor's preset (else :class:`InvalidPresetError`: its
-        pixels would differ)."""
+        pixels would differ), asked within ``deadline``."""
         kinds = {"vision_u8" if isinstance(r, bytes) else "video_chunk" for r in requests}
         for model in sorted(served_model(get_preset(self.base_preset), kind) for kind in kinds):
             if model in self._checked:
                 continue
-            client.require_model(model)
-            wire = client.wire_of(model)
+            client.require_model(model, deadline)
+            wire = client.wire_of(model, deadline)
             if wire.pixel_output != PIXEL_PATCHES:
                 raise InvalidRequestError(f"{model} at {self.url} does not return uint8 {PIXEL_PATCHES}")
             served = wire.preset
@@ -250,19 +286,16 @@ class RemoteKimiProcessor(ProcessorInterface):
             self._checked.add(model)
 
     def _explained(self, error: PreprocessError) -> PreprocessError:
-        """``error``, a server's unavailability said with the server's address and what to do."""
-        if isinstance(error, DeadlineExceededError):
-            return DeadlineExceededError(
-                f"the kimi-prep server at {self.url} did not answer within deadline_s={self.deadline_s:g}: it is "
-                "stuck, overloaded or unreachable; check its /readyz, add replicas or raise deadline_s "
-                f"({error})"
-            )
-        if isinstance(error, ServerUnavailableError):
-            return ServerUnavailableError(
-                f"the kimi-prep server at {self.url} stayed unavailable for deadline_s={self.deadline_s:g} "
-                f"({error}); is it running? start one with `kimi-prep serve`, or point url= at one"
-            )
-        return error
+        """The error a call ends with: a verdict on the input as it is; a fault of the server, once
+        the deadline leaves no time to ask again, as :class:`DeadlineExceededError` naming the server,
+        the last fault and what to do."""
+        if not isinstance(error, ServerUnavailableError):
+            return error
+        return DeadlineExceededError(
+            f"no answer from the kimi-prep server at {self.url} within deadline_s={self.deadline_s:g} "
+            f"(last: {type(error).__name__}: {error}): is it running, stuck or overloaded? check its /readyz, "
+            "start one with `kimi-prep serve`, add replicas or raise deadline_s"
+        )
 
     def _fell_back(self, exc: PreprocessError) -> None:
         with self._lock:
@@ -291,18 +324,37 @@ class RemoteKimiProcessor(ProcessorInterface):
 
     # -- connections ------------------------------------------------------------------------------
 
-    def _client(self, timeout_s: float) -> KimiVisionClient:
-        """This thread's connection, its requests' deadline set to ``timeout_s``."""
-        client = getattr(self._connections, "client", None)
-        if client is None:
+    def _client(self, deadline: Deadline) -> KimiVisionClient:
+        """This thread's connection (made within ``deadline``: a ``dns:///`` name's first answer
+        waited for no longer); it is closed once the thread ends (:meth:`_release_ended_threads`)."""
+        held = getattr(self._connections, "held", None)
+        if held is None:
+            # The client bounds its start (DNS) by timeout_s; every call after passes the call's deadline.
             client = KimiVisionClient(
-                self.url, "grpc", self.model, self.shared_memory, timeout_s=timeout_s, balance=self.balance
+                self.url, "grpc", self.model, self.shared_memory, timeout_s=deadline.timeout(), balance=self.balance
             )
-            self._connections.client = client
+            client.timeout_s = None
+            held = _ThreadClient(client)
+            weakref.finalize(held, self._thread_ended, client)
+            self._connections.held = held
             with self._lock:
                 self._clients.append(client)
-        client.timeout_s = timeout_s
-        return client
+        return held.client
+
+    def _thread_ended(self, client: KimiVisionClient) -> None:
+        """``client``'s thread ended (called as it ends: no RPC here); the next call closes it."""
+        with self._lock:
+            self._ended.append(client)
+
+    def _release_ended_threads(self, deadline: Deadline) -> None:
+        """Close the connections of threads that ended (their shared memory unregistered within
+        ``deadline``)."""
+        with self._lock:
+            ended, self._ended = self._ended, []
+            self._clients = [client for client in self._clients if client not in ended]
+        for client in ended:
+            with contextlib.suppress(Exception):  # a server that is gone takes its registrations with it
+                client.close(deadline)
 
     @property
     def output_bytes_received(self) -> int:
@@ -311,20 +363,23 @@ class RemoteKimiProcessor(ProcessorInterface):
             return sum(client.output_bytes_received for client in self._clients)
 
     def close(self) -> None:
-        """Close every thread's connection (and its shared-memory regions)."""
+        """Close every thread's connection (and its shared-memory regions), all within
+        :data:`~kimi_vision_client.client.CLOSE_DEADLINE_S` (a stalled server keeps the regions
+        it could not be asked to unregister until it stops)."""
+        deadline = Deadline.after(CLOSE_DEADLINE_S)
         with self._lock:
-            clients, self._clients = self._clients, []
+            clients, self._clients, self._ended = self._clients, [], []
         for client in clients:
             with contextlib.suppress(Exception):  # a server that is gone takes its registrations with it
-                client.close()
+                client.close(deadline)
         self._connections = threading.local()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_connections", "_clients", "_lock"):
+        for key in ("_connections", "_clients", "_ended", "_lock"):
             state.pop(key)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._connections, self._clients, self._lock = threading.local(), [], threading.Lock()
+        self._connections, self._clients, self._ended, self._lock = threading.local(), [], [], threading.Lock()

@@ -1,52 +1,51 @@
-"""Several servers behind one client: gRPC balances each request, a failed replica is skipped.
+"""Several servers behind one client: each request goes to one, a failed replica is skipped.
 
-A client is given one address (``host:port``), several (``"h1:p1,h2:p2"`` or a list), or one DNS
-name that lists them (``dns:///name:port``: a Kubernetes headless Service). Two ways to spread the
-requests (:data:`BALANCES`):
+A client is given one address (``host:port``), several (``"h1:p1,h2:p2"`` or a list) or one DNS
+name that lists them (``dns:///name:port``: a Kubernetes headless Service). Each server gets one
+gRPC channel: a listed ``host:port`` is one server whatever its name resolves to (gRPC resolves it
+and tries every address, so ``localhost`` reaches a server on ``::1`` or on ``127.0.0.1``); each
+address a ``dns:///`` name lists is one server. Two ways to spread the requests
+(:data:`BALANCES`):
 
-- ``round_robin``: one gRPC channel over every address, grpcio's ``round_robin`` policy picking a
-  connected replica per request; a replica whose connection fails leaves the rotation until it
-  reconnects (the reconnect backoff is capped at a second).
-- ``rendezvous``: one channel per address; a request goes to the live replica that ranks highest
-  for its bytes (rendezvous hashing), so every repeat of an image reaches the replica that answered
-  it first and its response cache. A failed replica is passed over for :data:`DOWN_S`, its
-  requests going to the next in rank.
+- ``round_robin``: each request to the next live replica in turn;
+- ``rendezvous``: to the live replica that ranks highest for the request's bytes (rendezvous
+  hashing), so every repeat of an image reaches the replica that answered it first and its
+  response cache.
 
-A ``dns:///`` name is resolved here, again every :data:`REFRESH_S` (gRPC's own resolver asks again
-only when a connection fails, so pods an autoscaler adds would wait for a failure): when the
-addresses change, new channels take the next requests and the old ones close once the requests
-they carry have answered.
+A replica whose request got no answer (refused, reset, restarting: not a verdict on the input) is
+passed over for :data:`DOWN_S`, its requests going to the next. A ``dns:///`` name is resolved
+off the request path (:class:`Resolver`): once when the client starts, waiting at most
+:data:`RESOLVE_TIMEOUT_S`, then again every :data:`REFRESH_S` in a thread of its own while requests
+keep going to the servers resolved last (gRPC's own resolver asks again only when a connection
+fails, so pods an autoscaler adds would wait for a failure). When the addresses change, new
+channels take the next requests and the old ones close once the requests they carry have answered.
 
 A request is idempotent: its answer depends on its bytes alone (docs/contract.md), and the server
-keeps nothing from it but a cache entry of the same answer. So a request that failed with
-``UNAVAILABLE`` (refused, connection reset, queue full: :func:`unavailable_now`) is sent again,
-to another replica where there is one; one that passed its deadline is never resent.
+keeps nothing from it but a cache entry of the same answer. So a request that failed for the
+server's state (:func:`~kimi_vision_common.faults.retry_elsewhere`) is sent again, to another
+replica where there is one; one that passed its deadline is never resent.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import socket
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kimi_vision_common.errors import DeadlineExceededError, PreprocessError, ServerUnavailableError
+from kimi_vision_common.errors import ConnectionLostError
 from kimi_vision_common.wire import BALANCES
 
 Balance = Literal["round_robin", "rendezvous"]  # one of kimi_vision_common.wire.BALANCES
 DNS_SCHEME = "dns:"
 DOWN_S = 1.0  # how long a replica that failed is passed over (gRPC reconnects within a second)
 REFRESH_S = 30.0  # how often a dns:/// name is resolved again
+RESOLVE_TIMEOUT_S = 5.0  # the longest a client's start waits for a dns:/// name's first answer
 FAILOVER_BACKOFF_S = 0.05  # before the first resend; doubled for each next one
-
-
-def unavailable_now(error: PreprocessError) -> bool:
-    """True for an error that produced no answer and may be sent again (the server refused it, was
-    unreachable or restarting); False for a deadline (the server may still be working on it) and
-    for the server's verdict on the input."""
-    return isinstance(error, ServerUnavailableError) and not isinstance(error, DeadlineExceededError)
 
 
 def strip_scheme(url: str) -> str:
@@ -73,7 +72,7 @@ def several_servers(addresses: Sequence[str]) -> bool:
 
 def resolved(address: str) -> list[str]:
     """The ``ip:port`` addresses of ``host:port`` or ``dns:///name:port`` (IPv6 in brackets), in
-    the resolver's order, each once."""
+    the resolver's order, each once (both families)."""
     hostport = address.removeprefix(DNS_SCHEME).lstrip("/")
     host, _, port = hostport.rpartition(":")
     found = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
@@ -81,16 +80,57 @@ def resolved(address: str) -> list[str]:
     return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
 
 
-def grpc_target(addresses: Sequence[str]) -> str:
-    """One gRPC target for ``addresses``: itself for one address or a ``dns:///`` name; otherwise
-    gRPC's static list (``ipv4:a:p,b:p``), host names resolved once here."""
-    if len(addresses) == 1:
-        return addresses[0]
-    ips = [ip for address in addresses for ip in resolved(address)[:1]]
-    families = {"ipv6" if ip.startswith("[") else "ipv4" for ip in ips}
-    if len(families) > 1:
-        raise ValueError(f"{', '.join(addresses)} mix IPv4 and IPv6 addresses: gRPC balances one family")
-    return f"{families.pop()}:{','.join(ips)}"
+def in_thread(work: Callable[[], None]) -> None:
+    """Run ``work`` in a daemon thread of its own (a resolution that hangs holds nobody)."""
+    threading.Thread(target=work, name="kimi-vision-client resolve", daemon=True).start()
+
+
+class Resolver:
+    """A ``dns:///`` name's addresses, resolved apart from the requests (``start`` runs a
+    resolution: in a thread of its own by default) so that no request waits on DNS.
+
+    :meth:`members` returns the addresses resolved last, starting a new resolution (one at a time)
+    once they are :data:`REFRESH_S` old, or at once while none has answered. A name that stops
+    resolving keeps its last addresses.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        resolve: Callable[[str], list[str]] = resolved,
+        start: Callable[[Callable[[], None]], None] = in_thread,
+    ) -> None:
+        self.name = name
+        self._resolve = resolve
+        self._start = start
+        self._lock = threading.Lock()
+        self._answered = threading.Event()
+        self._members: tuple[str, ...] = ()
+        self._resolved_at = -REFRESH_S  # due at once
+        self._running = False
+
+    def members(self, timeout_s: float = 0.0) -> tuple[str, ...]:
+        """The addresses resolved last (empty before a first answer: the first attempt is waited
+        for up to ``timeout_s``)."""
+        with self._lock:
+            due = not self._running and time.monotonic() - self._resolved_at >= REFRESH_S
+            self._running = self._running or due
+        if due:
+            self._start(self._run)
+        if not self._members and timeout_s > 0:
+            self._answered.wait(timeout_s)
+        return self._members
+
+    def _run(self) -> None:
+        try:
+            found = tuple(self._resolve(self.name))
+        except OSError:  # no answer now: keep what was resolved last
+            found = ()
+        with self._lock:
+            if found:  # else asked again at the next request
+                self._members, self._resolved_at = found, time.monotonic()
+            self._running = False
+        self._answered.set()
 
 
 def rank(key: bytes, name: str) -> bytes:
@@ -100,8 +140,7 @@ def rank(key: bytes, name: str) -> bytes:
 
 @dataclass
 class Replica:
-    """One gRPC channel (to one server, or to all of them for ``round_robin``) and when it may be
-    picked again after a failure."""
+    """One gRPC channel to one server, and when it may be picked again after a failure."""
 
     name: str
     client: Any
@@ -110,56 +149,55 @@ class Replica:
 
 
 class Replicas:
-    """The servers of one client. ``connect(target, round_robin)`` opens a tritonclient.
+    """The servers of one client. ``connect(target)`` opens a tritonclient of one server;
+    ``resolve_timeout_s``: the longest the start waits for a ``dns:///`` name's first answer
+    (``resolver``: its :class:`Resolver`, default one of the name).
 
     Attributes: ``addresses`` as given; ``primary`` the replica for calls about the models (their
     configs, readiness, shared memory): the first live one; ``balanced`` whether there is more
     than one server to go to.
     """
 
-    def __init__(self, addresses: Sequence[str], balance: Balance, connect: Any) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        balance: Balance,
+        connect: Any,
+        resolve_timeout_s: float = RESOLVE_TIMEOUT_S,
+        resolver: Resolver | None = None,
+    ) -> None:
         if balance not in BALANCES:
             raise ValueError(f"balance is one of {', '.join(BALANCES)}, not {balance!r}")
         self.addresses = tuple(addresses)
         self.balance = balance
         self.balanced = several_servers(addresses)
         self._connect = connect
-        self._dns = addresses[0] if addresses[0].startswith(DNS_SCHEME) else None
+        dns = addresses[0].startswith(DNS_SCHEME)
+        self._dns = (resolver or Resolver(addresses[0])) if dns else None
         self._retired: list[Replica] = []
         self._members: tuple[str, ...] = ()
         self._replicas: list[Replica] = []
-        self._resolved_at = time.monotonic()
-        self._open(self._current_members() or self.addresses)
-
-    def _current_members(self) -> tuple[str, ...]:
-        """The servers now: the ``ip:port`` a ``dns:///`` name resolves to (empty where it does not
-        resolve), else the addresses as given."""
-        if self._dns is None:
-            return self.addresses
-        try:
-            return tuple(resolved(self._dns))
-        except OSError:  # no answer now: keep what was resolved last
-            return ()
+        self._turn = itertools.count()
+        members = self.addresses if self._dns is None else self._dns.members(resolve_timeout_s)
+        if not members:
+            raise ConnectionLostError(
+                f"{self.addresses[0]} did not resolve within {resolve_timeout_s:g} s: "
+                "check the name, or the cluster's DNS"
+            )
+        self._open(members)
 
     def _open(self, members: tuple[str, ...]) -> None:
-        """Channels to ``members``: one per server (``rendezvous``), or one balanced by gRPC."""
+        """One channel per server in ``members``; the channels they replace close once idle."""
         self._retired += self._replicas
         self._members = members
-        if self.balance == "rendezvous" and self.balanced:
-            names = list(dict.fromkeys(ip for member in members for ip in resolved(member)))
-            self._replicas = [Replica(name, self._connect(name, False)) for name in names]
-        else:
-            target = grpc_target(members)
-            self._replicas = [Replica(target, self._connect(target, self.balanced))]
+        self._replicas = [Replica(name, self._connect(name)) for name in dict.fromkeys(members)]
         self.close_idle_retired()
 
     def refresh(self) -> None:
-        """Resolve a ``dns:///`` name again when :data:`REFRESH_S` has passed; new channels when its
-        addresses changed."""
-        if self._dns is None or time.monotonic() - self._resolved_at < REFRESH_S:
+        """New channels where a ``dns:///`` name's addresses changed since the last look (never waits)."""
+        if self._dns is None:
             return
-        self._resolved_at = time.monotonic()
-        members = self._current_members()
+        members = self._dns.members()
         if members and set(members) != set(self._members):
             self._open(members)
 
@@ -184,8 +222,13 @@ class Replicas:
         return next((replica for replica in self._replicas if replica.down_until <= now), self._replicas[0])
 
     @property
+    def members(self) -> tuple[str, ...]:
+        """The servers requests go to now (a ``dns:///`` name's addresses as last resolved)."""
+        return self._members
+
+    @property
     def count(self) -> int:
-        """The channels: one per server for ``rendezvous``, one for all of them otherwise."""
+        """The channels: one per server."""
         return len(self._replicas)
 
     @property
@@ -194,15 +237,20 @@ class Replicas:
         return self.primary.name
 
     def pick(self, items: Sequence[bytes]) -> Replica:
-        """The replica for a request of ``items``: the highest-ranked live one for their bytes
-        (``rendezvous``, :func:`request_key`), else the one channel (gRPC balances it where it
-        reaches several servers); a ``dns:///`` name resolved again first where due."""
+        """The replica for a request of ``items``: the next live one in turn (``round_robin``) or the
+        highest-ranked live one for their bytes (``rendezvous``, :func:`request_key`); a
+        ``dns:///`` name's newest addresses taken first where they changed."""
         self.refresh()
         if len(self._replicas) == 1:
             return self._replicas[0]
-        now, key = time.monotonic(), request_key(items)
-        ranked = sorted(self._replicas, key=lambda replica: rank(key, replica.name), reverse=True)
-        return next((replica for replica in ranked if replica.down_until <= now), ranked[0])
+        if self.balance == "rendezvous":
+            key = request_key(items)
+            order = sorted(self._replicas, key=lambda replica: rank(key, replica.name), reverse=True)
+        else:
+            start = next(self._turn) % len(self._replicas)
+            order = self._replicas[start:] + self._replicas[:start]
+        now = time.monotonic()
+        return next((replica for replica in order if replica.down_until <= now), order[0])
 
     def failed(self, replica: Replica) -> None:
         """``replica`` did not answer: pass it over for :data:`DOWN_S`."""
@@ -210,9 +258,9 @@ class Replicas:
 
     @property
     def failover_attempts(self) -> int:
-        """How many times a request that got no answer is sent: once per replica known, and for a
-        balanced channel (gRPC knows the replicas) a few more while it notices a dead one."""
-        return len(self._replicas) + 3 if self.balanced else 1
+        """How many times a request that got no answer is sent: once per replica, and once more
+        (the first may have been down for a moment only); once with one server."""
+        return len(self._replicas) + 1 if self.balanced else 1
 
     def clients(self) -> list[Any]:
         """Every open tritonclient, retired ones still carrying requests included."""

@@ -69,13 +69,6 @@ class InvalidPresetError(PreprocessError, ValueError):
     reason = "invalid_preset"
 
 
-class DecoderBusyError(PreprocessError):
-    """No decoder became free within the pool's timeout."""
-
-    triton_code = "UNAVAILABLE"
-    reason = "decoder_busy"
-
-
 class FallbackError(PreprocessError):
     """The planned decoder failed or is unavailable and ``strict=True`` forbids a fallback."""
 
@@ -91,8 +84,11 @@ class CancelledError(PreprocessError):
 
 
 class ServerUnavailableError(PreprocessError):
-    """Triton refused the request before a model ran it (queue full, queue timeout, unloaded
-    model): retry with backoff. Raised by clients only."""
+    """No verdict on the input: the server could not take the request now (queue full, queue
+    timeout, a model loading or restarting, busy decoders, a lost connection, the caller's
+    deadline). The same request may succeed on another replica or later: retry within your
+    deadline. Its subclasses say which fault; :mod:`.faults` maps what Triton and the transport
+    report onto them."""
 
     triton_code = "UNAVAILABLE"
     reason = "server_unavailable"
@@ -100,10 +96,42 @@ class ServerUnavailableError(PreprocessError):
 
 class DeadlineExceededError(ServerUnavailableError):
     """The server did not answer within the caller's deadline (stuck, overloaded, or the network):
-    no answer was taken from it. Raised by clients only."""
+    no answer was taken from it, and the server may still be working on it. Raised by clients only."""
 
     triton_code = "UNAVAILABLE"
     reason = "deadline_exceeded"
+
+
+class DecoderBusyError(ServerUnavailableError):
+    """No decoder became free within the pool's timeout."""
+
+    triton_code = "UNAVAILABLE"
+    reason = "decoder_busy"
+
+
+class ModelRestartingError(ServerUnavailableError):
+    """A model's process died or is stuck and is being replaced (the Python backend's "Stub process
+    ... is not healthy"), or Triton is loading or unloading the model. Raised by clients only."""
+
+    triton_code = "UNAVAILABLE"
+    reason = "model_restarting"
+
+
+class ConnectionLostError(ServerUnavailableError):
+    """The connection was refused, reset or closed: no answer was taken from the server (a request
+    already sent may still run there). Raised by clients only."""
+
+    triton_code = "UNAVAILABLE"
+    reason = "connection_lost"
+
+
+class SharedMemoryUnavailableError(ServerUnavailableError):
+    """The server cannot map the caller's shared-memory region (another host or container, its own
+    ``/dev/shm``, or a region it no longer knows): the same request goes over the wire. Raised by
+    clients only."""
+
+    triton_code = "UNAVAILABLE"
+    reason = "shared_memory_unavailable"
 
 
 class ModelNotServedError(PreprocessError):

@@ -59,6 +59,16 @@ def unwrapped(source: Any) -> Any:
     return media if isinstance(media, Image.Image) and hasattr(source, "original_bytes") else source
 
 
+def chunk_of_images(frames: Sequence[Any]) -> bool:
+    """Whether a video chunk's frames (unwrapped, :func:`unwrapped`) are PIL images, opened or
+    decoded (True: processed as the images they are), or all encoded (False: bytes, ``data:`` URLs,
+    paths). The one rule of every processor; a chunk of both kinds is :class:`InvalidRequestError`."""
+    images = [isinstance(frame, Image.Image) for frame in frames]
+    if any(images) and not all(images):
+        raise InvalidRequestError("a video_chunk's frames are all PIL images or all encoded")
+    return any(images)
+
+
 def media_bytes(source: Any) -> bytes | None:
     """Encoded bytes of ``source``: bytes as given, a ``data:`` URL's payload, a path's content, an
     unloaded PIL JPEG's file; None for any other PIL image. :class:`InvalidImageError` otherwise."""

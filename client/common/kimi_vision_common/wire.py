@@ -4,7 +4,7 @@ error tags that make a remote failure raise the class it raised in process.
 Triton 2.51 passes a client only a code and a message, so a served message starts with a tag
 naming the class (:func:`served_message`: ``"InvalidImageError: not a decodable image ..."``) and
 :func:`error_from_served` turns it back into that class. Triton's own rejections (queue full,
-wrong shape, ...) carry no tag and map by code.
+wrong shape, ...) carry no tag: :mod:`.faults` maps them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CancelledError, InvalidRequestError, PreprocessError, ServerUnavailableError
+from .errors import PreprocessError
+from .faults import untagged_error
 
 # Tensor names, each spelled here once. What clients send and get back:
 IMAGE_BYTES, VIDEO_BYTES, FRAME_BYTES = "IMAGE_BYTES", "VIDEO_BYTES", "FRAME_BYTES"
@@ -103,12 +104,6 @@ def _error_classes() -> dict[str, type[PreprocessError]]:
 
 
 ERROR_CLASSES = _error_classes()
-# The class a served message without a tag maps to, by Triton code (Triton's own rejections).
-_UNTAGGED = {
-    "INVALID_ARG": InvalidRequestError,
-    "UNAVAILABLE": ServerUnavailableError,
-    "CANCELLED": CancelledError,
-}
 _TAG = re.compile(r"^(?P<tag>[A-Za-z]+Error): (?P<message>.*)$", re.S)
 # Triton prefixes an ensemble step's error with this.
 ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
@@ -124,10 +119,10 @@ def served_message(exc: BaseException) -> str:
 
 def error_from_served(code: str, message: str) -> PreprocessError:
     """The error a served ``message`` with Triton ``code`` (a ``triton_code`` name: INVALID_ARG,
-    UNAVAILABLE, ...) stands for: the tagged class with the untagged text, else by code."""
+    UNAVAILABLE, ...) stands for: the tagged class with the untagged text, else what
+    :func:`.faults.untagged_error` makes of Triton's or the transport's own words."""
     message = ENSEMBLE_PREFIX.sub("", message)
     match = _TAG.match(message)
     if match and match["tag"] in ERROR_CLASSES:
         return ERROR_CLASSES[match["tag"]](match["message"])
-    return _UNTAGGED.get(code, PreprocessError)(message)
-
+    return untagged_error(code, message)
