@@ -293,6 +293,47 @@ def test_a_turned_jpeg_is_the_reference_of_its_exif_transposed_image(corpus: Pat
     assert np.array_equal(np.asarray(TurnedJpeg(data, opened, orientation).convert("RGB")), np.asarray(expected_image))
 
 
+@pytest.mark.parametrize("name", ORIENTED)
+def test_a_turned_jpeg_carries_no_orientation_to_apply_again(corpus: Path, name: str) -> None:
+    """Its ``info`` is the one ``exif_transpose`` gives the turned image (the EXIF and XMP without the
+    orientation), so ``exif_transpose`` of it turns nothing more: Pillow's turned pixels, once."""
+    from PIL import ImageOps
+
+    from kimi_vision_common.orientation import TurnedJpeg, exif_orientation
+
+    data = (corpus / name).read_bytes()
+    transposed = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
+    opened = Image.open(io.BytesIO(data))
+    turned = TurnedJpeg(data, opened, exif_orientation(opened))
+    assert turned.info == transposed.info
+    assert exif_orientation(turned) == 1 and not turned.loaded
+    again = ImageOps.exif_transpose(turned)
+    assert again.size == transposed.size
+    assert np.array_equal(np.asarray(again), np.asarray(transposed))
+
+
+@pytest.mark.parametrize("name", ORIENTED)
+def test_a_pickled_turned_jpeg_keeps_its_file_undecoded(corpus: Path, name: str) -> None:
+    """Pickled and unpickled (as an engine's worker processes receive it): a TurnedJpeg of the same
+    bytes, size, mode and info, still undecoded, whose pixels the library and Pillow give as before."""
+    import pickle
+
+    from kimi_vision_common.orientation import TurnedJpeg, exif_orientation
+
+    data = (corpus / name).read_bytes()
+    opened = Image.open(io.BytesIO(data))
+    turned = TurnedJpeg(data, opened, exif_orientation(opened))
+    back = pickle.loads(pickle.dumps(turned))
+    assert type(back) is TurnedJpeg and back.data == data and back.orientation == turned.orientation
+    assert (back.size, back.mode, back.info) == (turned.size, turned.mode, turned.info)
+    assert not back.loaded
+    processor = KimiVisionProcessor()
+    expected = processor.preprocess([{"type": "image", "image": turned}])["pixel_values"]
+    assert np.array_equal(processor.preprocess([{"type": "image", "image": back}])["pixel_values"], expected)
+    assert not back.loaded
+    assert np.array_equal(np.asarray(pickle.loads(pickle.dumps(turned))), np.asarray(turned))
+
+
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_the_turn_is_pillows_for_every_orientation_and_array_type(orientation: int) -> None:
     """``turned`` of a non-square RGB array, as numpy, as a PIL image and (where torch is installed)

@@ -16,7 +16,7 @@ from make_inputs import CORPUS, corpus_names, encode, png_mode, rgb_pattern
 from PIL import Image
 
 from kimi_vision_client.remote_processor import RemoteKimiProcessor, encoded_losslessly
-from kimi_vision_common.errors import InvalidPresetError, PreprocessError, UnsupportedImageError
+from kimi_vision_common.errors import InvalidPresetError, InvalidRequestError, PreprocessError, UnsupportedImageError
 from kimi_vision_common.presets import get_preset
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT
 from kimi_vision_prep import KimiVisionProcessor
@@ -124,6 +124,20 @@ def test_video_chunks_equal_in_process(pair: tuple, clip: str) -> None:
     for medias in (chunks, as_files):
         for kwargs in MODES.values():
             assert_same(local.preprocess(medias, **kwargs), remote.preprocess(medias, **kwargs), clip)
+
+
+def test_a_chunk_of_frames_of_both_kinds_gets_one_verdict_in_process_and_remote(pair: tuple) -> None:
+    """Video chunk frames are all PIL images (opened or decoded) or all encoded: a chunk of an opened
+    JPEG and a JPEG's bytes is refused by both processors alike (one rule, processor_api's); each
+    kind alone is taken by both, with equal pixels."""
+    local, remote = pair
+    data = (CORPUS / "pil__hopper.jpg").read_bytes()
+    mixed = {"type": "video_chunk", "video_chunk": [Image.open(io.BytesIO(data)), data]}
+    assert outcome(lambda: local.preprocess(mixed)) is InvalidRequestError
+    assert outcome(lambda: remote.preprocess(mixed)) is InvalidRequestError
+    for frames in ([Image.open(io.BytesIO(data))] * 2, [data, data]):
+        chunk = {"type": "video_chunk", "video_chunk": frames}
+        assert_same(local.preprocess(chunk), remote.preprocess(chunk), "one kind of frame")
 
 
 def test_transformers_call_and_torch_tensors_equal_in_process(pair: tuple) -> None:

@@ -42,18 +42,29 @@ def exif_orientation(image: Image.Image) -> int:
 
 
 
+def turned_info(opened: Image.Image) -> dict[str, Any]:
+    """The ``info`` ``exif_transpose`` gives ``opened`` turned: the file's, its orientation taken out
+    of the EXIF and XMP (so nothing turns it again). Pillow's own code on a 1x1 stand-in carrying
+    ``opened``'s ``info``: no pixel of the file is decoded."""
+    stand_in = Image.new(opened.mode, (1, 1))
+    stand_in.info = dict(opened.info)
+    return ImageOps.exif_transpose(stand_in).info
+
+
 class TurnedJpeg(Image.Image):
     """A JPEG opened from ``data`` standing for the image ``exif_transpose`` makes of it: its mode,
-    its turned size and the opened file's ``info``, pixels decoded only when read (then Pillow's,
-    turned, as the engine's own loading gives). :class:`~.processor.KimiVisionProcessor` decodes
-    its ``data`` with the library's decoders and turns the pixels instead."""
+    its turned size and the turned image's ``info`` (:func:`turned_info`: no orientation left to
+    apply), pixels decoded only when read (then Pillow's, turned, as the engine's own loading
+    gives). :class:`~.processor.KimiVisionProcessor` decodes its ``data`` with the library's
+    decoders and turns the pixels instead. Pickled as its file and orientation (never its pixels),
+    so it stays undecoded across processes."""
 
     def __init__(self, data: bytes, opened: Image.Image, orientation: int) -> None:
         super().__init__()
         self.data, self.orientation = data, orientation
         self._mode = opened.mode
         self._size = turned_size(*opened.size, orientation)
-        self.info = dict(opened.info)
+        self.info = turned_info(opened)
 
     @property
     def loaded(self) -> bool:
@@ -64,3 +75,11 @@ class TurnedJpeg(Image.Image):
         if self._im is None:
             self.im = ImageOps.exif_transpose(Image.open(io.BytesIO(self.data))).im
         return super().load()
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, int]]:
+        return reopened, (self.data, self.orientation)
+
+
+def reopened(data: bytes, orientation: int) -> TurnedJpeg:
+    """A :class:`TurnedJpeg` of ``data`` opened again (unpickling: the header read, nothing decoded)."""
+    return TurnedJpeg(data, Image.open(io.BytesIO(data)), orientation)
