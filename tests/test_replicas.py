@@ -15,7 +15,10 @@ What was measured is printed (``pytest -s``) for docs/serving.md, "Kubernetes".
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -258,6 +261,46 @@ def test_a_dns_name_is_resolved_and_balanced(replicas: list[ServeProcess], verdi
     with KimiVisionClient(f"dns:///localhost:{port}", "grpc", MODEL) as client:
         (result,) = client.preprocess_media([fresh(PHOTOS[0], "dns")])
     assert isinstance(result, WireResult) and np.array_equal(result.pixels, verdicts[PHOTOS[0]])
+
+
+DUAL_STACK_CLIENT = """
+import json, sys
+import numpy as np
+from kimi_vision_client.client import KimiVisionClient
+from kimi_vision_client.replicas import resolved
+url, model, expected, photos = sys.argv[1], sys.argv[2], np.load(sys.argv[3]), sys.argv[4:]
+report = {"resolved": resolved(url.split(",")[0])}
+for balance in ("round_robin", "rendezvous"):
+    with KimiVisionClient(url, "grpc", model, balance=balance) as client:
+        results = client.preprocess_media([open(p, "rb").read() for p in photos], concurrency=4)
+    exact = [np.array_equal(getattr(r, "pixels", None), expected[str(i)]) for i, r in enumerate(results)]
+    report[balance] = [bool(e) for e in exact]
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_every_address_of_a_listed_name_is_used_ipv6_loopback_first(
+    replicas: list[ServeProcess], verdicts: dict, tmp_path: Path
+) -> None:
+    """A name that resolves to ``::1`` first, then ``127.0.0.1`` (an /etc/hosts of the client's own,
+    in a mount namespace), listed for two replicas listening on 127.0.0.1 only: each balance tries
+    the name's every address and answers every request exactly (taking each name's first address
+    alone, both replicas were unreachable)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("::1 kimi-dual-stack\n127.0.0.1 kimi-dual-stack localhost\n")
+    expected = tmp_path / "expected.npz"
+    np.savez(expected, **{str(i): verdicts[name] for i, name in enumerate(PHOTOS)})
+    url = ",".join(f"kimi-dual-stack:{server.grpc_url.rsplit(':', 1)[1]}" for server in replicas[:2])
+    client = [sys.executable, "-c", DUAL_STACK_CLIENT, url, MODEL, str(expected), *(str(CORPUS / n) for n in PHOTOS)]
+    mount = f"mount --bind {hosts} /etc/hosts && exec \"$@\""
+    command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *client]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\ndual-stack name: {report}")
+    assert report["resolved"][0].startswith("[::1]") and report["resolved"][1].startswith("127.0.0.1")
+    assert report["round_robin"] == [True] * len(PHOTOS) and report["rendezvous"] == [True] * len(PHOTOS)
 
 
 def test_a_replica_down_from_the_start_is_passed_over(replicas: list[ServeProcess], verdicts: dict) -> None:
