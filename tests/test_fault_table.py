@@ -1,0 +1,110 @@
+"""kimi_vision_common.faults: what Triton and the transport say, mapped to one class each, and
+docs/errors.md's account of the table.
+
+The messages below are those a real tritonserver 2.51 and grpcio gave here (tests/test_remote_*.py
+provoke each against a real ``kimi-prep serve``: a stalled server, a stopped stub, a killed
+server, a server with its own ``/dev/shm``, a full queue)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import tritonclient.utils
+
+from kimi_vision_client.server_errors import error_from_server
+from kimi_vision_common import faults
+from kimi_vision_common.errors import (
+    ConnectionLostError,
+    DeadlineExceededError,
+    DecoderBusyError,
+    InvalidImageError,
+    ModelRestartingError,
+    PreprocessError,
+    ServerUnavailableError,
+    SharedMemoryUnavailableError,
+)
+from kimi_vision_common.vllm_calls import NOT_THE_REQUESTS
+from kimi_vision_common.wire import ERROR_CLASSES, served_message
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+SEEN_HERE = [
+    ("StatusCode.INTERNAL", "in ensemble 'kimi_k25_vision_u8', Stub process 'kimi_k25_decode_0_0' is not healthy.",
+     ModelRestartingError),
+    ("StatusCode.NOT_FOUND", "Request for unknown model: 'kimi_k25_vision_u8' has no available versions",
+     ModelRestartingError),
+    ("StatusCode.UNAVAILABLE", "in ensemble 'kimi_k25_vision_u8', Request timeout expired", ServerUnavailableError),
+    ("StatusCode.UNAVAILABLE", "Exceeds maximum queue size", ServerUnavailableError),
+    ("StatusCode.INTERNAL", "Unable to open shared memory region: '/kimi_vision_0f'", SharedMemoryUnavailableError),
+    ("500", "Unable to open shared memory region: '/kimi_vision_0f'", SharedMemoryUnavailableError),
+    ("StatusCode.NOT_FOUND", "Unable to find shared memory region: 'kimi_vision_0f'", SharedMemoryUnavailableError),
+    ("404", "Unable to find shared memory region: 'kimi_vision_0f'", SharedMemoryUnavailableError),
+    ("StatusCode.DEADLINE_EXCEEDED", "Deadline Exceeded", DeadlineExceededError),
+    ("None", "failed to obtain inference response", DeadlineExceededError),
+    ("StatusCode.UNAVAILABLE", "Stream removed (recvmsg:Connection reset by peer (104))", ConnectionLostError),
+    ("StatusCode.UNAVAILABLE", "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:57229: "
+     "Failed to connect to remote host: Connection refused", ConnectionLostError),
+    ("StatusCode.UNAVAILABLE", "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:41835: "
+     "connection attempt timed out before receiving SETTINGS frame", ConnectionLostError),
+    ("StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found", PreprocessError),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("status", "message", "expected"), SEEN_HERE)
+def test_what_triton_and_grpc_said_here_is_its_fault_class(
+    status: str, message: str, expected: type[PreprocessError]
+) -> None:
+    error = error_from_server(tritonclient.utils.InferenceServerException(message, status=status))
+    assert type(error) is expected, (message, type(error))
+
+
+def test_a_transports_own_failures_are_a_lost_connection() -> None:
+    from geventhttpclient.response import HTTPConnectionClosed
+
+    for exc in (ConnectionRefusedError(111, "Connection refused"), ConnectionResetError(104, "reset"),
+                HTTPConnectionClosed("connection closed.")):  # fmt: skip
+        assert type(error_from_server(exc)) is ConnectionLostError, exc
+    assert type(error_from_server(RuntimeError("a bug"))) is PreprocessError
+
+
+def test_every_fault_is_the_servers_and_no_verdict_is() -> None:
+    """Every rule's class and DecoderBusyError are ServerUnavailableError subclasses (retried, never
+    the input's verdict, never vLLM's 400); every tagged class keeps its tag's class."""
+    for rule in faults.FAULT_RULES:
+        assert issubclass(rule.error, ServerUnavailableError), rule
+    assert issubclass(DecoderBusyError, ServerUnavailableError)
+    assert issubclass(DecoderBusyError, NOT_THE_REQUESTS) and not issubclass(InvalidImageError, NOT_THE_REQUESTS)
+    for name, cls in ERROR_CLASSES.items():
+        error = error_from_server(tritonclient.utils.InferenceServerException(served_message(cls("x")), status="500"))
+        assert type(error) is cls, name
+
+
+def test_what_is_sent_again_and_what_may_still_run() -> None:
+    assert faults.retry_elsewhere(ModelRestartingError("stub")) and faults.retry_elsewhere(DecoderBusyError("busy"))
+    assert faults.retry_elsewhere(ConnectionLostError("reset"))
+    assert not faults.retry_elsewhere(DeadlineExceededError("late"))  # the caller's time is up
+    assert not faults.retry_elsewhere(InvalidImageError("verdict"))
+    assert not faults.got_an_answer(DeadlineExceededError("late")) and not faults.got_an_answer(ConnectionLostError(""))
+    assert faults.got_an_answer(ModelRestartingError("stub")) and faults.got_an_answer(InvalidImageError("verdict"))
+
+
+def rows(document: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in (DOCS / document).read_text().splitlines()
+        if line.startswith("| `")
+    ]
+
+
+def test_errors_md_has_a_row_for_every_class_and_every_rule() -> None:
+    table = rows("errors.md")
+    labelled = {re.match(r"`(\w+)` \(`(\w+)`", row[0]).groups() for row in table if re.match(r"`\w+` \(`", row[0])}
+    assert {(name, cls.reason) for name, cls in ERROR_CLASSES.items()} <= labelled
+    rules = {(row[0], row[1]) for row in table if len(row) == 3}
+    assert rules == {(f"`{rule.text}`", f"`{rule.error.__name__}`") for rule in faults.FAULT_RULES}
+    for row in table:
+        if len(row) == 5:  # the class table: the Triton code is the class's
+            name = re.match(r"`(\w+)`", row[0]).group(1)  # type: ignore[union-attr]
+            assert row[2] == f"`{ERROR_CLASSES[name].triton_code}`", name
