@@ -180,7 +180,11 @@ def test_the_balancing_serving_md_describes_is_the_code() -> None:
     from kimi_vision_client import replicas, transport
 
     text = one_line("serving.md")
+    from kimi_vision_client import client
+
     assert f"passed over for {replicas.DOWN_S:g} s" in text
+    assert f"(waiting at most {replicas.RESOLVE_TIMEOUT_S:g} s, `RESOLVE_TIMEOUT_S`)" in text
+    assert f"manager (within {client.CLOSE_DEADLINE_S:g} s: a stalled server" in text
     assert f"again every {replicas.REFRESH_S:g} s (`REFRESH_S` in" in text
     assert f"the reconnect backoff is capped at {transport.MAX_RECONNECT_BACKOFF_MS / 1000:g} s" in text
     assert f"({failover.IN_FLIGHT} in flight:" in text
@@ -188,3 +192,19 @@ def test_the_balancing_serving_md_describes_is_the_code() -> None:
     assert f"over {len(failover.PHOTOS)} images sent {failover.REPEATS} times each" in text
     assert f"starts {['no', 'one', 'two', 'three'][failover.REPLICAS]} `kimi-prep serve`" in text
     assert replicas.BALANCES[0] == "round_robin" and "`round_robin` (default)" in text
+
+
+def test_the_deadline_and_shared_memory_library_md_describes_are_the_code() -> None:
+    """docs/library.md's remote form: the deadline tests' load, the shared-memory headroom and the
+    refused burst as stated."""
+    import test_remote_deadlines as deadlines
+    import test_remote_shared_memory as shared
+
+    from kimi_vision_client import shm_slots
+
+    text = one_line("library.md")
+    load = f"{deadlines.IMAGES} images {deadlines.CONCURRENCY} at a time"
+    assert f"(SIGSTOP, deadline {deadlines.DEADLINE_S:g} s): {load}" in text
+    assert f"`KimiVisionClient.infer_many(deadline={deadlines.DEADLINE_S:g})`" in text
+    assert f"beside {shm_slots.SHM_HEADROOM_BYTES >> 20} MiB of headroom, `shm_slots.SHM_HEADROOM_BYTES`" in text
+    assert f"{shared.BURST:,} refused images, {shared.IN_FLIGHT} in flight, left {shared.IN_FLIGHT} regions" in text
