@@ -1,36 +1,16 @@
 """A Triton client for the Kimi vision preprocessing models, one API over HTTP and gRPC.
 
-The models take ``IMAGE_BYTES`` (TYPE_STRING, batch shape ``[1, K]``: K images a request) and
-return ``PIXEL_VALUES`` float32 ``[1, ΣN, 3, p, p]`` (``kimi_*_vision``) or, on the "uint8 wire"
-(``kimi_*_vision_u8``), ``PIXEL_PATCHES`` uint8 ``[1, ΣN, 3, p, p]``, plus ``GRID_THW`` int64
-``[1, K, 3]`` and ``NUM_TOKENS`` int32 ``[1, K]``; the single models ``kimi_*_vision_fused``
-(float32) and ``kimi_*_vision_fused_u8`` (uint8) return the same without an ensemble.
-:class:`KimiVisionClient` hides the batch dimension, expands uint8 patches into the float32
-``pixel_values`` with the preset's normalise table (bit-equal to the float32 ensemble:
-``PIXEL_VALUES`` is that table read at ``PIXEL_PATCHES``), and raises server errors as the
-:mod:`kimi_vision_common.errors` class the server's message is tagged with
-(:func:`~kimi_vision_common.errors.error_from_served`), so a remote call fails exactly like
-``kimi_vision_prep.preprocess_bytes`` would in-process.
+The models take ``IMAGE_BYTES`` ``[1, K]`` and return ``PIXEL_VALUES`` float32 (or, on the uint8
+wire, ``PIXEL_PATCHES``) ``[1, ΣN, 3, p, p]``, ``GRID_THW`` int64 ``[1, K, 3]`` and ``NUM_TOKENS``
+int32 ``[1, K]`` (:mod:`.outputs`). :class:`KimiVisionClient` hides the batch dimension, expands
+uint8 patches bit-equal to the float32 ensemble, and raises a server's error as the class the
+library raises in process (:mod:`.server_errors`). The wire and the preset are learnt from the
+server's model configs on first use (:func:`learn_wire`); the client keeps no table of models.
 
-The wire is learnt from the server, once per client, at the first request (:func:`learn_wire`):
-a model whose config lists a ``PIXEL_PATCHES`` output is served over the uint8 wire, and the
-preset (mean/std for the table, sizes for shared memory) is read from the ``parameters`` of the
-model that produces the pixels (the model itself, or the ensemble step that yields them), so a
-renamed or re-parameterised model still expands exactly; the client keeps no table of models.
-
-With ``use_shared_memory`` the request and the outputs travel through POSIX shared memory (client
-and server must share ``/dev/shm``, e.g. the same host or pod; ``"auto"`` checks that first,
-:mod:`.shm_slots`). The output size is known before sending: the NaViT rule needs only the width
-and height from the image header.
-
-A call given a deadline (``deadline=``: seconds, or a :class:`~.deadline.Deadline`) returns by it:
-every RPC it makes (the model's config, shared-memory registrations, each request, each resend)
-gets the time left of it, and none starts after it.
-
-Over gRPC a client may be given several servers, or a ``dns:///`` name listing them: each request
-goes to one (:mod:`kimi_vision_client.replicas`), and one that got no answer is sent again to
-another (a preprocessing request is idempotent). What counts as "no answer" and as a fault of the
-server rather than a verdict on the input is :mod:`kimi_vision_common.faults`' table.
+Requests travel over the wire or through shared memory (:mod:`.shm_slots`, :mod:`.request_io`);
+a call given a ``deadline=`` returns by it (:mod:`.deadline`); several servers are balanced and a
+request that failed for the server's state is sent again to another (:mod:`.replicas`,
+:mod:`kimi_vision_common.faults`).
 """
 
 from __future__ import annotations
