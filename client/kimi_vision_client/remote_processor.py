@@ -349,9 +349,9 @@ class RemoteKimiProcessor(ProcessorInterface):
     def _release_ended_threads(self, deadline: Deadline) -> None:
         """Close the connections of threads that ended (their shared memory unregistered within
         ``deadline``)."""
-        with self._lock:
-            ended, self._ended = self._ended, []
-            self._clients = [client for client in self._clients if client not in ended]
+        with self._lock:  # a client close() already closed is not closed again
+            ended = [client for client in self._ended if client in self._clients]
+            self._clients, self._ended = [client for client in self._clients if client not in ended], []
         for client in ended:
             with contextlib.suppress(Exception):  # a server that is gone takes its registrations with it
                 client.close(deadline)
