@@ -3,7 +3,8 @@
 A schema checks each field alone. A Deployment whose selector does not match its pods' labels, two
 ports of one name, requests above limits or a probe on a port the container does not have all pass
 ``kubernetes-validate --strict`` and fail (or misbehave) only when applied: :func:`semantic_errors`
-finds them in a list of rendered resources.
+finds them in a list of rendered resources, with every control of the Pod Security Standard
+``restricted`` for the pods (tests/pod_security.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pod_security import pod_security_errors
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "docker" / "helm" / "kimi-vision-prep"
@@ -54,11 +56,27 @@ def run(command: list[str], cwd: Path | None = None) -> subprocess.CompletedProc
     return subprocess.run(command, capture_output=True, text=True, check=False, cwd=cwd)
 
 
-def render_chart(values: Path | None = None, *, kube_version: str | None = None, sets: tuple[str, ...] = ()) -> str:
-    """``helm template`` of the chart (release ``prep``); raises with helm's message when it fails."""
+def supported_minors() -> list[str]:
+    """Every Kubernetes minor in Chart.yaml's ``kubeVersion`` range (``>=1.A.0-0 <1.B.0-0``): the
+    chart's and the KServe runtime's manifests are validated against each."""
+    constraint = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    low, high = (int(m) for m in re.fullmatch(r">=1\.(\d+)\.0-0 <1\.(\d+)\.0-0", constraint).groups())
+    return [f"1.{minor}.0" for minor in range(low, high)]
+
+
+def render_chart(
+    values: Path | None = None,
+    *,
+    kube_version: str | None = None,
+    sets: tuple[str, ...] = (),
+    api_versions: tuple[str, ...] = (),
+) -> str:
+    """``helm template`` of the chart (release ``prep``) for a cluster that serves ``api_versions``
+    beside Kubernetes' own (``group/version/Kind``); raises with helm's message when it fails."""
     command = [helm(), "template", "prep", str(CHART)]
     command += ["-f", str(values)] if values else []
     command += ["--kube-version", kube_version] if kube_version else []
+    command += [arg for version in api_versions for arg in ("--api-versions", version)]
     command += [arg for value in sets for arg in ("--set", value)]
     done = run(command)
     if done.returncode:
@@ -126,6 +144,7 @@ def semantic_errors(docs: list[dict[str, Any]]) -> list[str]:
             selector = doc["spec"]["selector"]["matchLabels"]
             if not selector.items() <= pod_labels[name].items():
                 errors.append(f"{kind}/{name}: selector {selector} does not match its pods' labels {pod_labels[name]}")
+            errors += pod_security_errors(f"{kind}/{name}", doc["spec"]["template"])
             pod = doc["spec"]["template"]["spec"]
             volumes = {v["name"] for v in pod.get("volumes", [])}
             for container in pod["containers"]:

@@ -1,14 +1,17 @@
 """docker/helm/kimi-vision-prep: helm lint and template for every values file shipped, the result
 validated strictly against every Kubernetes minor the chart supports, the PodMonitor against the
-prometheus-operator CRD, and the rules schemas miss (tests/k8s_manifests.py), shown to catch the
-mistakes they are for. The pod runs ``kimi-prep serve`` with arguments the CLI parses, and the
-chart's defaults keep the security bounds: the admin key from a Secret, no restricted API opened,
-no response cache beyond loopback (docs/security.md).
+prometheus-operator CRD (rendered only for a cluster that serves its API), and the rules schemas miss
+(tests/k8s_manifests.py, every control of the Pod Security Standard ``restricted`` among them:
+tests/pod_security.py), shown to catch the mistakes they are for. The pod runs ``kimi-prep serve``
+with arguments the CLI parses, and the chart's defaults keep the security bounds: the admin key from
+a Secret, no restricted API opened, no response cache beyond loopback (docs/security.md), no
+service-account token; its probes' thresholds are those docs/serving.md gives from measured answers.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -28,7 +31,9 @@ from k8s_manifests import (
     render_chart,
     run,
     semantic_errors,
+    supported_minors,
 )
+from pod_security import BREAKERS, CONTROLS, pod_security_errors
 
 from kimi_vision_client.cli import build_parser
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, DEFAULT_PROBE_PORT
@@ -36,19 +41,13 @@ from kimi_vision_server.cli.commands import cmd_serve
 
 REPO = Path(__file__).resolve().parents[1]
 VALUES = [CHART / "values.yaml", *sorted(CHART.glob("values-*.yaml"))]
+PODMONITOR_API = "monitoring.coreos.com/v1/PodMonitor"
 PORTS = {
     "http": DEFAULT_HTTP_PORT,
     "grpc": DEFAULT_GRPC_PORT,
     "metrics": DEFAULT_METRICS_PORT,
     "probes": DEFAULT_PROBE_PORT,
 }
-
-
-def supported_minors() -> list[str]:
-    """Every Kubernetes minor in Chart.yaml's ``kubeVersion`` range (``>=1.A.0-0 <1.B.0-0``)."""
-    constraint = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
-    low, high = (int(m) for m in re.fullmatch(r">=1\.(\d+)\.0-0 <1\.(\d+)\.0-0", constraint).groups())
-    return [f"1.{minor}.0" for minor in range(low, high)]
 
 
 def rendered(values: Path = VALUES[0], **kwargs: Any) -> dict[str, dict[str, Any]]:
@@ -102,18 +101,35 @@ def test_chart_podmonitor_is_valid_against_the_prometheus_operator_crd(values: P
     crd = CRDS / "prometheus-operator" / "monitoring.coreos.com_podmonitors.yaml"
     schema = crd_schema(crd, tmp_path / "podmonitor.json")
     monitor = tmp_path / "podmonitor.yaml"
-    monitor.write_text(yaml.safe_dump(rendered(values)["PodMonitor"]))
+    docs = rendered(values, api_versions=(PODMONITOR_API,))
+    monitor.write_text(yaml.safe_dump(docs["PodMonitor"]))
     done = check_jsonschema(schema, monitor)
     assert done.returncode == 0, done.stdout + done.stderr
-    broken = rendered(values)["PodMonitor"]
+    broken = copy.deepcopy(docs["PodMonitor"])
     broken["spec"]["podMetricsEndpoints"][0]["scrapeEvery"] = "15s"  # not a field of the CRD
     monitor.write_text(yaml.safe_dump(broken))
     assert check_jsonschema(schema, monitor).returncode != 0
 
 
+def test_chart_renders_the_podmonitor_only_where_the_cluster_serves_its_api() -> None:
+    """A cluster without the Prometheus Operator's CRD would refuse the whole install for one unknown kind."""
+    assert "PodMonitor" not in rendered()
+    assert rendered(api_versions=(PODMONITOR_API,))["PodMonitor"]["apiVersion"] == PODMONITOR_API.rsplit("/", 1)[0]
+    assert "PodMonitor" not in rendered(sets=("podMonitor.enabled=false",), api_versions=(PODMONITOR_API,))
+
+
 @pytest.mark.parametrize("values", VALUES, ids=lambda p: p.name)
 def test_chart_holds_the_rules_schemas_miss(values: Path) -> None:
-    assert semantic_errors(list(rendered(values).values())) == []
+    assert semantic_errors(list(rendered(values, api_versions=(PODMONITOR_API,)).values())) == []
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda p: p.name)
+def test_chart_pod_passes_the_restricted_pod_security_standard(values: Path) -> None:
+    template = rendered(values)["Deployment"]["spec"]["template"]
+    assert pod_security_errors("pod", template) == []
+    assert template["spec"]["automountServiceAccountToken"] is False
+    assert template["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert all(volume.keys() == {"name", "emptyDir"} for volume in template["spec"]["volumes"])
 
 
 def broken_selector(docs: dict[str, dict[str, Any]]) -> None:
@@ -157,6 +173,40 @@ def test_semantic_rules_catch_what_kubernetes_validate_passes(mistake: str, tmp_
     assert status == 0, output  # the schemas see nothing wrong
     errors = semantic_errors(list(docs.values()))
     assert any(message in error for error in errors), errors
+
+
+@functools.cache
+def default_rendering() -> dict[str, dict[str, Any]]:
+    return rendered()
+
+
+def broken_pod(control: str) -> dict[str, dict[str, Any]]:
+    """The default rendering with ``control`` of the restricted profile broken in its pod."""
+    docs = copy.deepcopy(default_rendering())
+    BREAKERS[control](docs["Deployment"]["spec"]["template"])
+    return docs
+
+
+def test_every_pod_security_control_has_a_broken_variant_the_schemas_pass(tmp_path: Path) -> None:
+    """One ``kubernetes-validate --strict`` run over every variant's Deployment: the schemas see nothing wrong."""
+    assert BREAKERS.keys() == CONTROLS.keys()
+    deployments = []
+    for number, control in enumerate(BREAKERS):
+        deployment = broken_pod(control)["Deployment"]
+        deployment["metadata"]["name"] += f"-{number}"
+        deployments.append(deployment)
+    manifest = tmp_path / "broken.yaml"
+    manifest.write_text(yaml.safe_dump_all(deployments))
+    status, passed, output = kubernetes_validate(manifest, supported_minors()[-1])
+    assert status == 0 and passed == {"deployment"}, output
+    assert output.count("passed for resource") == len(deployments), output
+
+
+@pytest.mark.parametrize("control", sorted(BREAKERS))
+def test_pod_security_rule_names_its_broken_variant(control: str) -> None:
+    errors = semantic_errors(list(broken_pod(control).values()))
+    name = default_rendering()["Deployment"]["metadata"]["name"]
+    assert any(error.startswith(f"Deployment/{name}: {control}: ") for error in errors), errors
 
 
 def test_quantities_compare_across_units() -> None:
@@ -213,7 +263,10 @@ def test_chart_defaults_keep_the_security_bounds(values: Path) -> None:
     assert args.response_cache_mib is None  # none beyond loopback: docs/security.md, "Response cache"
     env = {entry["name"]: entry for entry in container(docs)["env"]}
     assert "value" not in env["KIMI_PREP_ADMIN_KEY"] and env["KIMI_PREP_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]
-    context = container(docs)["securityContext"]
+    context = {
+        **docs["Deployment"]["spec"]["template"]["spec"]["securityContext"],
+        **container(docs)["securityContext"],
+    }
     assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
     assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
     writable = {mount["mountPath"] for mount in container(docs)["volumeMounts"]}
@@ -274,3 +327,38 @@ def test_serving_doc_states_the_charts_values() -> None:
     defaults = values_of(VALUES[0])
     budget, floor = defaults["podDisruptionBudget"]["maxUnavailable"], defaults["autoscaling"]["minReplicas"]
     assert f"(`maxUnavailable: {budget}`; the HPA keeps at least {floor} pods)" in doc
+    context = rendered()["Deployment"]["spec"]["template"]["spec"]["securityContext"]
+    assert f"the image's non-root user (`triton-server`, {context['runAsUser']}:{context['runAsGroup']})" in doc
+
+
+def probes_section() -> str:
+    doc = (REPO / "docs" / "serving.md").read_text()
+    return doc[doc.index("**Probes.**") : doc.index("`make test` runs `helm lint")]
+
+
+def test_serving_doc_states_the_probe_thresholds_with_margin_over_the_measured_readyz() -> None:
+    """The thresholds docs/serving.md gives are the chart's, and its timeout is at least 4x the
+    slowest ``/readyz`` or ``/livez`` answer it reports measured."""
+    section = probes_section()
+    text = " ".join(section.split())
+    probes = values_of(VALUES[0])["probes"]
+    pod = container(rendered())
+    timeout, period = probes["timeoutSeconds"], probes["readinessPeriodSeconds"]
+    threshold = pod["readinessProbe"]["failureThreshold"]
+    assert threshold == probes["readinessFailureThreshold"] >= 2  # one slow answer is not enough
+    assert {pod[probe]["timeoutSeconds"] for probe in ("startupProbe", "readinessProbe", "livenessProbe")} == {timeout}
+    assert f"Every probe waits {timeout} s for an answer (`.Values.probes.timeoutSeconds`" in text
+    assert f"after {threshold} failures in a row (`.Values.probes.readinessFailureThreshold`), {period} s apart" in text
+    assert f"takes it out within about {threshold * period} s" in text
+    liveness = pod["livenessProbe"]
+    assert f"Liveness restarts the container after {liveness['failureThreshold']} failures" in text
+    assert f"{liveness['periodSeconds']} s apart; the startup probe allows" in text
+    assert f"`.Values.probes.startupSeconds` ({probes['startupSeconds']})" in text
+    rows = re.findall(
+        r"^\|[^|]+\| ([\d.]+) / ([\d.]+) / ([\d.]+) ms \| ([\d.]+) / ([\d.]+) / ([\d.]+) ms \|$", section, re.M
+    )
+    assert len(rows) >= 3, section  # idle and loaded
+    slowest_ms = max(float(row[column]) for row in rows for column in (2, 5))
+    stated = re.search(r"The slowest answer of \w+ such runs .*? took ([\d.]+) ms", text)
+    assert stated and float(stated[1]) >= slowest_ms
+    assert 4 * float(stated[1]) <= 1000 * timeout
