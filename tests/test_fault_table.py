@@ -42,6 +42,9 @@ SEEN_HERE = [
     ("StatusCode.NOT_FOUND", "Unable to find shared memory region: 'kimi_vision_0f'", SharedMemoryUnavailableError),
     ("404", "Unable to find shared memory region: 'kimi_vision_0f'", SharedMemoryUnavailableError),
     ("StatusCode.DEADLINE_EXCEEDED", "Deadline Exceeded", DeadlineExceededError),
+    ("StatusCode.DEADLINE_EXCEEDED", "Stream removed (Deadline Exceeded)", DeadlineExceededError),
+    ("StatusCode.UNAVAILABLE", "in ensemble 'kimi_k25_vision', [request id: <id_unknown>] Exceeds maximum queue size",
+     ServerUnavailableError),
     ("None", "failed to obtain inference response", DeadlineExceededError),
     ("StatusCode.UNAVAILABLE", "Stream removed (recvmsg:Connection reset by peer (104))", ConnectionLostError),
     ("StatusCode.UNAVAILABLE", "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:57229: "

@@ -91,8 +91,11 @@ CONNECTION_FAILURES: tuple[type[BaseException], ...] = (OSError, http.client.HTT
 
 
 def untagged_error(code: str, message: str) -> PreprocessError:
-    """The error an untagged ``message`` with Triton ``code`` reports: the first rule whose text it
-    contains, else the class of its code (:class:`PreprocessError` for an unknown one)."""
+    """The error an untagged ``message`` with Triton ``code`` reports: a passed deadline whatever its
+    words (gRPC says "Stream removed" of some), else the first rule whose text it contains, else
+    the class of its code (:class:`PreprocessError` for an unknown one)."""
+    if code == "DEADLINE_EXCEEDED":
+        return DeadlineExceededError(message)
     for rule in FAULT_RULES:
         if rule.text in message:
             return rule.error(message)
