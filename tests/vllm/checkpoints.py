@@ -161,9 +161,11 @@ def write_checkpoint(folder: Path, preset: str) -> Path:
 
 
 def vllm_environment(setting: str | None = None) -> dict[str, str]:
-    """The environment of a vLLM process run offline, the plugin's setting ``KIMI_PREP_VLLM`` as
-    given: None (unset: ours in process), ``"off"`` (vLLM's own Kimi processing) or a server's address."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    """The environment of a vLLM process run offline on vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``:
+    vLLM's CUDA wheel on a host without a GPU infers no device otherwise; vLLM's CPU build is on it
+    anyway), the plugin's setting ``KIMI_PREP_VLLM`` as given: None (unset: ours in process),
+    ``"off"`` (vLLM's own Kimi processing) or a server's address."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
     env.pop("KIMI_PREP_VLLM", None)
     if setting is not None:
         env["KIMI_PREP_VLLM"] = setting

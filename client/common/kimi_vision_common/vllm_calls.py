@@ -10,17 +10,15 @@ other error (a server that cannot be reached, say) passes as it is: not the requ
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .errors import PreprocessError, ServerUnavailableError
-from .processor_api import HUB_OPTIONS, config_path
+from .processor_api import HUB_OPTIONS
+from .vllm_checks import model_preset
 from .vllm_plugin import KimiProcessingState
 
-# A checkpoint's model_type -> the preset its processor follows.
-MODEL_PRESETS = {"kimi_k25": "kimi-k2.5", "kimi_k3": "kimi-k3"}
 # Errors that are not the request's: raised as they are, never as vLLM's 400.
 NOT_THE_REQUESTS = (ServerUnavailableError,)
 
@@ -55,14 +53,3 @@ def as_value_error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise
     except PreprocessError as exc:
         raise ValueError(f"{type(exc).__name__}: {exc}") from exc
-
-
-def model_preset(name: str | Path, hub: Mapping[str, Any]) -> str | None:
-    """The preset of the checkpoint ``name`` by its ``config.json``'s ``model_type`` (None where it
-    names none we know or cannot be read: the processor config decides then)."""
-    try:
-        path = config_path(name, hub.get("revision"), {k: v for k, v in hub.items() if k != "revision"})
-        config = json.loads((path.parent / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return MODEL_PRESETS.get(str(config.get("model_type")))

@@ -4,8 +4,8 @@ in the vLLM process (the library) or by a server (the client's remote processor)
 Installed with either (both depend on this package) as the ``vllm.general_plugins`` entry point
 ``kimi_vision_prep``, which vLLM loads in each of its processes (API server, engine core, workers;
 ``VLLM_PLUGINS`` filters them). :func:`register` does two things, both only where vLLM's Kimi files
-are where this module knows them (vLLM 0.32; elsewhere one warning and vLLM's own processing, never
-a crash):
+are where this module knows them and this vLLM is one it runs on (below; elsewhere one warning and
+vLLM's own processing, never a crash):
 
 1. **The processor.** vLLM's Kimi models build their image processor with
    ``cached_get_image_processor(..., processor_cls_overrides=KimiK25FusedVisionProcessor)``; that
@@ -31,6 +31,17 @@ it is; a server's gRPC address (``host:port`` or ``grpc://host:port``; several r
 served models (``kimi_vision_client.vllm_processor.VllmRemoteKimiProcessor``: the client).
 :data:`PROCESSORS` maps the values to the class built.
 
+Where it runs (:mod:`.vllm_checks`): only on the vLLM versions it was proven on
+(:data:`~.vllm_checks.PROVEN_VLLM`; elsewhere one warning and vLLM's own processing, unless the
+setting's :data:`PLUGIN_OPTIONS` ``unproven_vllm=yes`` opts in: ``local?unproven_vllm=yes``), where
+vLLM's media classes behave as it assumes (checked at register; else one warning and vLLM's own),
+never with vLLM's Rust frontend (``VLLM_USE_RUST_FRONTEND``: it processes the API server's inputs
+itself; one warning that the plugin is inactive), and only for a checkpoint whose ``config.json``
+names a Kimi model type (``vllm_checks.MODEL_PRESETS``): another model asking vLLM for the same
+class keeps vLLM's. Where vLLM charges a request's decoded bytes (vLLM 0.33's
+``VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES``), a deferred JPEG is charged from its header exactly as
+vLLM's loader charges it before decoding, so a request over the budget is refused as stock refuses it.
+
 This module imports neither numba nor vLLM's Kimi files: vLLM's CPU workers load the plugins before
 they scan every loaded module for Triton kernels to replace, a scan that fails on llvmlite's
 function wrappers (numba's), so the processor's module loads only where vLLM builds a processor.
@@ -47,12 +58,23 @@ import os
 import re
 import sys
 import urllib.parse
+from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
 
 from .orientation import TurnedJpeg, exif_orientation
 from .pillow_open import unloaded_jpeg_bytes
+from .vllm_checks import (
+    RUST_FRONTEND,
+    behaviour_differences,
+    decode_charge,
+    installed_vllm_version,
+    is_proven,
+    model_preset,
+    proven_range,
+    rust_frontend_set,
+)
 from .wire import BALANCES
 
 log = logging.getLogger("kimi_vision_prep.vllm")
@@ -75,6 +97,9 @@ REMOTE_OPTIONS: dict[str, type | tuple[str, ...]] = {
     "shared_memory": ("auto", "yes", "no"),
     "balance": BALANCES,
 }
+# Options every mode but off takes, in the same query: unproven_vllm=yes runs the plugin on a vLLM
+# outside the versions it was proven on (vllm_checks.PROVEN_VLLM).
+PLUGIN_OPTIONS: dict[str, tuple[str, ...]] = {"unproven_vllm": ("no", "yes")}
 HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$")
 DNS_TARGET = "dns:///"
 # Where vLLM 0.32 builds image processors, and the class its Kimi models ask it for.
@@ -93,19 +118,43 @@ class KimiProcessingState:
     defer_jpegs = False
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A value of the setting: the mode (one of :data:`MODES`) and whether it opts in to a vLLM
+    outside the proven versions."""
+
+    mode: str
+    unproven_vllm: bool = False
+
+
+def parse_setting(value: str) -> Setting:
+    """A value of the setting -> :class:`Setting`; ValueError for anything that is not ``local``,
+    ``off`` or a server's address (:func:`remote_settings`), each with the options it takes."""
+    base, _, query = value.partition("?")
+    if base in PROCESSORS and base != "remote":
+        options = parsed_query(query, PLUGIN_OPTIONS if base == "local" else {})
+        return Setting(base, options.get("unproven_vllm") == "yes")
+    _, _, plugin_options = split_remote(value)
+    return Setting("remote", plugin_options.get("unproven_vllm") == "yes")
+
+
 def setting_mode(value: str) -> str:
     """The mode a value of the setting names: one of :data:`MODES` (a server address: ``remote``);
     ValueError for anything else."""
-    if value in PROCESSORS and value != "remote":
-        return value
-    remote_settings(value)
-    return "remote"
+    return parse_setting(value).mode
 
 
 def remote_settings(value: str) -> tuple[str, dict[str, Any]]:
     """A server address of the setting -> ``(address, options)``: ``host:port``, ``grpc://host:port``,
-    several (``grpc://h1:p1,h2:p2``) or ``dns:///name:port``, options (:data:`REMOTE_OPTIONS`) as a
-    URL query; ValueError otherwise."""
+    several (``grpc://h1:p1,h2:p2``) or ``dns:///name:port``, the remote processor's options
+    (:data:`REMOTE_OPTIONS`) as a URL query (:data:`PLUGIN_OPTIONS` may stand beside them);
+    ValueError otherwise."""
+    address, options, _ = split_remote(value)
+    return address, options
+
+
+def split_remote(value: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A server address of the setting -> ``(address, remote processor's options, plugin's options)``."""
     address, _, query = value.partition("?")
     hosts = address.removeprefix(DNS_TARGET) if address.startswith(DNS_TARGET) else address.removeprefix("grpc://")
     if (
@@ -117,18 +166,25 @@ def remote_settings(value: str) -> tuple[str, dict[str, Any]]:
             f"{value!r} is not local, off or a server's gRPC address "
             "(host:port, grpc://host:port,host:port?..., dns:///name:port?...)"
         )
+    options = parsed_query(query, {**REMOTE_OPTIONS, **PLUGIN_OPTIONS})
+    plugin_options = {key: options.pop(key) for key in PLUGIN_OPTIONS if key in options}
+    return (address if address.startswith(DNS_TARGET) else hosts), options, plugin_options
+
+
+def parsed_query(query: str, known: dict[str, type | tuple[str, ...]]) -> dict[str, Any]:
+    """A URL query's options, each of ``known`` (a type, or the values allowed); ValueError otherwise."""
     options: dict[str, Any] = {}
     for key, text in urllib.parse.parse_qsl(query, strict_parsing=bool(query)):
-        kind = REMOTE_OPTIONS.get(key)
+        kind = known.get(key)
         if kind is None:
-            raise ValueError(f"unknown option {key!r} (known: {', '.join(REMOTE_OPTIONS)})")
+            raise ValueError(f"unknown option {key!r} (known: {', '.join(known) or 'none'})")
         if isinstance(kind, tuple) and text not in kind:
             raise ValueError(f"{key} is one of {', '.join(kind)}, not {text!r}")
         try:
             options[key] = text if isinstance(kind, tuple) else kind(text)
         except ValueError:
             raise ValueError(f"{key} is a number, not {text!r}") from None
-    return (address if address.startswith(DNS_TARGET) else hosts), options
+    return options
 
 
 def processor_class(mode: str) -> type:
@@ -141,29 +197,53 @@ def processor_class(mode: str) -> type:
 def register() -> None:
     """vLLM's ``vllm.general_plugins`` entry point (every vLLM process calls it once)."""
     try:
-        mode = setting_mode(os.environ.get(SETTING, MODES[0]))
+        setting = parse_setting(os.environ.get(SETTING, MODES[0]))
     except ValueError as exc:
         log.warning("kimi-vision-prep: %s=%r: %s; vLLM's own Kimi processor is used", SETTING, os.environ[SETTING], exc)
         return
-    if PROCESSORS[mode] is None:
+    if PROCESSORS[setting.mode] is None:
+        return
+    if rust_frontend_set():
+        log.warning(
+            "kimi-vision-prep: %s is set: vLLM's Rust frontend processes the requests' images itself, "
+            "the plugin is inactive (vLLM's own Kimi processing)",
+            RUST_FRONTEND,
+        )
         return
     try:
-        build_ours_for_kimi(mode)
-        defer_encoded_jpegs()
+        refusal = why_not_here(setting)
+        if refusal is None:
+            build_ours_for_kimi(setting.mode)
+            defer_encoded_jpegs()
     except (ImportError, AttributeError) as exc:
-        log.warning(
-            "kimi-vision-prep: this vLLM's Kimi files are not where the plugin knows them (%s: %s); "
-            "vLLM's own Kimi processor is used",
-            type(exc).__name__,
-            exc,
-        )
+        refusal = f"this vLLM's Kimi files are not where the plugin knows them ({type(exc).__name__}: {exc})"
+    if refusal is not None:
+        log.warning("kimi-vision-prep: %s; vLLM's own Kimi processor is used", refusal)
+
+
+def why_not_here(setting: Setting) -> str | None:
+    """Why the plugin does not run in this vLLM (a version outside the proven ones, not opted in;
+    media classes that behave otherwise), or None."""
+    version = installed_vllm_version()
+    if not is_proven(version):
+        if not setting.unproven_vllm:
+            return (
+                f"vLLM {version} is not one the plugin was proven on ({proven_range()}; "
+                f"the option unproven_vllm=yes of {SETTING} runs it anyway)"
+            )
+        log.info("kimi-vision-prep: vLLM %s, outside %s, by the setting's unproven_vllm=yes", version, proven_range())
+    differences = behaviour_differences()
+    if differences:
+        return "this vLLM behaves otherwise than the plugin relies on: " + "; ".join(differences)
+    return None
 
 
 def build_ours_for_kimi(mode: str) -> None:
     """Wrap vLLM's ``cached_get_image_processor`` where it is defined and in the Kimi model modules
-    already imported (the others bind the wrapper when they load): asked for vLLM's Kimi class, it
-    builds ``mode``'s class (:func:`processor_class`) through vLLM's own ``get_image_processor``,
-    imported then (where that import fails: one warning, and vLLM's class)."""
+    already imported (the others bind the wrapper when they load): asked for vLLM's Kimi class for
+    a Kimi checkpoint (:func:`is_kimi`), it builds ``mode``'s class (:func:`processor_class`)
+    through vLLM's own ``get_image_processor``, imported then (where that import fails: one
+    warning, and vLLM's class)."""
     builder = importlib.import_module(BUILDER_MODULE)
     get_image_processor = builder.get_image_processor
     cached_get_image_processor = builder.cached_get_image_processor  # AttributeError where this vLLM moved it
@@ -171,7 +251,7 @@ def build_ours_for_kimi(mode: str) -> None:
         raise ImportError(f"no module {PROCESSOR_MODULE}")
 
     def build(name: str, *args: Any, processor_cls_overrides: Any = None, **kwargs: Any) -> Any:
-        if getattr(processor_cls_overrides, "__name__", None) == PROCESSOR_NAME:
+        if getattr(processor_cls_overrides, "__name__", None) == PROCESSOR_NAME and is_kimi(name, kwargs):
             try:
                 processor_cls_overrides = processor_class(mode)
             except ImportError as exc:
@@ -183,6 +263,18 @@ def build_ours_for_kimi(mode: str) -> None:
         module = sys.modules.get(user)
         if module is not None and getattr(module, "cached_get_image_processor", None) is cached_get_image_processor:
             module.cached_get_image_processor = cached_build
+
+
+def is_kimi(name: str, kwargs: dict[str, Any]) -> bool:
+    """Whether the checkpoint ``name`` (with vLLM's ``revision`` and Hub options) is a Kimi model by
+    its ``config.json``'s ``model_type``: another model that asks for vLLM's Kimi class keeps it."""
+    from .processor_api import HUB_OPTIONS
+
+    hub = {key: kwargs[key] for key in (*HUB_OPTIONS, "revision") if key in kwargs}
+    if model_preset(name, hub) is not None:
+        return True
+    log.info("kimi-vision-prep: %s is not a Kimi checkpoint; vLLM's own processor is built for it", name)
+    return False
 
 
 def defer_encoded_jpegs() -> None:
@@ -200,6 +292,7 @@ def defer_encoded_jpegs() -> None:
         if KimiProcessingState.defer_jpegs and self.image_mode in ("RGB", None):
             image = opened_jpeg(io.BytesIO(data))
             if image is not None and within_pixel_limit(image):
+                charge_decode_budget(self, image)
                 return MediaWithBytes(as_loaded(image, data), data, io_config(image, self))
         return load_bytes(self, data)
 
@@ -268,6 +361,15 @@ def within_pixel_limit(image: Image.Image) -> bool:
 
     limit = envs.VLLM_MAX_IMAGE_PIXELS
     return limit <= 0 or image.width * image.height <= limit
+
+
+def charge_decode_budget(media_io: Any, image: Image.Image) -> None:
+    """Charge the request's decode budget where vLLM's loader has one (vLLM 0.33), as the loader
+    charges an image it is about to decode (:func:`~.vllm_checks.decode_charge`; ValueError, vLLM's
+    own, where the request goes over it)."""
+    budget = getattr(media_io, "decoded_budget", None)
+    if budget is not None:
+        budget.charge(decode_charge(image))
 
 
 def io_config(image: Image.Image, media_io: Any) -> dict[str, Any] | None:
