@@ -22,8 +22,9 @@ is. Per request: the vLLM process's CPU time (all its threads) and the wall time
 server's CPU time (its whole process tree) per image apart, and the output bytes it received beside
 the uint8 patches vLLM got. The processes' outputs are checked identical (a digest of each request's
 prompt ids, grids and pixels; every side of every venv against the first venv's stock) before any
-timing; then rounds alternate between all the processes, the order rotating each round, so that the
-vLLMs are compared under the same load of a shared host. Prints per-image figures (min and median
+timing, once the vLLM processes' start-up work has ended (:func:`wait_for_start_up_work`); then rounds
+alternate between all the processes, the order rotating each round, so that the vLLMs are compared
+under the same load of a shared host. Prints per-image figures (min and median
 over rounds) and ratios; writes ``bench_vllm_<vLLM minor version>.json`` and ``.png`` for each venv.
 """
 
@@ -201,6 +202,29 @@ class Side:
         self.process.wait()
 
 
+def wait_for_start_up_work(venvs: list[Path], workers: set[int], timeout_s: float = 300.0) -> None:
+    """Wait until no process of the vLLM venvs' Python runs but the workers: a vLLM process's start-up
+    work, not its requests. vLLM 0.33's CUDA wheel has each of its processes start background builds
+    (humming-kernels' JIT builds of its nvrtc compiler and launcher, at import, again in the model
+    registry's inspection subprocess); on a host without CUDA they fail after several seconds, a
+    core taken meanwhile, in which the decode's second thread waits for a core."""
+    prefixes = tuple(str(venv.absolute()) + "/" for venv in venvs)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        others = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                program = cmdline.read_bytes().split(b"\0", 1)[0].decode()
+            except OSError:
+                continue
+            if program.startswith(prefixes) and int(cmdline.parent.name) not in workers:
+                others.append(program)
+        if not others:
+            return
+        time.sleep(0.5)
+    print(f"still running after {timeout_s:.0f} s, timed anyway: {others}")
+
+
 def check_identical(sides: dict[tuple[Path, str], Side], photos: list[str]) -> None:
     """Each way once through every side (numba compiles, caches fill): every side's outputs equal the
     first venv's stock's, photo by photo."""
@@ -255,6 +279,7 @@ def main() -> int:
         checkpoint = write_checkpoint(Path(folder) / "kimi-k2.5", "kimi-k2.5")
         sides = {(venv, name): Side(name, venv, checkpoint, server) for venv in args.vllm_venvs for name in SIDES}
         photos = next(iter(sides.values())).photos
+        wait_for_start_up_work(args.vllm_venvs, {side.process.pid for side in sides.values()})
         check_identical(sides, photos)
         rounds = timed_rounds(sides, server, args.repeats)
         versions = {venv: sides[venv, "stock"].vllm for venv in args.vllm_venvs}
