@@ -1,7 +1,8 @@
 """vLLM's own Kimi-K2.5 and K3 processing, stock and through the plugin, on the corpus.
 
-Run in ``.venv-vllm`` (``make vllm-venv``: vLLM from PyPI with the library and the client installed,
-so the ``vllm.general_plugins`` entry point is vLLM's); ``make test`` runs it there. Each side runs
+Run in each vLLM venv of ``make vllm-venv`` (vLLM from PyPI with the library and the client installed,
+so the ``vllm.general_plugins`` entry point is vLLM's: ``.venv-vllm``, vLLM's CPU build, and
+``.venv-vllm-cuda``, the CUDA wheel, on vLLM's CPU platform); ``make test`` runs it in both. Each side runs
 in a process of its own (``vllm_side.py``; the plugin changes vLLM's modules for a process's life):
 ``KIMI_PREP_VLLM=off`` is stock vLLM, unset is ours in process, a server's address is ours remote
 (a real ``kimi-prep serve``, started from the serving environment: ``KIMI_SERVING_VENV``, default
