@@ -4,8 +4,10 @@
 library's in-process one, the client's remote one): ``from_pretrained(model, revision=...,
 trust_remote_code=...)`` with the preset of the checkpoint's ``model_type``, and a bad image raised
 as the ``ValueError`` vLLM answers with HTTP 400 (the typed error chained as its cause, its class
-named in the message). Building one tells the plugin that this process serves a Kimi model. Any
-other error (a server that cannot be reached, say) passes as it is: not the request's fault.
+named in the message); a fault of the server's state (a server that cannot be reached, a stub
+restarting, busy decoders: :class:`~.errors.ServerUnavailableError`) as vLLM's
+``RetryableRequestError``, answered 503: not the request's fault. Building one tells the plugin that
+this process serves a Kimi model.
 """
 
 from __future__ import annotations
@@ -46,10 +48,22 @@ class VllmCalls:
 
 def as_value_error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, a :class:`PreprocessError` of the request raised as ``ValueError``
-    (vLLM's bad input); a server's unavailability is raised as it is."""
+    (vLLM's bad input, HTTP 400); a fault of the server's state (:data:`NOT_THE_REQUESTS`) as
+    vLLM's :class:`RetryableRequestError` (HTTP 503: the request was fine, retry it)."""
     try:
         return call(*args, **kwargs)
-    except NOT_THE_REQUESTS:
-        raise
+    except NOT_THE_REQUESTS as exc:
+        raise retryable(exc) from exc
     except PreprocessError as exc:
         raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def retryable(exc: PreprocessError) -> Exception:
+    """vLLM's error for a request that failed through no fault of its own and may be sent again
+    (its API server answers 503 Service Unavailable), the class named; ``exc`` itself where this
+    vLLM has no such class."""
+    try:
+        from vllm.exceptions import RetryableRequestError
+    except ImportError:
+        return exc
+    return RetryableRequestError(f"{type(exc).__name__}: {exc}")

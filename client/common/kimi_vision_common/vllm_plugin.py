@@ -3,7 +3,7 @@ in the vLLM process (the library) or by a server (the client's remote processor)
 
 Installed with either (both depend on this package) as the ``vllm.general_plugins`` entry point
 ``kimi_vision_prep``, which vLLM loads in each of its processes (API server, engine core, workers;
-``VLLM_PLUGINS`` filters them). :func:`register` does two things, both only where vLLM's Kimi files
+``VLLM_PLUGINS`` filters them). :func:`register` does three things, all only where vLLM's Kimi files
 are where this module knows them and this vLLM is one it runs on (below; elsewhere one warning and
 vLLM's own processing, never a crash):
 
@@ -22,6 +22,11 @@ vLLM's own processing, never a crash):
    turns it to its EXIF orientation it is handed over as a :class:`~.orientation.TurnedJpeg` (the
    turned size; the processor turns the decoded pixels). Any other image takes vLLM's path
    unchanged, and the processor uses the pixels vLLM loaded.
+3. **A fault of the server stays one.** vLLM wraps whatever a processor raises in a ``ValueError``
+   of its own words (``InputProcessingContext.call_hf_processor``), which its API server answers
+   400; ours raise a fault of the server's state as vLLM's ``RetryableRequestError`` and a verdict
+   on an image as a ``ValueError`` naming the library's class and reason (:mod:`.vllm_calls`), and
+   that wrapper is wrapped so it passes both as they are: 503 (retry) and 400 with our words.
 
 ``KIMI_PREP_VLLM``, the one setting the plugin reads: ``local`` (default) processes in the vLLM
 process (``kimi_vision_prep.vllm_processor.VllmKimiProcessor``: the library); ``off`` leaves vLLM as
@@ -63,6 +68,7 @@ from typing import Any
 
 from PIL import Image
 
+from .errors import PreprocessError
 from .orientation import TurnedJpeg, exif_orientation
 from .pillow_open import unloaded_jpeg_bytes
 from .vllm_checks import (
@@ -215,6 +221,7 @@ def register() -> None:
         if refusal is None:
             build_ours_for_kimi(setting.mode)
             defer_encoded_jpegs()
+            pass_server_faults()
     except (ImportError, AttributeError) as exc:
         refusal = f"this vLLM's Kimi files are not where the plugin knows them ({type(exc).__name__}: {exc})"
     if refusal is not None:
@@ -236,6 +243,27 @@ def why_not_here(setting: Setting) -> str | None:
     if differences:
         return "this vLLM behaves otherwise than the plugin relies on: " + "; ".join(differences)
     return None
+
+
+def pass_server_faults() -> None:
+    """Wrap vLLM's ``InputProcessingContext.call_hf_processor`` (which turns any error into a
+    ``ValueError`` of its own words, a 400) so that what one of ours raised passes as it is: a
+    ``RetryableRequestError`` for a fault of the server's state (vLLM answers 503), the
+    ``ValueError`` naming the library's class and reason for a verdict on the input (400)."""
+    from vllm.multimodal.processing.context import InputProcessingContext
+
+    call_hf_processor = InputProcessingContext.call_hf_processor
+
+    def passing_ours(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return call_hf_processor(self, *args, **kwargs)
+        except ValueError as exc:
+            raised = exc.__cause__
+            if raised is not None and isinstance(raised.__cause__, PreprocessError):
+                raise raised from raised.__cause__
+            raise
+
+    InputProcessingContext.call_hf_processor = passing_ours
 
 
 def build_ours_for_kimi(mode: str) -> None:
