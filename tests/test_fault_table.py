@@ -20,6 +20,7 @@ from kimi_vision_common.errors import (
     DeadlineExceededError,
     DecoderBusyError,
     InvalidImageError,
+    ModelNotServedError,
     ModelRestartingError,
     PreprocessError,
     ServerUnavailableError,
@@ -111,3 +112,61 @@ def test_errors_md_has_a_row_for_every_class_and_every_rule() -> None:
         if len(row) == 5:  # the class table: the Triton code is the class's
             name = re.match(r"`(\w+)`", row[0]).group(1)  # type: ignore[union-attr]
             assert row[2] == f"`{ERROR_CLASSES[name].triton_code}`", name
+
+
+class Answers:
+    """A transport adapter whose server is live and whose model is not ready, its config answered
+    as given (a dict: the config; an exception: Triton's answer)."""
+
+    protocol = "grpc"
+    timeout_s = None
+
+    def __init__(self, config: object) -> None:
+        self.config = config
+
+    def is_server_live(self, client: object, timeout_s: float | None) -> bool:
+        return True
+
+    def is_model_ready(self, client: object, model: str, timeout_s: float | None) -> bool:
+        return False
+
+    def model_config(self, client: object, model: str, timeout_s: float | None) -> dict:
+        if isinstance(self.config, Exception):
+            raise self.config
+        return self.config  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"name": "kimi_k25_vision_u8"}, ModelRestartingError),  # in the repository, loading
+        (tritonclient.utils.InferenceServerException(
+            "Request for unknown model: 'kimi_k25_vision_u8' has no available versions", status="StatusCode.NOT_FOUND"
+        ), ModelRestartingError),  # reloading
+        (tritonclient.utils.InferenceServerException(
+            "Request for unknown model: 'kimi_k25_vision_u8' is not found", status="StatusCode.NOT_FOUND"
+        ), ModelNotServedError),  # not in the repository
+    ],
+)  # fmt: skip
+def test_a_model_not_ready_is_restarting_where_the_server_has_it(config: object, expected: type) -> None:
+    """A live server's model that is not ready: loading or reloading (a fault of the server's state,
+    asked again) where the server knows it, not served (final) where it does not."""
+    from kimi_vision_client.deadline import Deadline
+    from kimi_vision_client.readiness import require_model
+    from kimi_vision_client.replicas import Replicas
+
+    replicas = Replicas(("127.0.0.1:1",), "round_robin", lambda target: target)
+    with pytest.raises(expected):
+        require_model(Answers(config), replicas, "127.0.0.1:1", "kimi_k25_vision_u8", Deadline.after(5))
+
+
+def test_vllm_answers_a_verdict_400_and_anything_else_as_a_server_error() -> None:
+    """vllm_calls.vllm_error: a verdict (INVALID_ARG) is the ValueError vLLM answers 400; a fault
+    or a bug is a server error (vLLM's own classes where vLLM is installed; tests/vllm checks
+    those; here, without vLLM, the library's error as it is, never a ValueError)."""
+    from kimi_vision_common.vllm_calls import vllm_error
+
+    for verdict in (InvalidImageError("truncated"),):
+        assert type(vllm_error(verdict)) is ValueError and str(vllm_error(verdict)).startswith("InvalidImageError: ")
+    for not_the_input in (ModelRestartingError("stub"), PreprocessError("internal error: a bug")):
+        assert not isinstance(vllm_error(not_the_input), ValueError)

@@ -18,16 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
-import tritonclient.utils
-
 from kimi_vision_common.errors import (
-    ModelNotServedError,
     PreprocessError,
-    ServerUnavailableError,
     SharedMemoryUnavailableError,
 )
 from kimi_vision_common.faults import got_an_answer, retry_elsewhere
-from kimi_vision_common.models import default_model_names, is_project_model
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult, TokenCount, VideoChunkResult
 from kimi_vision_common.wire import FRAME_BYTES, IMAGE_BYTES, PROMPT, admin_headers
@@ -43,17 +38,19 @@ from .outputs import (
     to_vision_result,
     to_wire_result,
 )
+from .readiness import require_model
 from .replicas import (
     FAILOVER_BACKOFF_S,
     RESOLVE_TIMEOUT_S,
     Balance,
+    Replica,
     Replicas,
     server_addresses,
     several_servers,
     strip_scheme,
 )
 from .request_io import Pending, Request, built, shm_outputs
-from .server_errors import connection_failure, error_from_server
+from .server_errors import error_from_server
 from .shm_slots import SharedMemoryMode, SharedMemoryPool
 from .transport import ADAPTERS
 from .wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, PIXEL_VALUES, Wire, largest_preset, learn_wire
@@ -197,7 +194,7 @@ class KimiVisionClient:
                     model,
                     self._preset_override,
                 )
-            except tritonclient.utils.InferenceServerException as exc:
+            except Exception as exc:  # the server's failure or the transport's, as the library's class
                 raise error_from_server(exc) from None
         return self._wires[model]
 
@@ -221,46 +218,9 @@ class KimiVisionClient:
 
     def require_model(self, model: str | None = None, deadline: Deadline | float | None = None) -> None:
         """Return when the server answers and serves ``model`` (default: this client's), else raise
-        :class:`ServerUnavailableError` (nothing answers at the URL: refused, unreachable, or not
-        within ``deadline``) or :class:`ModelNotServedError` (it answers but does not serve the
-        model), saying what to do."""
-        name, deadline = model or self.model, as_deadline(deadline)
-        for attempt in range(self._replicas.count):
-            try:
-                live = self._adapter.is_server_live(self._client, self._timeout(deadline))
-                break
-            except PreprocessError:
-                raise
-            except Exception as exc:  # refused / unreachable / timed out, whatever the transport calls it
-                if attempt + 1 < self._replicas.count:
-                    self._replicas.failed(self._replicas.primary)  # ask the next replica
-                    continue
-                error = error_from_server(exc)
-                raise type(error)(
-                    f"cannot connect to {self.url} ({self.protocol}): {connection_failure(exc)}; "
-                    "is the server running? start one with `kimi-prep serve`"
-                ) from None
-        if not live:
-            raise ServerUnavailableError(f"the server at {self.url} ({self.protocol}) is not live yet; retry")
-        try:
-            ready = self._adapter.is_model_ready(self._client, name, self._timeout(deadline))
-        except PreprocessError:
-            raise
-        except Exception as exc:  # an unknown model is an error on some transports, False on others
-            error = error_from_server(exc)
-            if isinstance(error, ServerUnavailableError):
-                raise error from None
-            ready = False
-        if not ready and not is_project_model(name):
-            raise ModelNotServedError(
-                f"the server at {self.url} does not serve {name!r}, and no kimi-prep repository has a model of "
-                f"that name: check --model (the default image models: {', '.join(default_model_names())})"
-            )
-        if not ready:
-            raise ModelNotServedError(
-                f"the server at {self.url} does not serve {name!r}: start it with "
-                f"`kimi-prep serve --models {name}` (or `--all` for every model)"
-            )
+        what :func:`~.readiness.require_model` says (a fault of the server's state, or
+        :class:`ModelNotServedError` naming the flag that serves the model)."""
+        require_model(self._adapter, self._replicas, self.url, model or self.model, as_deadline(deadline))
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -269,7 +229,8 @@ class KimiVisionClient:
         of their results, as ``kimi_vision_prep.preprocess_images`` returns it; the first bad image
         raises its typed error, its index in the message."""
         deadline = as_deadline(deadline)
-        result = self._collect(self._send(Request(list(items), self.model, INPUT_NAME), deadline), to_images_result)
+        request = Request(list(items), self.model, INPUT_NAME)
+        result = self._collect(self._send(request, deadline), to_images_result, deadline)
         if isinstance(result, PreprocessError):
             raise result
         return result
@@ -381,11 +342,15 @@ class KimiVisionClient:
 
     def _send(self, request: Request, deadline: Deadline = NO_DEADLINE) -> Pending | PreprocessError:
         """Send ``request`` (``input_name`` ``[1, K]``: K images, or a chunk's K frames) within
-        ``deadline``: its pending answer, or the error that kept it from being sent."""
+        ``deadline``: its pending answer, or the error that kept it from being sent (sent again
+        first where the server's state kept it, :meth:`_again`)."""
+        try:
+            wire = self.wire_of(request.model, deadline)  # asked of the primary replica, once per model
+        except PreprocessError as error:
+            return self._again(request, error, self._replicas.primary, deadline)
         replica = self._replicas.pick(request.items)
         slot = None
         try:
-            wire = self.wire_of(request.model, deadline)
             inputs, outputs, slot, offsets = built(
                 self._adapter.module, request, wire, pool=self._shm, client=self._client, deadline=deadline
             )
@@ -394,13 +359,14 @@ class KimiVisionClient:
             return Pending(waiter, slot, offsets, wire, request, replica)
         except Exception as exc:
             self._shm.answered(slot)  # never sent: reusable
-            return error_from_server(exc, request.single)
+            return self._again(request, error_from_server(exc, request.single), replica, deadline)
 
-    def _resend(self, pending: Pending, error: PreprocessError, deadline: Deadline) -> Pending | PreprocessError:
-        """``pending`` sent again where it failed for the server's state, not the input (to another
-        replica where there is one; over fresh regions where the server lost this client's shared
-        memory) and has attempts left; else ``error``."""
-        request = pending.request
+    def _again(
+        self, request: Request, error: PreprocessError, replica: Replica, deadline: Deadline
+    ) -> Pending | PreprocessError:
+        """``request`` sent again where it failed for the server's state, not the input, and has
+        attempts left: to another replica (``replica`` passed over for a while), or over fresh
+        regions where the server lost this client's shared memory; else ``error``."""
         shm_lost = isinstance(error, SharedMemoryUnavailableError)
         attempts = self._replicas.failover_attempts + shm_lost
         if not retry_elsewhere(error) or request.attempt >= attempts:
@@ -408,7 +374,7 @@ class KimiVisionClient:
         if shm_lost:
             self._shm.forget_all()
         else:
-            self._replicas.failed(pending.replica)
+            self._replicas.failed(replica)
             deadline.sleep(FAILOVER_BACKOFF_S * 2 ** (request.attempt - 1))  # gRPC notices the dead connection
         return self._send(request.again(), deadline)
 
@@ -430,7 +396,7 @@ class KimiVisionClient:
                 self._shm.answered(pending.slot)
             else:
                 self._shm.unanswered(pending.slot)
-            return self._collect(self._resend(pending, error, deadline), convert, deadline)
+            return self._collect(self._again(pending.request, error, pending.replica, deadline), convert, deadline)
         try:
             if pending.slot is not None and pending.output_offsets is not None:
                 outputs = shm_outputs(self._adapter, result, pending.slot, pending.output_offsets)

@@ -38,6 +38,7 @@ class HttpAdapter:
     ``timeout_s``: the connection's network timeout (every call on it)."""
 
     module = tritonclient.http
+    protocol = "http"
 
     def __init__(self, timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s
@@ -80,6 +81,7 @@ class GrpcAdapter:
     is bounded by its ``timeout_s`` (gRPC's deadline, ``DEADLINE_EXCEEDED`` past it)."""
 
     module = tritonclient.grpc
+    protocol = "grpc"
 
     def __init__(self, timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s

@@ -49,7 +49,7 @@ def answers(checkpoint: Path, setting: str, urls: dict[str, str]) -> dict[str, d
     return json.loads(line.removeprefix("ANSWERS "))
 
 
-def test_a_server_that_does_not_answer_is_vllms_503_and_a_bad_image_its_400(tmp_path: Path) -> None:
+def test_a_server_that_does_not_answer_is_vllms_503(tmp_path: Path) -> None:
     with socket.socket() as nothing_listens:
         nothing_listens.bind(("127.0.0.1", 0))
         port = nothing_listens.getsockname()[1]
@@ -59,5 +59,16 @@ def test_a_server_that_does_not_answer_is_vllms_503_and_a_bad_image_its_400(tmp_
     print(f"\nvLLM's answer, server down: {got}")
     assert got["photo"]["class"] == "RetryableRequestError" and got["photo"]["code"] == 503
     assert "DeadlineExceededError" in got["photo"]["message"] and f"127.0.0.1:{port}" in got["photo"]["message"]
-    local = answers(checkpoint, "local", {"bad": (CORPUS / "pil__truncated_jpeg.jpg").as_uri()})
-    assert local["bad"]["code"] == 400 and "InvalidImageError" in local["bad"]["message"], local
+
+
+def test_a_bad_image_is_vllms_400_with_our_words_in_process_and_remote(tmp_path: Path, server: str) -> None:
+    """A truncated JPEG (vLLM's loader opens it; decoding finds it short), in process and from a
+    live server: 400, the message the library's class and reason (not vLLM's wrapper's words)."""
+    checkpoint = write_checkpoint(tmp_path / "k25", "kimi-k2.5")
+    bad = {"truncated": (CORPUS / "pil__truncated_jpeg.jpg").as_uri()}
+    for setting in ("local", f"grpc://{server}"):
+        got = answers(checkpoint, setting, bad)
+        print(f"\nvLLM's answers, {setting}: {got}")
+        for name, answer in got.items():
+            assert answer.get("code") == 400, (setting, name, answer)
+            assert answer["message"].startswith("InvalidImageError: truncated image"), answer

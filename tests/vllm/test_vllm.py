@@ -19,10 +19,8 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +29,7 @@ from checkpoints import vllm_environment, write_checkpoint
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
-from make_inputs import CORPUS, corpus_names, kimi_prep_serve  # noqa: E402
+from make_inputs import CORPUS, corpus_names  # noqa: E402
 from reference import reference_preprocess, reference_verdict  # noqa: E402
 
 from kimi_vision_prep import KimiVisionProcessor  # noqa: E402
@@ -46,9 +44,6 @@ SEVERAL = ["sklearn__china.jpg", "pil__hopper.jpg", "pilx__hopper.png", "imagers
 CLIPS = ["video/torchcodec__av1_video.mkv", "video/torchcodec__h265_video.mp4"]
 OURS = "kimi_vision_prep.vllm_processor.VllmKimiProcessor"
 REMOTE = "kimi_vision_client.vllm_processor.VllmRemoteKimiProcessor"
-# What the remote side's server serves: each preset's uint8 image ensemble, K2.5's chunk model.
-SERVED = ("kimi_k25_vision_u8", "kimi_k25_video_chunk", "kimi_k3_vision_u8")
-ROOT = TESTS.parent
 STOCK = "vllm.transformers_utils.processors.kimi_k25_vision_fused.KimiK25FusedVisionProcessor"
 
 
@@ -88,17 +83,6 @@ def all_cases(folder: Path, preset: str) -> dict[str, dict]:
         cases.update({f"bytes:{name}": {"kind": "bytes", "paths": [str(CORPUS / name)]} for name in ACCEPTED})
         cases.update(chunk_cases(folder))
     return cases
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    """A real ``kimi-prep serve`` (the serving environment's) of :data:`SERVED` on free loopback
-    ports: its gRPC address."""
-    venv = Path(os.environ.get("KIMI_SERVING_VENV", ROOT / ".venv"))
-    serve = venv / "bin" / "kimi-prep"
-    assert serve.exists(), f"no {serve}: make setup (or set KIMI_SERVING_VENV) serves the remote side"
-    with kimi_prep_serve([str(serve)], "--models", *SERVED, "--instances", "1", "--threads", "1") as (_, grpc):
-        yield f"127.0.0.1:{grpc}"
 
 
 def run_side(checkpoint: Path, cases: Path, out: Path, setting: str | None) -> None:

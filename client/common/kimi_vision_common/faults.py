@@ -39,7 +39,9 @@ STATUS_CODES: dict[str, str] = {
     "400": "INVALID_ARG",
     "404": "NOT_FOUND",
     "500": "INTERNAL",
+    "502": "UNAVAILABLE",  # a proxy in front found no server behind it
     "503": "UNAVAILABLE",
+    "504": "UNAVAILABLE",  # a proxy in front got no answer in time
     "StatusCode.INVALID_ARGUMENT": "INVALID_ARG",
     "StatusCode.NOT_FOUND": "NOT_FOUND",
     "StatusCode.INTERNAL": "INTERNAL",
@@ -66,6 +68,9 @@ FAULT_RULES: tuple[FaultRule, ...] = (
     ),
     FaultRule("Exceeds maximum queue size", ServerUnavailableError, "Triton: the model's queue is full"),
     FaultRule("Request timeout expired", ServerUnavailableError, "Triton: queued past the queue policy's timeout"),
+    FaultRule(
+        "Failed to increase the shared memory pool size", ServerUnavailableError, "Python backend: its /dev/shm is full"
+    ),
     FaultRule("Unable to open shared memory region", SharedMemoryUnavailableError, "Triton: registering a region"),
     FaultRule("Unable to find shared memory region", SharedMemoryUnavailableError, "Triton: a region it does not know"),
     FaultRule("failed to obtain inference response", DeadlineExceededError, "tritonclient.http: the wait's timeout"),
@@ -105,6 +110,12 @@ def untagged_error(code: str, message: str) -> PreprocessError:
 def got_an_answer(error: PreprocessError) -> bool:
     """Whether the server answered the request that failed with ``error`` (False: it may still run it)."""
     return not isinstance(error, NO_ANSWER)
+
+
+def is_verdict(error: PreprocessError) -> bool:
+    """Whether ``error`` is a verdict on the input (Triton's ``INVALID_ARG``: the same bytes fail
+    the same way anywhere), as opposed to a fault of the server's state or a bug."""
+    return error.triton_code == "INVALID_ARG"
 
 
 def retry_elsewhere(error: PreprocessError) -> bool:

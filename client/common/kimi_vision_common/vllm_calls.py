@@ -6,8 +6,8 @@ trust_remote_code=...)`` with the preset of the checkpoint's ``model_type``, and
 as the ``ValueError`` vLLM answers with HTTP 400 (the typed error chained as its cause, its class
 named in the message); a fault of the server's state (a server that cannot be reached, a stub
 restarting, busy decoders: :class:`~.errors.ServerUnavailableError`) as vLLM's
-``RetryableRequestError``, answered 503: not the request's fault. Building one tells the plugin that
-this process serves a Kimi model.
+``RetryableRequestError``, answered 503; anything else as ``VLLMServerError`` (500): neither is the
+request's fault. Building one tells the plugin that this process serves a Kimi model.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PreprocessError, ServerUnavailableError
+from .faults import is_verdict
 from .processor_api import HUB_OPTIONS
 from .vllm_checks import model_preset
 from .vllm_plugin import KimiProcessingState
@@ -47,23 +48,24 @@ class VllmCalls:
 
 
 def as_value_error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``call(*args, **kwargs)``, a :class:`PreprocessError` of the request raised as ``ValueError``
-    (vLLM's bad input, HTTP 400); a fault of the server's state (:data:`NOT_THE_REQUESTS`) as
-    vLLM's :class:`RetryableRequestError` (HTTP 503: the request was fine, retry it)."""
+    """``call(*args, **kwargs)``, its :class:`PreprocessError` raised as vLLM answers it: a verdict
+    on the input as ``ValueError`` (HTTP 400), a fault of the server's state
+    (:data:`NOT_THE_REQUESTS`) as vLLM's ``RetryableRequestError`` (503: the request was fine, retry
+    it), anything else (a bug, a model not served) as vLLM's ``VLLMServerError`` (500)."""
     try:
         return call(*args, **kwargs)
-    except NOT_THE_REQUESTS as exc:
-        raise retryable(exc) from exc
     except PreprocessError as exc:
-        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+        raise vllm_error(exc) from exc
 
 
-def retryable(exc: PreprocessError) -> Exception:
-    """vLLM's error for a request that failed through no fault of its own and may be sent again
-    (its API server answers 503 Service Unavailable), the class named; ``exc`` itself where this
-    vLLM has no such class."""
+def vllm_error(exc: PreprocessError) -> Exception:
+    """The error vLLM answers for ``exc`` as this module says (:func:`as_value_error`), the class
+    and reason named; ``exc`` itself for a server error where this vLLM has no such classes."""
+    if is_verdict(exc):
+        return ValueError(f"{type(exc).__name__}: {exc}")
     try:
-        from vllm.exceptions import RetryableRequestError
+        from vllm.exceptions import RetryableRequestError, VLLMServerError
     except ImportError:
         return exc
-    return RetryableRequestError(f"{type(exc).__name__}: {exc}")
+    server_error = RetryableRequestError if isinstance(exc, NOT_THE_REQUESTS) else VLLMServerError
+    return server_error(f"{type(exc).__name__}: {exc}")
