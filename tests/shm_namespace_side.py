@@ -8,7 +8,10 @@ It mounts a fresh tmpfs on ``/dev/shm``, starts the server, and leaves free on i
 photo's request needs beside the client's headroom but enough for a small one; then the client, in
 ``auto`` mode, preprocesses both. Written to OUT.json: whether each answer equals the library's in
 process, the free bytes left and the bytes each request needs (its input, then its outputs as the
-server returned them), and the largest region the server had registered after each request.
+server returned them), and the largest region the server had registered after each request; then,
+with room for two large requests' regions, eight sent at once: whether each answer is exact, the
+regions the client holds, and whether tritonserver is still the one it was (a region written past
+a full tmpfs would have killed it with SIGBUS).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from kimi_vision_client.shm_slots import SHM_HEADROOM_BYTES, SHM_ROOT, shm_free_
 from kimi_vision_prep import preprocess_bytes
 
 MODEL = "kimi_k25_vision_u8"
+IN_FLIGHT = 8
 TMPFS_BYTES = 512 << 20
 FILLER = Path(SHM_ROOT) / "kimi_test_filler"
 
@@ -72,6 +76,17 @@ def main(out: Path) -> None:
                     "exact": bool(np.array_equal(result.pixels, expected[name])),
                     "largest_region": max(registered_sizes(server.grpc_url), default=0),
                 }
+        # Room for two large requests' regions beside the headroom, eight of them in flight at once.
+        FILLER.unlink()
+        fill_leaving(SHM_HEADROOM_BYTES + 5 * needs["large"] // 2)
+        tritonserver = server.tritonserver_pid()
+        with KimiVisionClient(server.grpc_url, "grpc", MODEL, use_shared_memory="auto") as client:
+            results = client.preprocess_media([large] * IN_FLIGHT, concurrency=IN_FLIGHT)
+            report["in_flight"] = {
+                "exact": [bool(np.array_equal(getattr(r, "pixels", None), expected["large"])) for r in results],
+                "regions": len(client.shared_memory_regions),
+                "same_tritonserver": server.tritonserver_pid() == tritonserver,
+            }
     finally:
         server.stop()
         FILLER.unlink(missing_ok=True)

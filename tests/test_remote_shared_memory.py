@@ -152,7 +152,9 @@ def test_a_server_with_its_own_dev_shm_gets_the_bytes_on_the_wire(caplog: pytest
 def test_a_request_larger_than_dev_shm_has_room_for_goes_over_the_wire(tmp_path: Path) -> None:
     """Client and server share a ``/dev/shm`` left with room for a small photo's request but not a
     12-megapixel one's (beside the client's headroom): the small one travels in a region, the large
-    one over the wire, both exact (``shm_namespace_side.py`` runs both in one mount namespace)."""
+    one over the wire, both exact. Then, with room for two large regions, eight large requests at
+    once: each region's pages are reserved when it is made, so the rest travel over the wire and
+    nothing writes past the full tmpfs (``shm_namespace_side.py`` runs both in one namespace)."""
     require_tritonserver()
     out = tmp_path / "report.json"
     command = ["unshare", "--mount", "--propagation", "private", sys.executable, str(HERE / "shm_namespace_side.py")]
@@ -165,4 +167,7 @@ def test_a_request_larger_than_dev_shm_has_room_for_goes_over_the_wire(tmp_path:
     assert needs["small"] + headroom <= report["free"] < needs["large"] + headroom
     assert report["needs"]["small"] <= report["small"]["largest_region"] < report["needs"]["large"]
     assert report["large"]["largest_region"] == report["small"]["largest_region"]
+    in_flight = report["in_flight"]
+    assert all(in_flight["exact"]) and in_flight["same_tritonserver"], in_flight
+    assert 1 <= in_flight["regions"] <= 2  # the rest went over the wire: their pages did not fit
 

@@ -13,22 +13,25 @@ Two things make shared memory unsafe to assume, and :class:`SharedMemoryPool` ch
   ``auto`` mode the first registration is the check: Triton opens the region by its key, which
   only the caller's ``/dev/shm`` holds, so a server with its own fails to open it; the pool then
   sends everything over the wire (logged once).
-- **The caller's** ``/dev/shm`` **must hold the region**: tmpfs pages are allocated when written,
-  and a write past a full tmpfs kills the writer with SIGBUS (Docker's default ``/dev/shm`` is
-  64 MiB). A region is only created or grown where ``/dev/shm`` has its size free beyond
-  :data:`SHM_HEADROOM_BYTES`; a request that does not fit goes over the wire.
+- **The caller's** ``/dev/shm`` **must hold the region**: tmpfs pages are allocated when written
+  (the outputs by the server, after the request was sent), and a write past a full tmpfs kills the
+  writer with SIGBUS (Docker's default ``/dev/shm`` is 64 MiB). A region is only created or grown
+  where ``/dev/shm`` has its size free beyond :data:`SHM_HEADROOM_BYTES`, and its pages are
+  reserved when it is made (``posix_fallocate``: other requests, threads and processes cannot take
+  them meanwhile); a request that does not fit goes over the wire.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import uuid
 from typing import Any, Literal
 
 import tritonclient.utils.shared_memory as shm
 
-from kimi_vision_common.errors import DeadlineExceededError, PreprocessError
+from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.faults import got_an_answer
 
 from .deadline import Deadline
@@ -49,19 +52,41 @@ def aligned(byte_size: int, alignment: int) -> int:
     return -(-byte_size // alignment) * alignment
 
 
+def reserve(path: str, byte_size: int) -> None:
+    """Allocate every page of the tmpfs file ``path`` now. A region's pages are otherwise allocated
+    as they are written, its outputs by the server after the request was sent: a tmpfs that fills
+    meanwhile (other requests' regions, other processes) kills the writer with SIGBUS. OSError
+    (ENOSPC) where they do not fit."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, byte_size)
+    finally:
+        os.close(fd)
+
+
 def shm_free_bytes(root: str = SHM_ROOT) -> int:
     """Bytes free on the caller's shared-memory filesystem."""
     return shutil.disk_usage(root).free
 
 
+class NoRoomError(Exception):
+    """``/dev/shm`` cannot hold a region's pages (the request goes over the wire)."""
+
+
 class ShmRegion:
-    """One region of system shared memory created here (not registered: the pool registers it)."""
+    """One region of system shared memory created here (not registered: the pool registers it),
+    its pages reserved on ``/dev/shm`` at once (:class:`NoRoomError` where they do not fit)."""
 
     def __init__(self, byte_size: int) -> None:
         self.name = f"kimi_vision_{uuid.uuid4().hex}"
         self.key = f"/{self.name}"
         self.byte_size = byte_size
         self.handle = shm.create_shared_memory_region(self.name, self.key, byte_size, create_only=True)
+        try:
+            reserve(f"{SHM_ROOT}{self.key}", byte_size)
+        except OSError as exc:
+            self.forget()
+            raise NoRoomError(f"{SHM_ROOT} cannot hold {byte_size >> 20} MiB more ({exc.strerror})") from None
 
     def forget(self) -> None:
         """Unlink and unmap the region here (a server that maps it keeps its mapping until it is
@@ -124,6 +149,10 @@ class SharedMemoryPool:
                 return None
             try:
                 self._grow(client, slot, needed, deadline)
+            except NoRoomError as exc:
+                self._free.append(slot)
+                self._said_no_room(str(exc))
+                return None
             except PreprocessError as error:
                 if self.mode != "auto" or self.checked or not got_an_answer(error):
                     raise
@@ -148,22 +177,25 @@ class SharedMemoryPool:
         free = shm_free_bytes()
         if free >= byte_size + SHM_HEADROOM_BYTES:
             return True
+        self._said_no_room(
+            f"{SHM_ROOT} has {free >> 20} MiB free, too little for a {-(-byte_size >> 20)} MiB region and "
+            f"{SHM_HEADROOM_BYTES >> 20} MiB of headroom"
+        )
+        return False
+
+    def _said_no_room(self, why: str) -> None:
+        """Log once that requests too large for ``/dev/shm`` go over the wire, and ``why``."""
         if not self._said_full:
             self._said_full = True
             log.warning(
-                "kimi-vision-client: %s has %d MiB free, too little for a %d MiB region and %d MiB of headroom: "
-                "such requests go over the wire (raise the container's --shm-size)",
-                SHM_ROOT,
-                free >> 20,
-                -(-byte_size >> 20),
-                SHM_HEADROOM_BYTES >> 20,
+                "kimi-vision-client: %s: such requests go over the wire (raise the container's --shm-size)", why
             )
-        return False
 
     def _grow(self, client: Any, slot: ShmSlot, byte_size: int, deadline: Deadline) -> None:
         """Give ``slot`` a new registered region of ``byte_size``; its old one is unlinked here and
         unregistered later (the server may hold it a moment after answering the request that used
-        it). Raises the registration's failure as the library's class (the slot then has none)."""
+        it). Raises :class:`NoRoomError`, or the registration's failure as the library's class (the
+        slot then has none; a registration that got no answer is unregistered later)."""
         old, slot.region = slot.region, None
         if old is not None:
             old.forget()
@@ -176,7 +208,10 @@ class SharedMemoryPool:
         except Exception as exc:
             region.forget()
             self._free.append(slot)
-            raise error_from_server(exc) from None
+            error = error_from_server(exc)
+            if not got_an_answer(error):  # the server may have registered it all the same
+                self._unregister_later.append(region)
+            raise error from None
         slot.region = region
         self.checked = True
 
@@ -244,10 +279,9 @@ class SharedMemoryPool:
                 self._unregister_later += regions[index:]
                 return
             except Exception as exc:  # the server's failure, whatever its transport calls it
-                error = error_from_server(exc)
-                if isinstance(error, DeadlineExceededError) or SHM_IN_USE in str(exc):
-                    self._unregister_later.append(region)  # stalled, or still held: after the next answer
-                # otherwise gone with the server that had it, or unknown to a new one
+                if not got_an_answer(error_from_server(exc)) or SHM_IN_USE in str(exc):
+                    self._unregister_later.append(region)  # no answer, or still held: after the next answer
+                # otherwise the server's answer: unknown to it (restarted), or gone
 
     def close(self, client: Any, deadline: Deadline) -> None:
         """Unlink every region here, and unregister each from the server while ``deadline`` lasts
