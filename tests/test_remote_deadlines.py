@@ -64,13 +64,27 @@ def photo() -> tuple[bytes, np.ndarray]:
 
 @contextlib.contextmanager
 def stopped(pid: int) -> Iterator[None]:
-    """``pid`` stopped (SIGSTOP) for the block: stuck as a process in a loop or a deadlock is."""
+    """``pid`` (tritonserver) stopped (SIGSTOP) for the block, as a server stuck in a loop is, then
+    resumed."""
     os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
         with contextlib.suppress(ProcessLookupError):  # replaced meanwhile (the watchdog)
             os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def stub_stopped(pid: int) -> Iterator[None]:
+    """A stub stopped (SIGSTOP) for the block and never resumed: ended (SIGKILL) after it unless the
+    watchdog ended it already. A stub thawed after the Python backend failed a request on it
+    crashes, and tritonserver with it (docs/faults.md, step 6)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the watchdog ended it meanwhile
+            os.kill(pid, signal.SIGKILL)
 
 
 def stub_pid(serve: ServeProcess, model: str) -> int:
@@ -197,28 +211,20 @@ def test_close_is_bounded_against_a_stalled_server(serve: ServeProcess, photo: t
 def test_a_stub_that_stopped_answering_is_retried_within_the_deadline(
     serve: ServeProcess, photo: tuple, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The decode step's stub stopped: Triton answers "Stub process ... is not healthy" (then, once
+    """The decode step's stub stopped: Triton answers "Stub process ... is not healthy" (then, while
     the watchdog replaces the stub, that the model is reloading), a fault of the server
-    (ModelRestartingError), asked again while the deadline lasts; once the stub answers (resumed,
-    or replaced) the call returns the exact pixels."""
+    (ModelRestartingError), asked again while the deadline lasts; once the new stub answers, the
+    call returns the exact pixels."""
     data, expected = photo
     remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=SERVE_START_BUDGET_S)
     assert np.array_equal(remote.preprocess(images(data, 1), **UINT8)["pixel_values"], expected)
     caplog.set_level(logging.DEBUG, logger="kimi_vision_client.remote")
-    outcome: list[Any] = []
-    with stopped(stub_pid(serve, DECODE_STEP)):
-        caller = threading.Thread(target=lambda: outcome.append(answer(remote, data)))
-        caller.start()
-        give_up = time.monotonic() + SERVE_START_BUDGET_S
-        while not any("ModelRestartingError" in record.getMessage() for record in caplog.records):
-            assert caller.is_alive(), f"the call ended before the server reported the stub: {outcome}"
-            assert time.monotonic() < give_up, "the stopped stub was never reported"
-            time.sleep(0.1)
-    caller.join(FAILSAFE_S)
+    with stub_stopped(stub_pid(serve, DECODE_STEP)):
+        took, outcome = in_a_new_thread(lambda: answer(remote, data))
     retries = [r.getMessage() for r in caplog.records if "asking again" in r.getMessage()]
-    print(f"\nstopped stub: {len(retries)} retries, first: {retries[0][:160]}")
-    assert outcome and isinstance(outcome[0], np.ndarray), outcome
-    assert np.array_equal(outcome[0], expected)
+    print(f"\nstopped stub: answered after {took:.2f} s, {len(retries)} retries, first: {retries[:1]}")
+    assert any("ModelRestartingError" in message for message in retries), retries
+    assert isinstance(outcome, np.ndarray) and np.array_equal(outcome, expected), outcome
     remote.close()
 
 
@@ -227,7 +233,7 @@ def test_a_stub_that_stopped_answering_is_answered_by_the_fallback(serve: ServeP
     is answered in process, exactly, and counted."""
     data, expected = photo
     remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=1.0, fallback=KimiVisionProcessor())
-    with stopped(stub_pid(serve, DECODE_STEP)):
+    with stub_stopped(stub_pid(serve, DECODE_STEP)):
         _, outcome = in_a_new_thread(lambda: answer(remote, data))
     assert isinstance(outcome, np.ndarray) and np.array_equal(outcome, expected)
     assert remote.fallbacks == 1
@@ -239,3 +245,26 @@ def answer(remote: RemoteKimiProcessor, data: bytes) -> np.ndarray | PreprocessE
         return remote.preprocess(images(data, 1), **UINT8)["pixel_values"]
     except PreprocessError as exc:
         return exc
+
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_client_keeps_a_calls_deadline_and_a_bounded_close_over_both_protocols(
+    serve: ServeProcess, photo: tuple, protocol: str
+) -> None:
+    """A fresh ``KimiVisionClient`` against a stalled server, over HTTP and gRPC: ``infer`` and
+    ``preprocess_images`` given a deadline end by it (every call on the way: readiness and config
+    on first use, the request, a resend) with DeadlineExceededError; ``close()`` within its own."""
+    data, _ = photo
+    url = f"127.0.0.1:{serve.ports[0]}" if protocol == "http" else serve.grpc_url
+    client = KimiVisionClient(url, protocol, MODEL)
+    with stopped(serve.tritonserver_pid()):
+        for call in (lambda: client.infer(data, deadline=DEADLINE_S),
+                     lambda: client.preprocess_images([data, data], deadline=DEADLINE_S)):  # fmt: skip
+            took, outcome = in_a_new_thread(call)
+            print(f"\n{protocol}, stalled server: {type(outcome).__name__} after {took:.2f} s")
+            assert isinstance(outcome, DeadlineExceededError), outcome
+            assert took < DEADLINE_S + SLACK_S
+        took, outcome = in_a_new_thread(client.close)
+    print(f"{protocol} close(), stalled server: {took:.2f} s")
+    assert outcome is None and took < CLOSE_DEADLINE_S + SLACK_S

@@ -149,10 +149,12 @@ class KimiVisionClient:
     def close(self, deadline: Deadline | float | None = CLOSE_DEADLINE_S) -> None:
         """Unlink every shared-memory region here and unregister it from the server within
         ``deadline`` (default :data:`CLOSE_DEADLINE_S`; a stalled server keeps them until it
-        stops), then close the connections. Never raises for the server's state."""
-        self._shm.close(self._client, as_deadline(deadline))
+        stops), then close the connections (within the same deadline: over HTTP, requests still
+        running end by the connection's network timeout). Never raises for the server's state."""
+        deadline = as_deadline(deadline)
+        self._shm.close(self._client, deadline)
         for client in self._replicas.clients():
-            client.close()
+            self._adapter.close(client, deadline.left())
 
     def __enter__(self) -> KimiVisionClient:
         return self

@@ -1,21 +1,24 @@
 """What differs between tritonclient's HTTP and gRPC clients, in one place.
 
 :data:`ADAPTERS` holds one adapter per protocol. Every call takes its own ``timeout_s`` (the time
-left of the caller's deadline, :mod:`.deadline`): gRPC bounds each call by it; tritonclient's HTTP
-client has one network timeout per connection (``timeout_s`` at connect), so over HTTP only
-inference waits are bounded per call.
+left of the caller's deadline, :mod:`.deadline`): gRPC bounds each call by it (its deadline);
+tritonclient's HTTP calls take none, so the HTTP adapter bounds each with a gevent timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+import gevent
 import tritonclient.grpc
 import tritonclient.http
 import tritonclient.utils
+
+from kimi_vision_common.errors import DeadlineExceededError
 
 Waiter = Callable[[], Any]  # returns the result, or raises the server's error
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1  # tritonclient's own limit: no message is refused for its size
@@ -35,7 +38,8 @@ def queue_timeout_us(timeout_s: float | None) -> int | None:
 
 class HttpAdapter:
     """tritonclient.http: requests are gevent greenlets, a result is fetched with ``get_result``.
-    ``timeout_s``: the connection's network timeout (every call on it)."""
+    ``timeout_s``: the connection's network timeout; each call is bounded by its own ``timeout_s``
+    too (a gevent timeout in the calling greenlet: tritonclient.http's calls take none)."""
 
     module = tritonclient.http
     protocol = "http"
@@ -56,24 +60,39 @@ class HttpAdapter:
         return lambda: request.get_result(block=True, timeout=wait)
 
     def is_server_live(self, client: Any, timeout_s: float | None) -> bool:
-        return client.is_server_live()
+        return within(timeout_s, client.is_server_live)
 
     def is_model_ready(self, client: Any, model: str, timeout_s: float | None) -> bool:
-        return client.is_model_ready(model)
+        return within(timeout_s, client.is_model_ready, model)
 
     def model_config(self, client: Any, model: str, timeout_s: float | None) -> dict[str, Any]:
-        return client.get_model_config(model)
+        return within(timeout_s, client.get_model_config, model)
 
     def register_shm(
         self, client: Any, name: str, key: str, byte_size: int, *, headers: Any, timeout_s: float | None
     ) -> None:
-        client.register_system_shared_memory(name, key, byte_size, headers=headers)
+        within(timeout_s, client.register_system_shared_memory, name, key, byte_size, headers=headers)
 
     def unregister_shm(self, client: Any, name: str, *, headers: Any, timeout_s: float | None) -> None:
-        client.unregister_system_shared_memory(name, headers=headers)
+        within(timeout_s, client.unregister_system_shared_memory, name, headers=headers)
+
+    def close(self, client: Any, timeout_s: float | None) -> None:
+        """Close ``client`` (it waits for its requests still running: at most ``timeout_s``; those
+        end by the connection's network timeout)."""
+        with contextlib.suppress(DeadlineExceededError):
+            within(timeout_s, client.close)
 
     def output_shape(self, result: Any, name: str) -> list[int]:
         return list(result.get_output(name)["shape"])
+
+
+def within(timeout_s: float | None, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` (a tritonclient.http call), :class:`DeadlineExceededError` past
+    ``timeout_s`` (None: no bound)."""
+    if timeout_s is None:
+        return call(*args, **kwargs)
+    with gevent.Timeout(timeout_s, DeadlineExceededError(f"no answer within {timeout_s:.3g} s")):
+        return call(*args, **kwargs)
 
 
 class GrpcAdapter:
@@ -126,6 +145,10 @@ class GrpcAdapter:
 
     def unregister_shm(self, client: Any, name: str, *, headers: Any, timeout_s: float | None) -> None:
         client.unregister_system_shared_memory(name, headers=headers, client_timeout=timeout_s)
+
+    def close(self, client: Any, timeout_s: float | None) -> None:
+        """Close ``client`` (gRPC cancels what is still running on it)."""
+        client.close()
 
     def output_shape(self, result: Any, name: str) -> list[int]:
         return list(result.get_output(name).shape)
