@@ -40,8 +40,10 @@ from .probes import ProbeServer
 from .render_blocks import SERVING_DEFAULTS
 from .repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
+from .stub_scan import StubProcess, end_process, stub_processes, stubs_in_group
 from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver, patchify_library
-from .watchdog import RepositoryError, StubProcess, StubWatchdog, end_process, stub_processes, stubs_in_group
+from .triton_repository import RepositoryError
+from .watchdog import StubWatchdog
 
 # One FP32 PIXEL_VALUES of a 1920x1080 image is ~25 MiB, K3's largest ~145 MiB: start each stub's
 # shared-memory pool large enough for typical images and grow it in big steps.

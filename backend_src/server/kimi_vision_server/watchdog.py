@@ -51,34 +51,13 @@ from dataclasses import replace
 from pathlib import Path
 
 # stub_scan's and stub_activity's readings and signals are called through their modules, as the
-# recovery calls them: the scripted scans of tests/test_watchdog.py replace them in one place.
+# recovery calls them: the scripted server of tests/scripted_triton.py replaces them in one place.
 from . import stub_activity, stub_scan
 from .recovery import ModelRecovery, RecoveryTimes
 from .stub_activity import Progress, progress_after, stuck_reason, waiting_reason
-from .stub_scan import (
-    StubProcess,
-    death_cause,
-    describe_exit,
-    end_process,
-    process_start_ticks,
-    stub_processes,
-    stubs_in_group,
-)
+from .stub_scan import StubProcess, death_cause, describe_exit
 from .triton_repository import READY, UNLOADED, RepositoryError, TritonRepository
 from .watchdog_state import PendingRecovery, WatchdogState
-
-# Names other modules import from here, owned by the modules that define them.
-__all__ = [
-    "SERVER_QUICK_EXIT_S",
-    "RepositoryError",
-    "StubProcess",
-    "StubWatchdog",
-    "end_process",
-    "process_start_ticks",
-    "stub_processes",
-    "stubs_in_group",
-    "watchdog_thread_name",
-]
 
 log = logging.getLogger(__name__)
 
