@@ -10,6 +10,7 @@ waits here only keep a broken recovery from hanging the suite.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -569,13 +570,8 @@ def test_a_stub_busy_longer_than_stuck_after_s_is_not_taken_for_stuck(tmp_path: 
     (tmp_path / "busy" / "1" / "model.py").write_text(BUSY_MODEL)
     with EmbeddedServer(model_repository=tmp_path, probe_port=free_port()) as server:
         time.sleep(2 * STUB_SCAN_S)  # a scan has seen the stub
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        seconds = 2 * STUB_SCAN_S + 2 * STUCK_AFTER_S
-        tensor = grpcclient.InferInput("X", [1], "INT32")
-        tensor.set_data_from_numpy(np.array([seconds], dtype=np.int32))
-        answer = client.infer("busy", [tensor], client_timeout=CLIENT_TIMEOUT_S).as_numpy("Y").tolist()
-        client.close()
-        assert answer == [int(seconds)]
+        seconds = int(2 * STUB_SCAN_S + 2 * STUCK_AFTER_S)
+        assert answers(server, "busy", [seconds]) == [seconds]
         assert counter(server, STUCK, "busy") == 0 and counter(server, RECOVERIES, "busy") == 0
         assert probe(server, "/readyz")[0] == 200
 
@@ -677,23 +673,38 @@ def busy_server(folder: Path) -> EmbeddedServer:
     return EmbeddedServer(model_repository=folder, probe_port=free_port())
 
 
-def busy_answers(server: EmbeddedServer) -> list[int] | str:
-    """What ``busy`` answers to a request of 0 s: its output, or the server's error."""
+def answers(server: EmbeddedServer, model: str, x: list) -> list | str:
+    """What ``model`` (X in, Y out, int32) answers to X = ``x``: Y as a list, or the server's error."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    tensor = grpcclient.InferInput("X", [1], "INT32")
-    tensor.set_data_from_numpy(np.array([0], dtype=np.int32))
+    tensor = grpcclient.InferInput("X", list(np.shape(x)), "INT32")
+    tensor.set_data_from_numpy(np.array(x, dtype=np.int32))
     try:
-        return client.infer("busy", [tensor], client_timeout=CLIENT_TIMEOUT_S).as_numpy("Y").tolist()
+        return client.infer(model, [tensor], client_timeout=CLIENT_TIMEOUT_S).as_numpy("Y").tolist()
     except InferenceServerException as exc:
         return f"{exc.status()}: {exc.message()}"
     finally:
         client.close()
 
 
-def the_busy_stub(server: EmbeddedServer) -> StubProcess:
+def busy_answers(server: EmbeddedServer) -> list | str:
+    """What ``busy`` answers to a request of 0 s."""
+    return answers(server, "busy", [0])
+
+
+def the_stub(server: EmbeddedServer, instance: str) -> StubProcess:
     assert server.process is not None
-    (stub,) = [s for s in stub_processes(server.process.pid) if s.model == "busy" and not s.zombie]
+    (stub,) = [s for s in stub_processes(server.process.pid) if s.instance == instance and not s.zombie]
     return stub
+
+
+@contextlib.contextmanager
+def serving_busy(folder: Path) -> Iterator[tuple[EmbeddedServer, StubProcess]]:
+    """A started :func:`busy_server` that has answered and is ready, and its stub."""
+    require_tritonserver()
+    with busy_server(folder) as server:
+        assert busy_answers(server) == [0]
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the freeze")
+        yield server, the_stub(server, "busy_0_0")
 
 
 @pytest.mark.parametrize("way", FROZEN_WAYS)
@@ -703,12 +714,8 @@ def test_a_stub_frozen_while_no_request_comes_is_left_alone_and_serves_after(
     """docs/faults.md step 6: a stub frozen in its cgroup past ``stuck_after_s`` has not run, but
     only waits: the watchdog logs it waiting, neither counts it stuck nor ends it, and, thawed
     another ``stuck_after_s`` later, the same stub answers."""
-    require_tritonserver()
     caplog.set_level(logging.WARNING, logger="kimi_vision_server.watchdog")
-    with busy_server(tmp_path) as server:
-        assert busy_answers(server) == [0]
-        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the freeze")
-        stub = the_busy_stub(server)
+    with serving_busy(tmp_path) as (server, stub):
         with cgroup_holds.hold(stub.pid, way):
             frozen_at = time.monotonic()
             wait_for(lambda: "is waiting, not stuck" in caplog.text or counter(server, STUCK, "busy") > 0, "a verdict")
@@ -719,7 +726,7 @@ def test_a_stub_frozen_while_no_request_comes_is_left_alone_and_serves_after(
         print(f"\n{way} of {stub.instance} for {held_s:.1f} s: logged waiting after {seen_s:.1f} s; after: {answer}")
         assert counter(server, STUCK, "busy") == 0 and counter(server, DEATHS, "busy") == 0
         assert f"{stub.instance} (pid {stub.pid}) has not run for" in caplog.text
-        assert answer == [0] and the_busy_stub(server).identity == stub.identity
+        assert answer == [0] and the_stub(server, "busy_0_0").identity == stub.identity
         assert counter(server, RECOVERIES, "busy") == 0 and restarts(server) == 0
 
 
@@ -729,11 +736,7 @@ def test_a_frozen_stub_a_request_failed_on_is_ended_while_frozen_and_replaced(tm
     healthy), and that stub would crash when thawed (it reads the request the backend freed), which
     takes tritonserver down at the next request. So once it has not run for ``stuck_after_s`` it is
     counted stuck and ended while still frozen; its model is reloaded, and serves, on the same server."""
-    require_tritonserver()
-    with busy_server(tmp_path) as server:
-        assert busy_answers(server) == [0]
-        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the freeze")
-        stub = the_busy_stub(server)
+    with serving_busy(tmp_path) as (server, stub):
         with cgroup_holds.hold(stub.pid, way):
             frozen_at = time.monotonic()
             during = busy_answers(server)
@@ -748,4 +751,4 @@ def test_a_frozen_stub_a_request_failed_on_is_ended_while_frozen_and_replaced(tm
         assert "not healthy" in str(during)
         assert counter(server, DEATHS, "busy") == 0 and restarts(server) == 0
         assert counter(server, RECOVERIES, "busy") == 1
-        assert the_busy_stub(server).identity != stub.identity
+        assert the_stub(server, "busy_0_0").identity != stub.identity
