@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ MODEL = "kimi_k25_decode"
 
 class ScriptedServer:
     """What the watchdog reads of tritonserver: its stub processes (and what /proc tells of their
-    threads), its repository API and its model's failed requests. A load
+    threads), its repository API and its model's failed requests on the metrics port. A load
     starts ``instances`` stubs of the model, as tritonserver does: after an unload, or where the
     model's version folder in ``repository`` is newer than at the last load (else it keeps the
     instances); nothing else changes unless a test says so."""
@@ -39,7 +40,10 @@ class ScriptedServer:
         self.scheduled: dict[int, int] = {}  # times each stub's threads were put on a CPU, where counted
         self.thread_states: dict[int, str] = {}  # each stub's threads' states (/proc), where not all "S"
         self.frozen: set[int] = set()  # stubs whose cgroup is frozen
-        self.failed = 0  # the model's requests that failed (its statistics)
+        # The model's failed requests by Triton's reason (nv_inference_request_failure): BACKEND where
+        # the backend failed one (a stub not healthy), REJECTED / CANCELED where its queue let one go.
+        # An error a model instance answers (a refused image) is a success to Triton: none of these.
+        self.failures: Counter[str] = Counter()
         self.states = {MODEL: READY}
         self.loads: list[str] = []
         self.unloads: list[str] = []
@@ -94,8 +98,8 @@ class ScriptedServer:
     def model_states(self) -> dict[str, str]:
         return dict(self.states)
 
-    def failed_requests(self, model: str) -> int:
-        return self.failed
+    def backend_failures(self, model: str) -> int:
+        return self.failures["BACKEND"]
 
     def unload(self, model: str) -> None:
         self.unloads.append(model)
@@ -126,6 +130,7 @@ def watched(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch, **settings:
     return StubWatchdog(
         server,  # type: ignore[arg-type]
         "127.0.0.1:1",
+        "127.0.0.1:2",
         model_repository=server.repository,
         replaced_idle_s=REPLACED_IDLE_S,
         stuck_after_s=STUCK_AFTER_S,

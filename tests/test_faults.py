@@ -10,10 +10,12 @@ waits here only keep a broken recovery from hanging the suite.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import inspect
 import itertools
+import json
 import logging
 import os
 import signal
@@ -752,3 +754,103 @@ def test_a_frozen_stub_a_request_failed_on_is_ended_while_frozen_and_replaced(tm
         assert counter(server, DEATHS, "busy") == 0 and restarts(server) == 0
         assert counter(server, RECOVERIES, "busy") == 1
         assert the_stub(server, "busy_0_0").identity != stub.identity
+
+
+# Two instances: pair_0_0 takes every request, pair_1_0 is passive (loaded, its stub running, never
+# scheduled), so that which instance a request reaches is Triton's certainty, not its timing. A
+# request waits in the queue at most 0.5 s; a negative X is refused (an error the model answers).
+PAIR_QUEUE_TIMEOUT_S = 0.5
+PAIR_CONFIG = f"""name: "pair"
+backend: "python"
+max_batch_size: 1
+dynamic_batching {{
+  default_queue_policy {{ timeout_action: REJECT default_timeout_microseconds: {int(PAIR_QUEUE_TIMEOUT_S * 1e6)} }}
+}}
+input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }}, {{ count: 1 kind: KIND_CPU passive: true }} ]
+"""
+PAIR_MODEL = '''import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if x.flat[0] < 0:
+                refused = pb_utils.TritonError("refused", pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse([], error=refused))
+                continue
+            end = time.monotonic() + float(x.flat[0])
+            while time.monotonic() < end:  # busy in Python the whole time
+                pass
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+        return responses
+'''
+
+
+def pair_answers(server: EmbeddedServer, seconds: int) -> list | str:
+    """What ``pair`` answers to a request of ``seconds`` (negative: refused)."""
+    return answers(server, "pair", [[seconds]])
+
+
+def triton_failures(server: EmbeddedServer, model: str) -> dict[str, float]:
+    """tritonserver's failed requests of ``model`` by reason (its metrics port), and ``fail``: the
+    count its statistics API gives (``inference_stats.fail.count``)."""
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
+        text = response.read().decode()
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=30) as response:
+        stats = json.load(response)["model_stats"]
+    reasons = {}
+    for line in text.splitlines():
+        if line.startswith("nv_inference_request_failure{") and f'model="{model}"' in line:
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            reasons[reason] = reasons.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+    return reasons | {"fail": float(sum(s["inference_stats"]["fail"]["count"] for s in stats))}
+
+
+@pytest.mark.parametrize("way", FROZEN_WAYS)
+def test_a_frozen_stub_is_left_alone_while_its_models_other_instance_refuses_and_its_queue_times_out(
+    tmp_path: Path, way: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/faults.md step 6: ``pair``'s passive stub frozen past ``stuck_after_s`` while its other
+    instance refuses a request and runs a long one, and two requests queued behind that one time
+    out (Triton's statistics count them failed). None reached the frozen stub: it is left alone,
+    and runs on after the thaw; no reload."""
+    require_tritonserver()
+    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watchdog")
+    (tmp_path / "pair" / "1").mkdir(parents=True)
+    (tmp_path / "pair" / "config.pbtxt").write_text(PAIR_CONFIG)
+    (tmp_path / "pair" / "1" / "model.py").write_text(PAIR_MODEL)
+    with EmbeddedServer(model_repository=tmp_path, probe_port=free_port()) as server:
+        assert pair_answers(server, 0) == [[0]]
+        wait_for(lambda: probe(server, "/readyz")[0] == 200, "/readyz 200 before the freeze")
+        frozen = the_stub(server, "pair_1_0")
+        before = triton_failures(server, "pair")
+        with cgroup_holds.hold(frozen.pid, way):
+            # Waiting, and its model's backend failures read long before the requests below.
+            wait_for(lambda: "is waiting, not stuck" in caplog.text or counter(server, STUCK, "pair") > 0, "a verdict")
+            refused = pair_answers(server, -1)
+            with concurrent.futures.ThreadPoolExecutor(3) as pool:
+                idle_ticks = the_stub(server, "pair_0_0").cpu_ticks
+                long = pool.submit(pair_answers, server, int(2 * STUCK_AFTER_S))
+                # Running (0.1 s of CPU, an idle stub's health thread takes a tick now and then):
+                # the two sent now queue behind it until their timeout.
+                wait_for(lambda: the_stub(server, "pair_0_0").cpu_ticks > idle_ticks + 10, "the long request")
+                queued = [pool.submit(pair_answers, server, 0) for _ in range(2)]
+                answers = [long.result(), *(future.result() for future in queued)]
+            time.sleep(STUCK_AFTER_S)  # scans after the timeouts, the stub still frozen
+            during = triton_failures(server, "pair")
+        after = pair_answers(server, 0)
+        print(f"\n{way} of {frozen.instance}: {refused!r}, {answers}; failures {before} -> {during}; after: {after}")
+        assert "INVALID_ARGUMENT: refused" in str(refused)
+        assert answers[0] == [[int(2 * STUCK_AFTER_S)]] and all("timeout expired" in str(a) for a in answers[1:])
+        # The refused request is a success to Triton; the two timeouts are its failures, not the backend's.
+        assert during["fail"] - before["fail"] == 2 and during["REJECTED"] - before["REJECTED"] == 2
+        assert during["BACKEND"] == before["BACKEND"]
+        assert counter(server, STUCK, "pair") == 0 and counter(server, RECOVERIES, "pair") == 0
+        assert after == [[0]] and the_stub(server, "pair_1_0").identity == frozen.identity
+        assert counter(server, DEATHS, "pair") == 0 and restarts(server) == 0

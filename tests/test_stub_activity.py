@@ -2,7 +2,7 @@
 tells of real processes held the ways the kernel holds a stub: stopped (SIGSTOP), frozen in a
 cgroup (v2 and v1), throttled by a CPU quota (tests/cgroup_holds.py).
 
-tests/test_watchdog.py drives the watchdog through scripted scans of these states, and
+tests/test_stuck_stubs.py drives the watchdog through scripted scans of these states, and
 tests/test_faults.py freezes a real tritonserver's stub.
 """
 
@@ -62,24 +62,24 @@ STUCK_AFTER_S = 2.0
 
 
 @pytest.mark.parametrize(("states", "frozen"), WAITING.values(), ids=list(WAITING))
-def test_a_waiting_stub_is_stuck_only_once_a_request_of_its_model_failed_meanwhile(states: str, frozen: bool) -> None:
+def test_a_waiting_stub_is_stuck_only_once_the_backend_failed_a_request_of_its_model(states: str, frozen: bool) -> None:
     waiting = Activity(10, states, frozen)
-    progress = stub_activity.Progress(10, seen_at=0.0, waited_s=STUCK_AFTER_S, failed_before=4)
-    assert stub_activity.stuck_reason(progress, waiting, failed_now=4, stuck_after_s=STUCK_AFTER_S) is None
-    assert stub_activity.stuck_reason(progress, waiting, failed_now=None, stuck_after_s=STUCK_AFTER_S) is None
-    why = stub_activity.stuck_reason(progress, waiting, failed_now=5, stuck_after_s=STUCK_AFTER_S)
-    assert why is not None and "a request of its model failed" in why
+    progress = stub_activity.Progress(10, seen_at=0.0, waited_s=STUCK_AFTER_S, backend_failures_before=4)
+    assert stub_activity.stuck_reason(progress, waiting, 4, STUCK_AFTER_S) is None
+    assert stub_activity.stuck_reason(progress, waiting, None, STUCK_AFTER_S) is None  # not known
+    why = stub_activity.stuck_reason(progress, waiting, 5, STUCK_AFTER_S)
+    assert why is not None and "failed a request of its model" in why
     early = dataclasses.replace(progress, waited_s=STUCK_AFTER_S / 2)
-    assert stub_activity.stuck_reason(early, waiting, failed_now=5, stuck_after_s=STUCK_AFTER_S) is None
+    assert stub_activity.stuck_reason(early, waiting, 5, STUCK_AFTER_S) is None
 
 
 @pytest.mark.parametrize("states", STOPPED_OR_DEADLOCKED.values(), ids=list(STOPPED_OR_DEADLOCKED))
 def test_a_stub_stopped_or_deadlocked_for_stuck_after_s_is_stuck_whatever_its_model_did(states: str) -> None:
     progress = stub_activity.Progress(10, seen_at=0.0, stalled_s=STUCK_AFTER_S)
-    why = stub_activity.stuck_reason(progress, Activity(10, states), failed_now=None, stuck_after_s=STUCK_AFTER_S)
+    why = stub_activity.stuck_reason(progress, Activity(10, states), None, STUCK_AFTER_S)
     assert why is not None and f"in state {''.join(sorted(set(states)))}" in why
     early = dataclasses.replace(progress, stalled_s=STUCK_AFTER_S / 2)
-    assert stub_activity.stuck_reason(early, Activity(10, states), failed_now=9, stuck_after_s=STUCK_AFTER_S) is None
+    assert stub_activity.stuck_reason(early, Activity(10, states), 9, STUCK_AFTER_S) is None
 
 
 # -- what /proc tells of real processes ----------------------------------------------------------

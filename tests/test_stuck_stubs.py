@@ -1,6 +1,7 @@
 """The stub watchdog's judgement of stubs that stop running, one scripted scan at a time
 (tests/scripted_triton.py): stopped or deadlocked stubs are ended and replaced, waiting ones are
-left to run again unless a request of their model failed meanwhile (kimi_vision_server.stub_activity).
+left to run again unless the Python backend failed a request of their model meanwhile
+(kimi_vision_server.stub_activity).
 
 tests/test_faults.py stops and freezes stubs of a real tritonserver.
 """
@@ -88,7 +89,7 @@ def test_a_waiting_stub_is_left_alone_however_long_and_logged_once(
 
 
 @pytest.mark.parametrize(("states", "frozen"), WAITING.values(), ids=list(WAITING))
-def test_a_waiting_stub_is_ended_once_a_request_of_its_model_failed_meanwhile(
+def test_a_waiting_stub_is_ended_once_the_backend_failed_a_request_of_its_model_meanwhile(
     scripted, states: str, frozen: bool
 ) -> None:
     """The Python backend failed a request on it (not healthy): resumed, it would read the freed
@@ -98,13 +99,38 @@ def test_a_waiting_stub_is_ended_once_a_request_of_its_model_failed_meanwhile(
     server.run(held)
     guard.poll_once()
     server.hold(held, states, frozen)
-    guard.poll_once()  # found not running: its model's failed requests counted from here
-    server.failed += 1
+    guard.poll_once()  # found not running: its model's backend failures counted from here
+    server.failures["BACKEND"] += 1
     guard.poll_once()
     assert not server.stubs[held].zombie  # not yet stuck_after_s
     time.sleep(STUCK_AFTER_S)
     guard.poll_once()
     assert server.stubs[held].zombie and stuck(guard) == 1 and server.loads == [MODEL]
+
+
+@pytest.mark.parametrize(("states", "frozen"), WAITING.values(), ids=list(WAITING))
+def test_a_waiting_stub_is_left_alone_while_its_models_other_instance_refuses_images_and_the_queue_fails_requests(
+    scripted, states: str, frozen: bool
+) -> None:
+    """The model's other instance answers every request meanwhile, refused images among them (a
+    success to Triton), and Triton's queue lets requests go (timeouts, cancelled clients): none
+    reached the waiting stub, so it is left alone however long it waits. A request the backend
+    fails after that (not healthy) gets it ended."""
+    server, guard = scripted
+    held, serving = sorted(server.stubs)
+    for pid in (held, serving):
+        server.run(pid)
+    guard.poll_once()
+    server.hold(held, states, frozen)
+    for _ in range(3):
+        server.run(serving)  # answering, refused images too: no failure counted
+        server.failures.update(REJECTED=2, CANCELED=3)
+        time.sleep(STUCK_AFTER_S)
+        guard.poll_once()
+    assert not server.stubs[held].zombie and stuck(guard) == 0 and server.loads == []
+    server.failures["BACKEND"] += 1
+    guard.poll_once()
+    assert server.stubs[held].zombie and stuck(guard) == 1 and not server.stubs[serving].zombie
 
 
 def test_readiness_is_false_from_a_stuck_stub_until_its_model_is_reloaded(scripted, monkeypatch) -> None:

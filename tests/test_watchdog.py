@@ -188,6 +188,34 @@ def test_marking_a_folder_changed_moves_its_mtime_past_the_last_one(tmp_path: Pa
     assert triton_repository.version_folders(tmp_path) == [folder]
 
 
+# tritonserver 2.51's metrics text as its metrics port serves it (one sample per model, version and
+# reason), with a second version of the model and a model whose name begins with the model's.
+TRITON_METRICS = f"""# HELP nv_inference_request_success Number of successful inference requests, all batch sizes
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{{model="{MODEL}",version="1"}} 40
+# HELP nv_inference_request_failure Number of failed inference requests, all batch sizes
+# TYPE nv_inference_request_failure counter
+nv_inference_request_failure{{model="{MODEL}",reason="OTHER",version="1"}} 1
+nv_inference_request_failure{{model="{MODEL}",reason="BACKEND",version="1"}} 2
+nv_inference_request_failure{{model="{MODEL}",reason="CANCELED",version="1"}} 22
+nv_inference_request_failure{{model="{MODEL}",reason="REJECTED",version="1"}} 23
+nv_inference_request_failure{{model="{MODEL}",reason="BACKEND",version="2"}} 3
+nv_inference_request_failure{{model="{MODEL}_u8",reason="BACKEND",version="1"}} 7
+# HELP kimi_prep_errors_total Failed requests, by error reason
+# TYPE kimi_prep_errors_total counter
+kimi_prep_errors_total{{instance="{MODEL}_0_0",model="{MODEL}",reason="invalid_image"}} 5
+"""
+
+
+def test_backend_failures_are_the_backend_reasons_samples_of_the_model_over_its_versions() -> None:
+    """Neither Triton's queue timeouts (REJECTED), cancelled clients (CANCELED), its checks before
+    execution (OTHER), another model, nor the errors a model answered (kimi_prep_errors_total)."""
+    assert triton_repository.backend_failures_in(TRITON_METRICS, MODEL) == 2 + 3
+    assert triton_repository.backend_failures_in(TRITON_METRICS, f"{MODEL}_u8") == 7
+    assert triton_repository.backend_failures_in(TRITON_METRICS, "kimi_k3_decode") is None  # not loaded
+    assert triton_repository.backend_failures_in("", MODEL) is None  # metrics off
+
+
 def test_a_model_with_no_other_live_instance_is_reloaded_by_unload_and_load(tmp_path: Path, monkeypatch) -> None:
     """With one instance, dead, nothing would serve while a new version loads in the background,
     and each request would wait 1 s at the dead stub: unload (NOT_FOUND at once) and load."""

@@ -393,9 +393,14 @@ def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
         remove_shm_regions(shm_prefix)
         return start_server()
 
-    http_url = f"{access.connect_host}:{spec.ports.http}"
+    http_url, metrics_url = (f"{access.connect_host}:{port}" for port in (spec.ports.http, spec.ports.metrics))
     watchdog = StubWatchdog(
-        start_server(), http_url, model_repository=repository, headers=access.headers("http"), restart=start_again
+        start_server(),
+        http_url,
+        metrics_url,
+        model_repository=repository,
+        headers=access.headers("http"),
+        restart=start_again,
     )
     stopped = ServerStop()
     stack.callback(stopped.stop, watchdog)

@@ -21,12 +21,15 @@ Python code alone is not seen here: its health thread keeps beating, so its coun
 (and the Python backend keeps waiting for it).
 
 A stub that has not run for the watchdog's ``stuck_after_s`` is **stuck** (:func:`stuck_reason`)
-where that time was all its own, or where it waited but a request of its model failed since it
-stopped running. The Python backend gives a stub 1 s to take or answer a request, then fails it as
+where that time was all its own, or where it waited but the Python backend failed a request of its
+model since it stopped running (its backend failures, :mod:`.triton_repository`: a request no
+instance answered, never an error a model instance answered, nor Triton's queue timeouts and
+cancellations). The Python backend gives a stub 1 s to take or answer a request, then fails it as
 "not healthy" and frees what it shared with the stub for it; a stub that runs again after that
 reads the freed request and dies (SIGSEGV), and tritonserver aborts at its next request to that
 instance (a lock the dead stub held, docs/faults.md). Ended while it still waits, it is replaced
-by a reload and the server lives. A stub that waited while no request came resumes and serves.
+by a reload and the server lives. A stub that waited while no request came, or while its model's
+other instances answered every request (refused images too), resumes and serves.
 
 The time between two scans is judged by the second one's reading (a scan every 0.5 s).
 """
@@ -71,14 +74,14 @@ class Progress:
     """What the scans saw of one stub: its :attr:`Activity.scheduled` at the last scan (at
     ``seen_at``, monotonic seconds) and, since that count last grew, for how long nothing explained
     its threads not running (``stalled_s``) and for how long something did (``waited_s``);
-    ``failed_before``: its model's failed requests when a scan first found it not running (None
-    until read)."""
+    ``backend_failures_before``: its model's backend failures when a scan first found it not
+    running (None until read)."""
 
     scheduled: int
     seen_at: float
     stalled_s: float = 0.0
     waited_s: float = 0.0
-    failed_before: int | None = None
+    backend_failures_before: int | None = None
 
     @property
     def not_running_s(self) -> float:
@@ -98,19 +101,23 @@ def progress_after(last: Progress | None, activity: Activity, now: float) -> Pro
     return replace(last, seen_at=now, waited_s=last.waited_s + elapsed)
 
 
-def stuck_reason(progress: Progress, activity: Activity, failed_now: int | None, stuck_after_s: float) -> str | None:
+def stuck_reason(
+    progress: Progress, activity: Activity, backend_failures_now: int | None, stuck_after_s: float
+) -> str | None:
     """Why a stub is stuck (the module's docstring), None where it is not: its own stall reached
-    ``stuck_after_s``, or it has not run for that long, waiting, and its model's failed requests
-    grew from ``progress.failed_before`` to ``failed_now`` meanwhile (None: not known)."""
+    ``stuck_after_s``, or it has not run for that long, waiting, and its model's backend failures
+    grew from ``progress.backend_failures_before`` to ``backend_failures_now`` meanwhile (None: not
+    known)."""
     if progress.stalled_s >= stuck_after_s:
         states = "".join(sorted(set(activity.states)))
         return f"stopped or deadlocked (its threads in state {states}, none waiting for a CPU or on the kernel)"
-    if progress.not_running_s < stuck_after_s or failed_now is None or progress.failed_before is None:
+    before = progress.backend_failures_before
+    if progress.not_running_s < stuck_after_s or backend_failures_now is None or before is None:
         return None
-    if failed_now > progress.failed_before:
+    if backend_failures_now > before:
         return (
-            f"{waiting_reason(activity)}, but a request of its model failed meanwhile: the Python backend "
-            "has given up on it, and a stub resumed after that crashes"
+            f"{waiting_reason(activity)}, but the Python backend failed a request of its model meanwhile "
+            "(not healthy): it has given up on it, and a stub resumed after that crashes"
         )
     return None
 

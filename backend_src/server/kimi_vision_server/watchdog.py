@@ -12,15 +12,17 @@ in the launcher process, next to the tritonserver it started:
   ``READY`` are being (un)loaded on purpose and are left alone;
 - a stub that has not run for ``stuck_after_s`` (none of its threads put on a CPU) is stuck where
   nothing explains it (no thread waiting for a CPU or on the kernel, its cgroup not frozen: it is
-  stopped or deadlocked), or where it waited but a request of its model failed meanwhile (the
-  Python backend gave up on that request, and a stub that resumes after that crashes); the rule is
-  :mod:`.stub_activity`'s. The Python backend's health check already calls a stuck stub "not
-  healthy" (its health thread beats every 300 ms, in C++, whatever the model's Python code is
-  doing), so every request it takes fails. The watchdog ends it (SIGKILL) and has its model
-  reloaded as for a dead one. A stub that is slow but working (a long decode, a long video) keeps
-  its health thread running and is never taken for stuck; one that only waits (CPU-throttled, in
-  uninterruptible sleep under memory pressure, in a frozen cgroup) while no request fails on it is
-  left to run again, and logged once it has waited ``stuck_after_s``;
+  stopped or deadlocked), or where it waited but the Python backend failed a request of its model
+  meanwhile (it gave up on a stub that did not answer, and a stub that resumes after that crashes;
+  read from the metrics port, :mod:`.triton_repository`: errors a model instance answered and
+  Triton's queue timeouts do not count); the rule is :mod:`.stub_activity`'s. The Python
+  backend's health check already calls a stuck stub "not healthy" (its health thread beats every
+  300 ms, in C++, whatever the model's Python code is doing), so every request it takes fails.
+  The watchdog ends it (SIGKILL) and has its model reloaded as for a dead one. A stub that is
+  slow but working (a long decode, a long video) keeps its health thread running and is never
+  taken for stuck; one that only waits (CPU-throttled, in uninterruptible sleep under memory
+  pressure, in a frozen cgroup) while the backend fails no request of its model is left to run
+  again, and logged once it has waited ``stuck_after_s``;
 - a model with a dead or stuck stub is reloaded by its :class:`~.recovery.ModelRecovery` (one
   reload at a time, with backoff; a new version in the background where another instance serves
   meanwhile), which also ends the stubs a replaced version leaves running;
@@ -72,13 +74,14 @@ def watchdog_thread_name(server_pid: int) -> str:
 
 
 class StubWatchdog:
-    """Thread watching the stubs of ``process`` (a running tritonserver); its :attr:`recovery` reloads
-    their models."""
+    """Thread watching the stubs of ``process`` (a running tritonserver, its HTTP and metrics ports at
+    ``http_url`` and ``metrics_url``, ``host:port``); its :attr:`recovery` reloads their models."""
 
     def __init__(
         self,
         process: subprocess.Popen[bytes],
         http_url: str,
+        metrics_url: str,
         *,
         model_repository: Path | None = None,
         interval_s: float = 0.5,
@@ -91,7 +94,7 @@ class StubWatchdog:
         restart: Callable[[subprocess.Popen[bytes]], subprocess.Popen[bytes]] | None = None,
     ) -> None:
         self.process = process
-        self.repository = TritonRepository(http_url, headers=headers)
+        self.repository = TritonRepository(http_url, metrics_url, headers=headers)
         self.interval_s = interval_s
         self.stuck_after_s = stuck_after_s
         self.times = RecoveryTimes(initial_backoff_s, max_backoff_s, replaced_idle_s, load_stall_s)
@@ -301,18 +304,19 @@ class StubWatchdog:
             with self._lock:
                 last = self._state.progress.get(stub.identity)
             progress = progress_after(last, activity, now)
-            if progress.not_running_s > 0 and progress.failed_before is None:
-                progress = replace(progress, failed_before=self._failed_requests(stub.model))
-            failed_now = self._failed_requests(stub.model) if progress.not_running_s >= self.stuck_after_s else None
-            reason = stuck_reason(progress, activity, failed_now, self.stuck_after_s)
+            if progress.not_running_s > 0 and progress.backend_failures_before is None:
+                progress = replace(progress, backend_failures_before=self._backend_failures(stub.model))
+            waited_long = progress.not_running_s >= self.stuck_after_s
+            failures_now = self._backend_failures(stub.model) if waited_long else None
+            reason = stuck_reason(progress, activity, failures_now, self.stuck_after_s)
             with self._lock:
                 self._state.progress[stub.identity] = progress
             if reason is not None:
                 stuck.append((stub, progress, reason))
             elif last is not None and last.waited_s < self.stuck_after_s <= progress.waited_s:
                 log.warning(
-                    "stub of %s is waiting, not stuck: %s (pid %d) has not run for %.1f s, %s, and no request "
-                    "of its model failed meanwhile; left to run again",
+                    "stub of %s is waiting, not stuck: %s (pid %d) has not run for %.1f s, %s, and the Python "
+                    "backend failed no request of its model meanwhile; left to run again",
                     stub.model,
                     stub.instance,
                     stub.pid,
@@ -321,12 +325,12 @@ class StubWatchdog:
                 )
         return stuck
 
-    def _failed_requests(self, model: str) -> int | None:
-        """``model``'s failed requests so far; None where tritonserver does not answer."""
+    def _backend_failures(self, model: str) -> int | None:
+        """``model``'s backend failures so far; None where tritonserver's metrics do not tell."""
         try:
-            return self.repository.failed_requests(model)
+            return self.repository.backend_failures(model)
         except RepositoryError as exc:
-            log.info("the statistics of %s did not answer: %s", model, exc)
+            log.info("the backend failures of %s are not known: %s", model, exc)
             return None
 
     def _end_stuck(self, stubs: list[StubProcess]) -> None:
