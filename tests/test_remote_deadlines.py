@@ -188,21 +188,24 @@ def test_close_is_bounded_against_a_stalled_server(serve: ServeProcess, photo: t
     unlinks them all here and returns within its deadline."""
     data, _ = photo
     remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=DEADLINE_S, concurrency=CONCURRENCY)
-    held = threading.Barrier(4)
+    called, done = threading.Barrier(5), threading.Event()
 
     def call_and_hold() -> None:
         remote.preprocess(images(data, CONCURRENCY), **UINT8)
-        held.wait()  # the threads live on until all have called: four connections at once
+        called.wait()
+        done.wait(FAILSAFE_S)  # the thread lives on, idle, while close() runs: four connections at once
 
     threads = [threading.Thread(target=call_and_hold) for _ in range(4)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join(FAILSAFE_S)
-    regions = [name for client in remote._clients for name in client.shared_memory_regions]
+    called.wait()
+    regions = remote.shared_memory_regions
     assert len(regions) >= 4
     with stopped(serve.tritonserver_pid()):
         took, outcome = in_a_new_thread(remote.close)
+    done.set()
+    for thread in threads:
+        thread.join(FAILSAFE_S)
     print(f"\nclose() of {len(regions)} regions, stalled server: {took:.2f} s")
     assert outcome is None and took < CLOSE_DEADLINE_S + SLACK_S
     assert not any(Path(f"/dev/shm/{name}").exists() for name in regions)
@@ -240,9 +243,9 @@ def test_a_stub_that_stopped_answering_is_answered_by_the_fallback(serve: ServeP
     remote.close()
 
 
-def answer(remote: RemoteKimiProcessor, data: bytes) -> np.ndarray | PreprocessError:
+def answer(remote: RemoteKimiProcessor, data: bytes, count: int = 1) -> np.ndarray | PreprocessError:
     try:
-        return remote.preprocess(images(data, 1), **UINT8)["pixel_values"]
+        return remote.preprocess(images(data, count), **UINT8)["pixel_values"]
     except PreprocessError as exc:
         return exc
 
@@ -268,3 +271,29 @@ def test_the_client_keeps_a_calls_deadline_and_a_bounded_close_over_both_protoco
         took, outcome = in_a_new_thread(client.close)
     print(f"{protocol} close(), stalled server: {took:.2f} s")
     assert outcome is None and took < CLOSE_DEADLINE_S + SLACK_S
+
+
+def test_close_while_another_thread_is_mid_call_leaves_that_call_whole(serve: ServeProcess, photo: tuple) -> None:
+    """``close()`` from one thread while another's call waits on a stalled server: close returns
+    within its deadline without touching the busy connection (its regions may be being read); the
+    call, once the server resumes, answers exactly, and its connection is closed after it."""
+    data, expected = photo
+    remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=SERVE_START_BUDGET_S, concurrency=CONCURRENCY)
+    outcome: list[Any] = []
+    caller = threading.Thread(target=lambda: outcome.append(answer(remote, data, CONCURRENCY)))
+    with stopped(serve.tritonserver_pid()):
+        caller.start()
+        give_up = time.monotonic() + SERVE_START_BUDGET_S
+        while not remote._connections.clients:  # the caller's connection made: its call is under way
+            assert time.monotonic() < give_up and caller.is_alive(), outcome
+            time.sleep(0.01)
+        took, closed = in_a_new_thread(remote.close)
+    caller.join(FAILSAFE_S)
+    print(f"\nclose() beside a call in flight: {took:.2f} s")
+    assert closed is None and took < CLOSE_DEADLINE_S + SLACK_S
+    assert outcome and isinstance(outcome[0], np.ndarray), outcome
+    assert np.array_equal(outcome[0], np.concatenate([expected] * CONCURRENCY))
+    give_up = time.monotonic() + SERVE_START_BUDGET_S
+    while remote._connections.clients:  # closed by its thread once its call was done
+        assert time.monotonic() < give_up, "the busy connection was never closed"
+        time.sleep(0.01)

@@ -35,14 +35,11 @@ output buffer, and the buffer of a request that did not answer is never reused.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import logging
 import threading
-import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -69,6 +66,7 @@ from .client import CLOSE_DEADLINE_S, PIXEL_PATCHES, KimiVisionClient, WireResul
 from .deadline import Deadline
 from .replicas import Balance, server_addresses
 from .shm_slots import SharedMemoryMode
+from .thread_clients import ThreadClients
 
 log = logging.getLogger("kimi_vision_client.remote")
 
@@ -146,13 +144,6 @@ def served_model(preset: Preset, kind: str) -> str:
     )
 
 
-@dataclass
-class _ThreadClient:
-    """A thread's connection, held in a ``threading.local``: dropped (and finalized) as the thread ends."""
-
-    client: KimiVisionClient
-
-
 class RemoteKimiProcessor(ProcessorInterface):
     """The checkpoint's vision processor (K2.5 / K2.6 / K3) whose pixels a kimi-prep server computes.
 
@@ -205,9 +196,7 @@ class RemoteKimiProcessor(ProcessorInterface):
         self.fallback = fallback
         self.fallbacks = 0
         self.model = served_model(get_preset(self.base_preset), "vision_u8")
-        self._connections = threading.local()
-        self._clients: list[KimiVisionClient] = []  # every live thread's
-        self._ended: list[KimiVisionClient] = []  # those of threads that ended, to close
+        self._connections = ThreadClients(self._new_client)
         self._lock = threading.Lock()
         self._checked: set[str] = set()
 
@@ -232,15 +221,16 @@ class RemoteKimiProcessor(ProcessorInterface):
         (a fault of its state, not a verdict on the input) with a backoff while time is left; the
         first verdict on an input (in order) raised, else the server's fault."""
         deadline = Deadline.after(self.deadline_s)
-        self._release_ended_threads(deadline)
         results: list[WireResult | PreprocessError | None] = [None] * len(requests)
         backoff = FIRST_BACKOFF_S
         while True:
             pending = [i for i, result in enumerate(results) if not isinstance(result, WireResult)]
             try:
-                client = self._client(deadline)
-                self._check_models(client, [requests[i] for i in pending], deadline)
-                answers = client.preprocess_media([requests[i] for i in pending], self.concurrency, deadline=deadline)
+                with self._connections.use(deadline) as client:
+                    self._check_models(client, [requests[i] for i in pending], deadline)
+                    answers = client.preprocess_media(
+                        [requests[i] for i in pending], self.concurrency, deadline=deadline
+                    )
             except ServerUnavailableError as exc:
                 answers = [exc] * len(pending)
             for i, answer in zip(pending, answers, strict=True):
@@ -324,62 +314,39 @@ class RemoteKimiProcessor(ProcessorInterface):
 
     # -- connections ------------------------------------------------------------------------------
 
-    def _client(self, deadline: Deadline) -> KimiVisionClient:
-        """This thread's connection (made within ``deadline``: a ``dns:///`` name's first answer
-        waited for no longer); it is closed once the thread ends (:meth:`_release_ended_threads`)."""
-        held = getattr(self._connections, "held", None)
-        if held is None:
-            # The client bounds its start (DNS) by timeout_s; every call after passes the call's deadline.
-            client = KimiVisionClient(
-                self.url, "grpc", self.model, self.shared_memory, timeout_s=deadline.timeout(), balance=self.balance
-            )
-            client.timeout_s = None
-            held = _ThreadClient(client)
-            weakref.finalize(held, self._thread_ended, client)
-            self._connections.held = held
-            with self._lock:
-                self._clients.append(client)
-        return held.client
-
-    def _thread_ended(self, client: KimiVisionClient) -> None:
-        """``client``'s thread ended (called as it ends: no RPC here); the next call closes it."""
-        with self._lock:
-            self._ended.append(client)
-
-    def _release_ended_threads(self, deadline: Deadline) -> None:
-        """Close the connections of threads that ended (their shared memory unregistered within
-        ``deadline``)."""
-        with self._lock:  # a client close() already closed is not closed again
-            ended = [client for client in self._ended if client in self._clients]
-            self._clients, self._ended = [client for client in self._clients if client not in ended], []
-        for client in ended:
-            with contextlib.suppress(Exception):  # a server that is gone takes its registrations with it
-                client.close(deadline)
+    def _new_client(self, deadline: Deadline) -> KimiVisionClient:
+        """A thread's connection, made within ``deadline`` (a ``dns:///`` name's first answer waited
+        for no longer: the client bounds its start by ``timeout_s``; every call after passes the
+        call's own deadline)."""
+        client = KimiVisionClient(
+            self.url, "grpc", self.model, self.shared_memory, timeout_s=deadline.timeout(), balance=self.balance
+        )
+        client.timeout_s = None
+        return client
 
     @property
     def output_bytes_received(self) -> int:
         """Output bytes received so far, every thread's (over the wire or through shared memory)."""
-        with self._lock:
-            return sum(client.output_bytes_received for client in self._clients)
+        return self._connections.output_bytes_received
+
+    @property
+    def shared_memory_regions(self) -> list[str]:
+        """The regions the live threads' connections have registered (for inspection and tests)."""
+        return [name for client in self._connections.clients for name in client.shared_memory_regions]
 
     def close(self) -> None:
-        """Close every thread's connection (and its shared-memory regions), all within
-        :data:`~kimi_vision_client.client.CLOSE_DEADLINE_S` (a stalled server keeps the regions
-        it could not be asked to unregister until it stops)."""
-        deadline = Deadline.after(CLOSE_DEADLINE_S)
-        with self._lock:
-            clients, self._clients, self._ended = self._clients, [], []
-        for client in clients:
-            with contextlib.suppress(Exception):  # a server that is gone takes its registrations with it
-                client.close(deadline)
-        self._connections = threading.local()
+        """Close every thread's connection (and its shared-memory regions) that no call is using,
+        all within :data:`~kimi_vision_client.client.CLOSE_DEADLINE_S` (a stalled server keeps the
+        regions it could not be asked to unregister until it stops); one in use is closed when its
+        call is done. The processor stays usable (new connections)."""
+        self._connections.close(Deadline.after(CLOSE_DEADLINE_S))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_connections", "_clients", "_ended", "_lock"):
+        for key in ("_connections", "_lock"):
             state.pop(key)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._connections, self._clients, self._ended, self._lock = threading.local(), [], [], threading.Lock()
+        self._connections, self._lock = ThreadClients(self._new_client), threading.Lock()
