@@ -114,9 +114,9 @@ def test_a_dns_name_is_resolved_again_and_old_channels_close_once_idle(
     balance: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pods an autoscaler adds are used without waiting for a connection to fail: the name is
-    resolved again every REFRESH_S; a changed set opens a channel per address, and an old channel
-    closes once the requests it carries have answered. A name that stops resolving keeps its last
-    addresses."""
+    resolved again every REFRESH_S; an added address gets a channel, a known one keeps its own (and
+    whether it is passed over), and the channel of one gone closes once the requests it carries
+    have answered. A name that stops resolving keeps its last addresses."""
     from kimi_vision_client import replicas as module
 
     pods = ["10.0.0.1:8001"]
@@ -134,19 +134,32 @@ def test_a_dns_name_is_resolved_again_and_old_channels_close_once_idle(
     first = group.pick([b"k"])
     assert first.name == "10.0.0.1:8001"
     group.sent(first)
+    group.failed(first)
     pods.append("10.0.0.2:8001")
     group.pick([b"k"])  # not yet REFRESH_S: the same channels
     assert closed == [] and group.count == 1
     monkeypatch.setattr(module, "REFRESH_S", 0.0)
     group.pick([b"k"])
-    names = sorted(replica.client.target for replica in group._replicas)
-    assert names == ["10.0.0.1:8001", "10.0.0.2:8001"]
-    assert closed == [] and first.client in group.clients()  # still carrying a request
+    assert sorted(replica.client.target for replica in group._replicas) == ["10.0.0.1:8001", "10.0.0.2:8001"]
+    assert group._replicas[0] is first and first.down_until > 0  # known: the same channel, still passed over
+    pods.remove("10.0.0.1:8001")
+    group.pick([b"k"])
+    assert [replica.client.target for replica in group._replicas] == ["10.0.0.2:8001"]
+    assert closed == [] and first.client in group.clients()  # gone, but still carrying a request
     group.answered(first)
     assert closed == [first.client.target] and first.client not in group.clients()
     answers.append(OSError("no answer"))  # the name stops resolving for a moment: keep what there is
     group.pick([b"k"])
-    assert sorted(replica.client.target for replica in group._replicas) == names
+    assert [replica.client.target for replica in group._replicas] == ["10.0.0.2:8001"]
+
+
+def test_one_resolver_a_name_in_a_process() -> None:
+    """Every client of a ``dns:///`` name (a processor makes one per thread) shares one resolver, so
+    only the first client's start waits for the name's answer."""
+    from kimi_vision_client.replicas import shared_resolver
+
+    assert shared_resolver("dns:///a.test:8001") is shared_resolver("dns:///a.test:8001")
+    assert shared_resolver("dns:///a.test:8001") is not shared_resolver("dns:///b.test:8001")
 
 
 def test_no_request_waits_for_the_names_resolution(monkeypatch: pytest.MonkeyPatch) -> None:

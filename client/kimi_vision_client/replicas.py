@@ -14,8 +14,9 @@ address a ``dns:///`` name lists is one server. Two ways to spread the requests
 
 A replica whose request got no answer (refused, reset, restarting: not a verdict on the input) is
 passed over for :data:`DOWN_S`, its requests going to the next. A ``dns:///`` name is resolved
-off the request path (:class:`Resolver`): once when the client starts, waiting at most
-:data:`RESOLVE_TIMEOUT_S`, then again every :data:`REFRESH_S` in a thread of its own while requests
+off the request path (:class:`Resolver`, one a name in a process): once when the first client of
+it starts, waiting at most :data:`RESOLVE_TIMEOUT_S`, then again every :data:`REFRESH_S` in a
+thread of its own while requests
 keep going to the servers resolved last (gRPC's own resolver asks again only when a connection
 fails, so pods an autoscaler adds would wait for a failure). When the addresses change, new
 channels take the next requests and the old ones close once the requests they carry have answered.
@@ -28,8 +29,10 @@ replica where there is one; one that passed its deadline is never resent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
+import logging
 import socket
 import threading
 import time
@@ -39,6 +42,8 @@ from typing import Any, Literal
 
 from kimi_vision_common.errors import ConnectionLostError
 from kimi_vision_common.wire import BALANCES
+
+log = logging.getLogger("kimi_vision_client.replicas")
 
 Balance = Literal["round_robin", "rendezvous"]  # one of kimi_vision_common.wire.BALANCES
 DNS_SCHEME = "dns:"
@@ -124,13 +129,21 @@ class Resolver:
     def _run(self) -> None:
         try:
             found = tuple(self._resolve(self.name))
-        except OSError:  # no answer now: keep what was resolved last
+        except Exception as exc:  # no answer now (or a name that cannot be): keep what was resolved last
+            log.debug("kimi-vision-client: %s did not resolve: %s: %s", self.name, type(exc).__name__, exc)
             found = ()
         with self._lock:
             if found:  # else asked again at the next request
                 self._members, self._resolved_at = found, time.monotonic()
             self._running = False
         self._answered.set()
+
+
+@functools.lru_cache(maxsize=64)
+def shared_resolver(name: str) -> Resolver:
+    """The one :class:`Resolver` of ``name`` in this process: every client of the name (a processor
+    makes one per thread) shares its answers, so only the first start waits for one."""
+    return Resolver(name)
 
 
 def rank(key: bytes, name: str) -> bytes:
@@ -173,7 +186,7 @@ class Replicas:
         self.balanced = several_servers(addresses)
         self._connect = connect
         dns = addresses[0].startswith(DNS_SCHEME)
-        self._dns = (resolver or Resolver(addresses[0])) if dns else None
+        self._dns = (resolver or shared_resolver(addresses[0])) if dns else None
         self._retired: list[Replica] = []
         self._members: tuple[str, ...] = ()
         self._replicas: list[Replica] = []
@@ -187,10 +200,13 @@ class Replicas:
         self._open(members)
 
     def _open(self, members: tuple[str, ...]) -> None:
-        """One channel per server in ``members``; the channels they replace close once idle."""
-        self._retired += self._replicas
+        """One channel per server in ``members``: a server already known keeps its channel (and
+        whether it is passed over), a new one gets one, and those of servers gone close once idle."""
+        known = {replica.name: replica for replica in self._replicas}
+        names = list(dict.fromkeys(members))
+        self._retired += [replica for replica in self._replicas if replica.name not in names]
         self._members = members
-        self._replicas = [Replica(name, self._connect(name)) for name in dict.fromkeys(members)]
+        self._replicas = [known.get(name) or Replica(name, self._connect(name)) for name in names]
         self.close_idle_retired()
 
     def refresh(self) -> None:
