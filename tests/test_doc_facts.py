@@ -206,5 +206,8 @@ def test_the_deadline_and_shared_memory_library_md_describes_are_the_code() -> N
     load = f"{deadlines.IMAGES} images {deadlines.CONCURRENCY} at a time"
     assert f"(SIGSTOP, deadline {deadlines.DEADLINE_S:g} s): {load}" in text
     assert f"`KimiVisionClient.infer_many(deadline={deadlines.DEADLINE_S:g})`" in text
-    assert f"beside {shm_slots.SHM_HEADROOM_BYTES >> 20} MiB of headroom, `shm_slots.SHM_HEADROOM_BYTES`" in text
+    assert f"beside {shm_slots.SHM_HEADROOM_BYTES >> 20} MiB of headroom (`shm_slots.SHM_HEADROOM_BYTES`)" in text
+    import shm_namespace_side as side
+
+    assert "of eight 12-megapixel requests at once where two regions fit" in text and side.IN_FLIGHT == 8
     assert f"{shared.BURST:,} refused images, {shared.IN_FLIGHT} in flight, left {shared.IN_FLIGHT} regions" in text
