@@ -452,6 +452,19 @@ def kimi_prep_serve(kimi_prep: Sequence[str], *args: str) -> Iterator[tuple[int,
         server.stop()
 
 
+@contextlib.contextmanager
+def served(*args: str) -> Iterator[ServeProcess]:
+    """``kimi-prep serve *args`` (this interpreter's) on free loopback ports, ready; stopped after.
+    The calling test is skipped where no tritonserver can be found."""
+    require_tritonserver()
+    server = ServeProcess(*args)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def require_tritonserver() -> None:
     """Skip the calling test or fixture where no tritonserver can be found (not on PATH, no
     nvidia-pytriton): the serving tests need a real one."""

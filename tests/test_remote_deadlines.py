@@ -27,7 +27,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from make_inputs import CORPUS, SERVE_START_BUDGET_S, ServeProcess, children, free_loopback_port, require_tritonserver
+from make_inputs import (
+    CORPUS,
+    SERVE_START_BUDGET_S,
+    ServeProcess,
+    children,
+    free_loopback_port,
+    served,
+)
 
 from kimi_vision_client.client import CLOSE_DEADLINE_S, KimiVisionClient
 from kimi_vision_client.remote_processor import RemoteKimiProcessor
@@ -47,13 +54,8 @@ FAILSAFE_S = 120.0  # a call that never returns fails its test instead of hangin
 
 @pytest.fixture(scope="module")
 def serve() -> Iterator[ServeProcess]:
-    require_tritonserver()
-    server = ServeProcess("--models", MODEL, "--instances", "1", "--threads", "1", "--response-cache-mib", "0")
-    server.start()
-    try:
+    with served("--models", MODEL, "--instances", "1", "--threads", "1", "--response-cache-mib", "0") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

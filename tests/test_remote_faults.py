@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from make_inputs import CORPUS, SERVE_START_BUDGET_S, ServeProcess, require_tritonserver
+from make_inputs import CORPUS, SERVE_START_BUDGET_S, ServeProcess, served
 
 from kimi_vision_client.remote_processor import RemoteKimiProcessor
 from kimi_vision_common.errors import (
@@ -42,13 +42,8 @@ AT_ONCE = 300  # requests of the overload test's one call
 
 @pytest.fixture(scope="module")
 def serve() -> Iterator[ServeProcess]:
-    require_tritonserver()
-    server = ServeProcess("--models", MODEL, "--instances", "1", "--threads", "1")
-    server.start()
-    try:
+    with served("--models", MODEL, "--instances", "1", "--threads", "1") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc
-from make_inputs import CORPUS, SERVE_START_BUDGET_S, ServeProcess, require_tritonserver
+from make_inputs import CORPUS, SERVE_START_BUDGET_S, ServeProcess, require_tritonserver, served
 
 from kimi_vision_client.client import KimiVisionClient
 from kimi_vision_client.remote_processor import DEFAULT_CONCURRENCY, RemoteKimiProcessor
@@ -54,13 +54,8 @@ def can_unshare() -> bool:
 
 @pytest.fixture(scope="module")
 def serve() -> Iterator[ServeProcess]:
-    require_tritonserver()
-    server = ServeProcess(*SERVE)
-    server.start()
-    try:
+    with served(*SERVE) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def registered(server: ServeProcess) -> set[str]:
