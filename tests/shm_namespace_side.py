@@ -26,7 +26,7 @@ import tritonclient.grpc
 from make_inputs import CORPUS, ServeProcess, jpeg_rgb
 
 from kimi_vision_client.client import KimiVisionClient
-from kimi_vision_client.shm_slots import SHM_HEADROOM_BYTES, SHM_ROOT, shm_free_bytes
+from kimi_vision_client.shm_slots import SHM_HEADROOM_BYTES, SHM_ROOT, NoRoomError, ShmRegion, shm_free_bytes
 from kimi_vision_prep import preprocess_bytes
 
 MODEL = "kimi_k25_vision_u8"
@@ -87,6 +87,13 @@ def main(out: Path) -> None:
                 "regions": len(client.shared_memory_regions),
                 "same_tritonserver": server.tritonserver_pid() == tritonserver,
             }
+        # A region larger than what is free: its pages cannot be reserved, and nothing is left of it.
+        free = shm_free_bytes()
+        try:
+            ShmRegion(free + (1 << 20))
+            report["no_room"] = {"refused": False}
+        except NoRoomError:
+            report["no_room"] = {"refused": True, "free_before": free, "free_after": shm_free_bytes()}
     finally:
         server.stop()
         FILLER.unlink(missing_ok=True)

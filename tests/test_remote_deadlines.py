@@ -252,27 +252,75 @@ def answer(remote: RemoteKimiProcessor, data: bytes, count: int = 1) -> np.ndarr
         return exc
 
 
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_the_client_keeps_a_calls_deadline_and_a_bounded_close_over_both_protocols(
     serve: ServeProcess, photo: tuple, protocol: str
 ) -> None:
-    """A fresh ``KimiVisionClient`` against a stalled server, over HTTP and gRPC: ``infer`` and
-    ``preprocess_images`` given a deadline end by it (every call on the way: readiness and config
-    on first use, the request, a resend) with DeadlineExceededError; ``close()`` within its own."""
+    """A ``KimiVisionClient`` that has answered once (its model's wire known), then a stalled
+    server, over HTTP and gRPC: ``infer`` and ``preprocess_images`` given a deadline end by it with
+    DeadlineExceededError (the requests themselves waited on); ``close()``, its requests still
+    running on the server, within its own. One thread makes every call (an HTTP client is its
+    thread's)."""
     data, _ = photo
     url = f"127.0.0.1:{serve.ports[0]}" if protocol == "http" else serve.grpc_url
-    client = KimiVisionClient(url, protocol, MODEL)
+    answered, stalled = threading.Event(), threading.Event()
+    seen: dict[str, tuple[float, Any]] = {}
+
+    def scenario() -> None:
+        client = KimiVisionClient(url, protocol, MODEL)
+        seen["warm"] = (0.0, client.infer(data, deadline=SERVE_START_BUDGET_S))
+        answered.set()
+        stalled.wait(FAILSAFE_S)
+        calls = {
+            "infer": lambda: client.infer(data, deadline=DEADLINE_S),
+            "preprocess_images": lambda: client.preprocess_images([data, data], deadline=DEADLINE_S),
+            "close": client.close,
+        }
+        for name, call in calls.items():
+            started = time.monotonic()
+            try:
+                outcome: Any = call()
+            except PreprocessError as exc:
+                outcome = exc
+            seen[name] = (time.monotonic() - started, outcome)
+
+    worker = threading.Thread(target=scenario)
+    worker.start()
+    assert answered.wait(FAILSAFE_S), seen
     with stopped(serve.tritonserver_pid()):
-        for call in (lambda: client.infer(data, deadline=DEADLINE_S),
-                     lambda: client.preprocess_images([data, data], deadline=DEADLINE_S)):  # fmt: skip
-            took, outcome = in_a_new_thread(call)
-            print(f"\n{protocol}, stalled server: {type(outcome).__name__} after {took:.2f} s")
-            assert isinstance(outcome, DeadlineExceededError), outcome
-            assert took < DEADLINE_S + SLACK_S
-        took, outcome = in_a_new_thread(client.close)
-    print(f"{protocol} close(), stalled server: {took:.2f} s")
+        stalled.set()
+        worker.join(FAILSAFE_S)
+    print(
+        f"\n{protocol}, stalled server: " + ", ".join(f"{k} {type(v).__name__} {t:.2f} s" for k, (t, v) in seen.items())
+    )
+    for name in ("infer", "preprocess_images"):
+        took, outcome = seen[name]
+        assert isinstance(outcome, DeadlineExceededError), (name, outcome)
+        assert took < DEADLINE_S + SLACK_S
+    took, outcome = seen["close"]
     assert outcome is None and took < CLOSE_DEADLINE_S + SLACK_S
+
+
+def test_a_resend_keeps_the_calls_deadline(serve: ServeProcess, photo: tuple) -> None:
+    """Two replicas, the first refusing connections, the other stalled: ``preprocess_images`` is
+    sent again to the stalled one and still ends by its deadline."""
+    data, _ = photo
+    client = KimiVisionClient(f"127.0.0.1:{free_loopback_port()},{serve.grpc_url}", "grpc", MODEL)
+    with stopped(serve.tritonserver_pid()):
+        took, outcome = in_a_new_thread(lambda: client.preprocess_images([data, data], deadline=DEADLINE_S))
+    print(f"\nrefusing + stalled replicas, preprocess_images: {type(outcome).__name__} after {took:.2f} s")
+    assert isinstance(outcome, DeadlineExceededError) and took < DEADLINE_S + SLACK_S
+    client.close()
+
+
+def test_a_dead_first_replica_does_not_fail_a_first_request(serve: ServeProcess, photo: tuple) -> None:
+    """A fresh client of two replicas, the first refusing connections: its first requests (the
+    model's config asked of the dead one first) are sent again to the live one, exactly."""
+    data, _ = photo
+    expected = KimiVisionProcessor().preprocess(images(data, 1))["pixel_values"]
+    with KimiVisionClient(f"127.0.0.1:{free_loopback_port()},{serve.grpc_url}", "grpc", MODEL) as client:
+        results = client.infer_many([data] * 4, concurrency=2, deadline=SERVE_START_BUDGET_S)
+    assert all(not isinstance(r, PreprocessError) and np.array_equal(r.pixel_values, expected) for r in results)
 
 
 def test_close_while_another_thread_is_mid_call_leaves_that_call_whole(serve: ServeProcess, photo: tuple) -> None:

@@ -16,7 +16,12 @@ from make_inputs import CORPUS, corpus_names, encode, png_mode, rgb_pattern
 from PIL import Image
 
 from kimi_vision_client.remote_processor import RemoteKimiProcessor, encoded_losslessly
-from kimi_vision_common.errors import InvalidPresetError, InvalidRequestError, PreprocessError, UnsupportedImageError
+from kimi_vision_common.errors import (
+    InvalidRequestError,
+    ModelNotServedError,
+    PreprocessError,
+    UnsupportedImageError,
+)
 from kimi_vision_common.presets import get_preset
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT
 from kimi_vision_prep import KimiVisionProcessor
@@ -192,9 +197,10 @@ def test_sizes_tokens_and_prompts_are_answered_without_a_server() -> None:
 
 
 def test_a_config_the_served_model_does_not_follow_is_refused(triton_server: Any) -> None:
-    """A checkpoint whose media_proc_cfg differs from the served preset would get other pixels."""
+    """A checkpoint whose media_proc_cfg differs from the served preset would get other pixels: the
+    server serves no model for it (the deployment's fault: vLLM's 500, not a 400)."""
     remote = RemoteKimiProcessor({"in_patch_limit": 4096}, url=triton_server.grpc_url)
-    with pytest.raises(InvalidPresetError, match="kimi_k25_vision_u8"):
+    with pytest.raises(ModelNotServedError, match="kimi_k25_vision_u8"):
         remote.preprocess({"type": "image", "image": (CORPUS / "pil__hopper.jpg").read_bytes()})
 
 

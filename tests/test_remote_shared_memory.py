@@ -169,4 +169,6 @@ def test_a_request_larger_than_dev_shm_has_room_for_goes_over_the_wire(tmp_path:
     in_flight = report["in_flight"]
     assert all(in_flight["exact"]) and in_flight["same_tritonserver"], in_flight
     assert 1 <= in_flight["regions"] <= 2  # the rest went over the wire: their pages did not fit
+    no_room = report["no_room"]  # a region whose pages cannot be reserved leaves nothing behind
+    assert no_room["refused"] and no_room["free_after"] == no_room["free_before"], no_room
 

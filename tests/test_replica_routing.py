@@ -14,6 +14,7 @@ from kimi_vision_client.client import KimiVisionClient
 from kimi_vision_client.replicas import Replicas, Resolver, rank, request_key, resolved, server_addresses
 from kimi_vision_common.errors import ConnectionLostError
 
+FAILSAFE_S = 60.0  # a wait that never ends fails its test instead
 THREE = ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
 
 
@@ -211,3 +212,21 @@ def test_a_name_that_does_not_resolve_is_refused_at_the_start_within_its_bound()
     with pytest.raises(ConnectionLostError, match=r"did not resolve within 0\.1 s"):
         Replicas(("dns:///nowhere:8001",), "rendezvous", str, 0.1, Resolver("dns:///nowhere:8001", hangs))
     never.set()
+
+
+def test_a_start_after_a_failed_resolution_waits_for_the_next_answer() -> None:
+    """Clients of one name share its resolver: where its first attempt found no answer, the next
+    client's start waits for a new attempt (not the old one's outcome)."""
+    answers: list[list[str] | OSError] = [OSError("no answer"), ["10.0.0.1:8001"]]
+
+    def resolve(name: str) -> list[str]:
+        answer = answers.pop(0)
+        if isinstance(answer, OSError):
+            raise answer
+        return answer
+
+    resolver = Resolver("dns:///x.test:8001", resolve)
+    with pytest.raises(ConnectionLostError, match="did not resolve"):
+        Replicas(("dns:///x.test:8001",), "round_robin", Channel, FAILSAFE_S, resolver)
+    group = Replicas(("dns:///x.test:8001",), "round_robin", Channel, FAILSAFE_S, resolver)
+    assert group.members == ("10.0.0.1:8001",)

@@ -342,7 +342,7 @@ class KimiVisionClient:
             collect_oldest()
         return results
 
-    def _send(self, request: Request, deadline: Deadline = NO_DEADLINE) -> Pending | PreprocessError:
+    def _send(self, request: Request, deadline: Deadline) -> Pending | PreprocessError:
         """Send ``request`` (``input_name`` ``[1, K]``: K images, or a chunk's K frames) within
         ``deadline``: its pending answer, or the error that kept it from being sent (sent again
         first where the server's state kept it, :meth:`_again`)."""
@@ -381,7 +381,7 @@ class KimiVisionClient:
         return self._send(request.again(), deadline)
 
     def _collect(
-        self, pending: Pending | PreprocessError, convert: Callable[..., ResultT], deadline: Deadline = NO_DEADLINE
+        self, pending: Pending | PreprocessError, convert: Callable[..., ResultT], deadline: Deadline
     ) -> ResultT | PreprocessError:
         """``convert(outputs, preset_or_wire)`` of a submitted request's outputs (before its shm
         slot is reused: the converters return new arrays), or its error. A request that got no

@@ -48,7 +48,7 @@ from PIL import Image
 from kimi_vision_common.errors import (
     DeadlineExceededError,
     InvalidPresetError,
-    InvalidRequestError,
+    ModelNotServedError,
     PreprocessError,
     ServerUnavailableError,
     UnsupportedImageError,
@@ -257,8 +257,9 @@ class RemoteKimiProcessor(ProcessorInterface):
 
     def _check_models(self, client: KimiVisionClient, requests: list[bytes | list[bytes]], deadline: Deadline) -> None:
         """Once per model: the server serves it (else a typed error naming the flag that serves it),
-        on the uint8 wire, and under this processor's preset (else :class:`InvalidPresetError`: its
-        pixels would differ), asked within ``deadline``."""
+        on the uint8 wire, and under this processor's preset (else :class:`ModelNotServedError`:
+        the server serves no model for this checkpoint, whose pixels would differ; the deployment's
+        fault, not the request's), asked within ``deadline``."""
         kinds = {"vision_u8" if isinstance(r, bytes) else "video_chunk" for r in requests}
         for model in sorted(served_model(get_preset(self.base_preset), kind) for kind in kinds):
             if model in self._checked:
@@ -266,10 +267,10 @@ class RemoteKimiProcessor(ProcessorInterface):
             client.require_model(model, deadline)
             wire = client.wire_of(model, deadline)
             if wire.pixel_output != PIXEL_PATCHES:
-                raise InvalidRequestError(f"{model} at {self.url} does not return uint8 {PIXEL_PATCHES}")
+                raise ModelNotServedError(f"{model} at {self.url} does not return uint8 {PIXEL_PATCHES}")
             served = wire.preset
             if dataclasses.replace(served, name=self.preset.name) != self.preset:
-                raise InvalidPresetError(
+                raise ModelNotServedError(
                     f"{model} at {self.url} follows preset {served.name!r} and this processor's config differs "
                     f"from it ({self.media_proc_cfg}): its pixels would not be this checkpoint's"
                 )

@@ -33,6 +33,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -108,23 +109,25 @@ class Resolver:
         self.name = name
         self._resolve = resolve
         self._start = start
-        self._lock = threading.Lock()
-        self._answered = threading.Event()
+        self._answered = threading.Condition()
         self._members: tuple[str, ...] = ()
         self._resolved_at = -REFRESH_S  # due at once
         self._running = False
+        self._attempts = 0  # resolutions finished, answered or not
 
     def members(self, timeout_s: float = 0.0) -> tuple[str, ...]:
-        """The addresses resolved last (empty before a first answer: the first attempt is waited
-        for up to ``timeout_s``)."""
-        with self._lock:
+        """The addresses resolved last (empty before a first answer: an attempt finishing after
+        this call began is waited for up to ``timeout_s``)."""
+        with self._answered:
             due = not self._running and time.monotonic() - self._resolved_at >= REFRESH_S
             self._running = self._running or due
+            attempts = self._attempts
         if due:
             self._start(self._run)
-        if not self._members and timeout_s > 0:
-            self._answered.wait(timeout_s)
-        return self._members
+        with self._answered:
+            if not self._members and timeout_s > 0:
+                self._answered.wait_for(lambda: bool(self._members) or self._attempts > attempts, timeout_s)
+            return self._members
 
     def _run(self) -> None:
         try:
@@ -132,11 +135,12 @@ class Resolver:
         except Exception as exc:  # no answer now (or a name that cannot be): keep what was resolved last
             log.debug("kimi-vision-client: %s did not resolve: %s: %s", self.name, type(exc).__name__, exc)
             found = ()
-        with self._lock:
+        with self._answered:
             if found:  # else asked again at the next request
                 self._members, self._resolved_at = found, time.monotonic()
             self._running = False
-        self._answered.set()
+            self._attempts += 1
+            self._answered.notify_all()
 
 
 @functools.lru_cache(maxsize=64)
@@ -144,6 +148,10 @@ def shared_resolver(name: str) -> Resolver:
     """The one :class:`Resolver` of ``name`` in this process: every client of the name (a processor
     makes one per thread) shares its answers, so only the first start waits for one."""
     return Resolver(name)
+
+
+# A child process starts with no resolver (one a resolution was running in would never run again).
+os.register_at_fork(after_in_child=shared_resolver.cache_clear)
 
 
 def rank(key: bytes, name: str) -> bytes:

@@ -2,10 +2,15 @@
 
 - A thread's client is made on its first use (:meth:`ThreadClients.use`) and kept for its next
   calls. When the thread ends, its client is closed (its shared-memory regions unregistered) in a
-  thread of its own, at the next use of the pool by any thread or at :meth:`ThreadClients.close`:
-  never on a caller's time.
-- :meth:`ThreadClients.close` closes the clients no thread is using now; one in use is closed by
-  its thread when its call is done, never under it (its regions may be being read).
+  thread of its own, started at the next use of the pool by any thread or at
+  :meth:`ThreadClients.close`: never on a caller's time.
+- :meth:`ThreadClients.close` closes the clients no call is using now, and retires the others: each
+  is closed, in a thread of its own, once its call is done (never under a call: its regions may be
+  being read). A thread's next call after :meth:`ThreadClients.close` gets a new client.
+
+Whether a client is in use and whether it is retired change together, under one lock: a call
+takes its client (:meth:`ThreadClients.use`) and :meth:`ThreadClients.close` chooses what to close
+in one step each.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ from .client import CLOSE_DEADLINE_S, KimiVisionClient
 from .deadline import Deadline
 
 
-@dataclass
+@dataclass(eq=False)
 class _Held:
-    """A thread's client: whether a call is using it, whether it is to be closed after that call."""
+    """A thread's client: whether a call is using it, whether it is retired (closed once idle)."""
 
     client: KimiVisionClient
     busy: bool = False
-    closing: bool = False
+    retired: bool = False
 
 
 class ThreadClients:
@@ -37,63 +42,64 @@ class ThreadClients:
         self._make = make
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._held: list[_Held] = []  # every live thread's
-        self._ended: list[_Held] = []  # those of threads that ended, to close
+        self._held: list[_Held] = []  # every client not closed yet: live threads', retired, ended
         self._closed_bytes = 0
 
     @contextlib.contextmanager
     def use(self, deadline: Deadline) -> Iterator[KimiVisionClient]:
-        """This thread's client, made within ``deadline`` on first use, for one call."""
-        self._close_ended()
-        held = getattr(self._local, "held", None)
-        if held is None or held.closing:
-            held = _Held(self._make(deadline))
+        """This thread's client, made within ``deadline`` where it has none (or its last was
+        retired), for one call."""
+        self._close_in_background(self._take_idle_retired())
+        held = self._take_own()
+        if held is None:
+            held = _Held(self._make(deadline), busy=True)
             with self._lock:
                 self._held.append(held)
-            weakref.finalize(self._local_holder(held), self._thread_ended, held)
-        held.busy = True
+            self._local.held, self._local.token = held, _Token(held)
+            weakref.finalize(self._local.token, self._thread_ended, held)
         try:
             yield held.client
         finally:
             with self._lock:
                 held.busy = False
-                closing = held.closing
-            if closing:
-                self._close_now([held])
+            self._close_in_background(self._take_idle_retired())
 
-    def _local_holder(self, held: _Held) -> object:
-        """A token kept in this thread's locals: dropped (and finalized) as the thread ends."""
-        token = _Token(held)
-        self._local.held, self._local.token = held, token
-        return token
+    def _take_own(self) -> _Held | None:
+        """This thread's client, marked busy, where it has one that is not retired."""
+        held = getattr(self._local, "held", None)
+        with self._lock:
+            if held is None or held.retired:
+                return None
+            held.busy = True
+            return held
 
     def _thread_ended(self, held: _Held) -> None:
-        """``held``'s thread ended (called as it ends: nothing slow here)."""
+        """``held``'s thread ended (called as it ends: nothing slow here): its client is retired."""
         with self._lock:
-            if held in self._held:
-                self._held.remove(held)
-                self._ended.append(held)
+            held.retired = True
 
-    def _close_ended(self) -> None:
-        """Close the clients of threads that ended, in a thread of its own."""
+    def _take_idle_retired(self) -> list[_Held]:
+        """The retired clients no call is using, out of the pool (to be closed)."""
         with self._lock:
-            ended, self._ended = self._ended, []
-        if ended:
-            closer = threading.Thread(target=self._close_now, args=(ended,), name="kimi-vision-client", daemon=True)
+            idle = [held for held in self._held if held.retired and not held.busy]
+            self._held = [held for held in self._held if held not in idle]
+            self._closed_bytes += sum(held.client.output_bytes_received for held in idle)  # none arrive after
+        return idle
+
+    def _close_in_background(self, held: list[_Held]) -> None:
+        if held:
+            closer = threading.Thread(target=self._close, args=(held, None), name="kimi-vision-client", daemon=True)
             closer.start()
 
-    def _close_now(self, held: list[_Held]) -> None:
+    def _close(self, held: list[_Held], deadline: Deadline | None) -> None:
+        """Close ``held``'s clients, within ``deadline`` (None: :data:`CLOSE_DEADLINE_S` each)."""
         for each in held:
             with contextlib.suppress(Exception):  # a server that is gone takes its registrations with it
-                each.client.close(Deadline.after(CLOSE_DEADLINE_S))
-            with self._lock:
-                self._closed_bytes += each.client.output_bytes_received
-                if each in self._held:
-                    self._held.remove(each)
+                each.client.close(deadline or Deadline.after(CLOSE_DEADLINE_S))
 
     @property
     def clients(self) -> list[KimiVisionClient]:
-        """The clients of the threads that use the pool now (for inspection)."""
+        """The clients not closed yet (for inspection)."""
         with self._lock:
             return [held.client for held in self._held]
 
@@ -103,22 +109,15 @@ class ThreadClients:
             return self._closed_bytes + sum(held.client.output_bytes_received for held in self._held)
 
     def close(self, deadline: Deadline) -> None:
-        """Close every client no call is using now, within ``deadline``; the others when their calls
-        are done."""
+        """Retire every client: those no call is using are closed now, within ``deadline``; the
+        others once their calls are done."""
         with self._lock:
-            idle = [held for held in [*self._held, *self._ended] if not held.busy]
             for held in self._held:
-                held.closing = held.busy
-            self._held = [held for held in self._held if held.busy]
-            self._ended = []
-        for held in idle:
-            with contextlib.suppress(Exception):  # a server that is gone takes its registrations with it
-                held.client.close(deadline)
-            with self._lock:
-                self._closed_bytes += held.client.output_bytes_received
+                held.retired = True
+        self._close(self._take_idle_retired(), deadline)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Token:
     """What a thread's locals hold so that the thread's end is seen (its finalizer runs)."""
 

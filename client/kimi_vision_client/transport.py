@@ -7,7 +7,6 @@ tritonclient's HTTP calls take none, so the HTTP adapter bounds each with a geve
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -26,6 +25,8 @@ MAX_RECONNECT_BACKOFF_MS = 1000  # a restarted server is found again within a se
 # How long past its own deadline a wait lasts for gRPC to report the deadline (its callback runs
 # on gRPC's thread): the slack a call may return by after its deadline.
 WAIT_GRACE_S = 0.25
+# How long an HTTP client's close waits for its requests' greenlets to end once told to.
+KILL_WAIT_S = 0.1
 # The gRPC status a wait reports when gRPC itself did not (read by kimi_vision_common.faults).
 DEADLINE_STATUS = "StatusCode.DEADLINE_EXCEEDED"
 
@@ -77,10 +78,14 @@ class HttpAdapter:
         within(timeout_s, client.unregister_system_shared_memory, name, headers=headers)
 
     def close(self, client: Any, timeout_s: float | None) -> None:
-        """Close ``client`` (it waits for its requests still running: at most ``timeout_s``; those
-        end by the connection's network timeout)."""
-        with contextlib.suppress(DeadlineExceededError):
+        """Close ``client``: tritonclient.http waits for its requests still running, here at most
+        ``timeout_s``; past it their greenlets are ended and its connections closed at once (through
+        the client's pool and connection stub, which its own close would reach only after them)."""
+        try:
             within(timeout_s, client.close)
+        except DeadlineExceededError:
+            client._pool.kill(block=True, timeout=KILL_WAIT_S)  # the greenlets run in this thread's hub
+            client._client_stub.close()
 
     def output_shape(self, result: Any, name: str) -> list[int]:
         return list(result.get_output(name)["shape"])

@@ -100,6 +100,7 @@ class StubWatchdog:
         self.times = RecoveryTimes(initial_backoff_s, max_backoff_s, replaced_idle_s, load_stall_s)
         self.restart = restart
         self._state = WatchdogState()
+        self._said_no_failures = False
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=watchdog_thread_name(process.pid), daemon=True)
@@ -326,11 +327,19 @@ class StubWatchdog:
         return stuck
 
     def _backend_failures(self, model: str) -> int | None:
-        """``model``'s backend failures so far; None where tritonserver's metrics do not tell."""
+        """``model``'s backend failures so far; None where tritonserver's metrics do not tell (said
+        once: a waiting stub is then never ended for a request the backend failed on it)."""
         try:
             return self.repository.backend_failures(model)
         except RepositoryError as exc:
-            log.info("the backend failures of %s are not known: %s", model, exc)
+            if not self._said_no_failures:
+                self._said_no_failures = True
+                log.warning(
+                    "the backend failures of %s are not known (%s): a waiting stub is left to run again even "
+                    "where a request failed on it meanwhile (keep tritonserver's metrics on)",
+                    model,
+                    exc,
+                )
             return None
 
     def _end_stuck(self, stubs: list[StubProcess]) -> None:

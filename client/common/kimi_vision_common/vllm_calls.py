@@ -20,9 +20,9 @@ from .errors import PreprocessError, ServerUnavailableError
 from .faults import is_verdict
 from .processor_api import HUB_OPTIONS
 from .vllm_checks import model_preset
-from .vllm_plugin import KimiProcessingState
+from .vllm_plugin import OURS, KimiProcessingState
 
-# Errors that are not the request's: raised as they are, never as vLLM's 400.
+# Faults of the server's state: vLLM's RetryableRequestError (503), never its 400.
 NOT_THE_REQUESTS = (ServerUnavailableError,)
 
 
@@ -48,24 +48,33 @@ class VllmCalls:
 
 
 def as_value_error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``call(*args, **kwargs)``, its :class:`PreprocessError` raised as vLLM answers it: a verdict
-    on the input as ``ValueError`` (HTTP 400), a fault of the server's state
-    (:data:`NOT_THE_REQUESTS`) as vLLM's ``RetryableRequestError`` (503: the request was fine, retry
-    it), anything else (a bug, a model not served) as vLLM's ``VLLMServerError`` (500)."""
+    """``call(*args, **kwargs)``, what it raises as vLLM answers it: a verdict on the input as
+    ``ValueError`` (HTTP 400), a fault of the server's state (:data:`NOT_THE_REQUESTS`) as vLLM's
+    ``RetryableRequestError`` (503: the request was fine, retry it), anything else of ours (a bug, a
+    model not served, a deployment that does not fit) as vLLM's ``VLLMServerError`` (500); a
+    ``ValueError`` or ``TypeError`` of the call's arguments as it is (vLLM's 400)."""
     try:
         return call(*args, **kwargs)
     except PreprocessError as exc:
         raise vllm_error(exc) from exc
+    except (ValueError, TypeError):
+        raise
+    except Exception as exc:  # a bug, an out-of-memory: the server's, not the request's
+        raise vllm_error(exc) from exc
 
 
-def vllm_error(exc: PreprocessError) -> Exception:
-    """The error vLLM answers for ``exc`` as this module says (:func:`as_value_error`), the class
-    and reason named; ``exc`` itself for a server error where this vLLM has no such classes."""
-    if is_verdict(exc):
-        return ValueError(f"{type(exc).__name__}: {exc}")
-    try:
-        from vllm.exceptions import RetryableRequestError, VLLMServerError
-    except ImportError:
-        return exc
-    server_error = RetryableRequestError if isinstance(exc, NOT_THE_REQUESTS) else VLLMServerError
-    return server_error(f"{type(exc).__name__}: {exc}")
+def vllm_error(exc: Exception) -> Exception:
+    """The error vLLM answers for ``exc`` as :func:`as_value_error` says, its class and reason
+    named and marked as ours (:data:`~.vllm_plugin.OURS`); ``exc`` itself for a server error where this vLLM has
+    no such classes."""
+    if isinstance(exc, PreprocessError) and is_verdict(exc):
+        error: Exception = ValueError(f"{type(exc).__name__}: {exc}")
+    else:
+        try:
+            from vllm.exceptions import RetryableRequestError, VLLMServerError
+        except ImportError:
+            return exc
+        server_error = RetryableRequestError if isinstance(exc, NOT_THE_REQUESTS) else VLLMServerError
+        error = server_error(f"{type(exc).__name__}: {exc}")
+    setattr(error, OURS, True)
+    return error

@@ -68,7 +68,6 @@ from typing import Any
 
 from PIL import Image
 
-from .errors import PreprocessError
 from .orientation import TurnedJpeg, exif_orientation
 from .pillow_open import unloaded_jpeg_bytes
 from .vllm_checks import (
@@ -115,6 +114,11 @@ PROCESSOR_NAME = "KimiK25FusedVisionProcessor"
 PROCESSOR_USERS = ("vllm.model_executor.models.kimi_k25", "vllm.models.kimi_k3.common.mm_preprocess")
 # Modes whose pixels vLLM's loader and the processor agree on without a conversion of their own.
 DEFERRED_MODES = ("RGB", "L")
+
+
+# The attribute that marks an error our processors raised for vLLM (vllm_calls), passed through
+# vLLM's wrapper of processor errors (:func:`pass_server_faults`).
+OURS = "raised_by_kimi_vision_prep"
 
 
 class KimiProcessingState:
@@ -247,9 +251,11 @@ def why_not_here(setting: Setting) -> str | None:
 
 def pass_server_faults() -> None:
     """Wrap vLLM's ``InputProcessingContext.call_hf_processor`` (which turns any error into a
-    ``ValueError`` of its own words, a 400) so that what one of ours raised passes as it is: a
-    ``RetryableRequestError`` for a fault of the server's state (vLLM answers 503), the
-    ``ValueError`` naming the library's class and reason for a verdict on the input (400)."""
+    ``ValueError`` of its own words, a 400) so that what one of ours raised (marked
+    :data:`OURS`) passes as it is: a ``RetryableRequestError`` for a fault of the
+    server's state (vLLM answers 503), a ``VLLMServerError`` for anything else not the request's
+    (500), the ``ValueError`` naming the library's class and reason for a verdict (400). Any other
+    processor's errors are wrapped as before."""
     from vllm.multimodal.processing.context import InputProcessingContext
 
     call_hf_processor = InputProcessingContext.call_hf_processor
@@ -259,8 +265,8 @@ def pass_server_faults() -> None:
             return call_hf_processor(self, *args, **kwargs)
         except ValueError as exc:
             raised = exc.__cause__
-            if raised is not None and isinstance(raised.__cause__, PreprocessError):
-                raise raised from raised.__cause__
+            if getattr(raised, OURS, False):
+                raise raised from raised.__cause__  # type: ignore[misc]
             raise
 
     InputProcessingContext.call_hf_processor = passing_ours
