@@ -55,6 +55,9 @@ setup(
         # Coverage-guided fuzzing (fuzz/fuzz_preprocess.py); Linux x86_64 wheels only.
         "fuzz": ["atheris>=2.3; sys_platform == 'linux' and platform_machine == 'x86_64'"],
         # check-jsonschema (the compose spec) and kubernetes-validate: the deploy files' schemas, offline.
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff", "matplotlib", "pyyaml", "check-jsonschema", "kubernetes-validate"],
+        "test": [
+            "pytest>=8", "pytest-timeout", "hypothesis", "ruff", "matplotlib", "pyyaml", "check-jsonschema",
+            "kubernetes-validate",
+        ],
     },
 )
