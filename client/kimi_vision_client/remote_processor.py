@@ -96,7 +96,11 @@ def encoded_losslessly(image: Image.Image, preset: Preset) -> bytes:
         return saved(image, lossless_format(image))
     except (OSError, ValueError, KeyError) as exc:
         if preset.transparency == "convert_rgb":
-            return saved(pillow_call(f"convert {image.mode} to RGB", image.convert, "RGB"), "PNG")
+            rgb = pillow_call(f"convert {image.mode} to RGB", image.convert, "RGB")
+            # The preset keeps the RGB pixels alone: a transparency key goes, one PNG cannot hold
+            # included (an int beside RGB, left by a loader's convert of a "1" or "L" image).
+            rgb.info.pop("transparency", None)
+            return saved(rgb, "PNG")
         raise UnsupportedImageError(
             f"cannot send a decoded {image.mode} image to the server ({exc}): send its encoded file instead"
         ) from None
