@@ -203,7 +203,7 @@ $(SGLANG_VENV)/.installed: $(PACKAGING) $(LIBRARY_SOURCES) $(shell find client -
 	$(SGLANG_VENV)/bin/pip install -q "torch==2.14.1" "torchvision==0.29.1" "triton==3.8.0" "apache-tvm-ffi==0.1.11" \
 		"transformers==5.19.0" "tokenizers==0.23.2" "compressed-tensors==0.18.0" "sentencepiece==0.2.1" "openai==2.8.0" \
 		numpy orjson psutil pybase64 msgspec pyzmq aiohttp dill einops partial_json_parser uvloop requests pydantic \
-		packaging regex tqdm starlette fastapi uvicorn gguf IPython "pytest>=8" pytest-timeout
+		packaging regex tqdm starlette fastapi uvicorn gguf IPython "pytest>=8" pytest-timeout matplotlib
 	$(SGLANG_VENV)/bin/pip install -q ./client/common ./client "kimi-vision-prep @ file://$(CURDIR)"
 	$(SGLANG_VENV)/bin/pip install -q --no-deps -e . -e client/common -e client
 	touch $@

@@ -194,3 +194,35 @@ def test_the_sglang_here_is_the_proven_one() -> None:
     """The Makefile's pin (tests/test_doc_facts.py ties it to PROVEN_SGLANG) is what runs here."""
     package = importlib.import_module(PACKAGE)
     assert package.sglang_version() in package.PROVEN_SGLANG
+
+
+@pytest.mark.parametrize("setup", ("k25", "k3"))
+def test_a_jpeg_reaches_ours_undecoded_and_anything_else_as_sglang_loads_it(forms: dict, setup: str) -> None:
+    """SGLang's loader, as ours runs it: an RGB JPEG (a ``data:`` URL) opened, not decoded, under
+    SGLang's own Kimi identity (the file's digest); a greyscale JPEG loaded as SGLang loads it for
+    K2.5 (converted to RGB) and opened only for K3 (which keeps its mode); a PNG loaded as stock."""
+    from sglang.srt.managers.schedule_batch import Modality
+    from sglang.srt.multimodal.processors.kimi_common import unwrap_kimi_images
+    from sglang.srt.utils import ImageData
+
+    def loaded(form: str, name: str) -> Any:
+        cls = type(forms[form][setup].mm_processor)
+        item = cls._load_single_item(
+            ImageData(url=sglang_side.data_url((CORPUS / name).read_bytes())),
+            Modality.IMAGE,
+            None,
+            None,
+            setup == "k25",
+        )
+        (image,) = unwrap_kimi_images([item])
+        return item, image
+
+    for form in ("local", "remote"):
+        item, image = loaded(form, "pil__hopper.jpg")
+        stock_item, stock_image = loaded("stock", "pil__hopper.jpg")
+        assert image._im is None and stock_image._im is not None
+        assert item.content_digest == stock_item.content_digest
+        _, grey = loaded(form, "pil__hopper_gray.jpg")
+        assert (grey._im is None) == (setup == "k3")
+        _, png = loaded(form, "pilx__uncompressed_la.png")
+        assert png._im is not None

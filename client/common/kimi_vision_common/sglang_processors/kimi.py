@@ -10,9 +10,12 @@ caches) and changes three things:
   ours always takes that second call, with the checkpoint's processor replaced by
   :class:`PixelsOfOurs`: the checkpoint's text handling, our pixels. K3's deferred GPU
   preprocessing is never chosen.
-- **No GPU decode.** SGLang's loader decodes JPEGs with nvJPEG where CUDA is there (its IDCT is
-  not libjpeg's); ours keeps its Pillow decode on every host, and the processor gets the image
-  SGLang's CPU path gets.
+- **JPEGs reach our decoder encoded.** SGLang's loader decodes every image with Pillow (and JPEGs
+  with nvJPEG where CUDA is there: its IDCT is not libjpeg's). A JPEG sent as bytes or a ``data:``
+  URL that the loader would hand over as Pillow decodes it (K2.5: mode RGB; K3: any mode) is handed
+  over opened but not decoded (:class:`EncodedJpegLoader`, below SGLang's Kimi identity step, which
+  still hashes the file's bytes), and the processor decodes the file (the library's exact decoders;
+  a remote processor sends the file). Anything else is SGLang's Pillow image, never its GPU decode.
 - **Errors say whose they are**: a verdict on an image is SGLang's client error (``ValueError``,
   answered 400) naming our class and reason; a fault of the server's state is an HTTP 503 (retry
   it); anything else of ours a ``RuntimeError`` (500).
@@ -22,11 +25,16 @@ from __future__ import annotations
 
 import copy
 import importlib
+import io
 from collections.abc import Mapping
 from typing import Any
 
+from PIL import Image
+from sglang.srt.managers.schedule_batch import Modality
 from sglang.srt.multimodal.processors import kimi_k3, kimi_k25
-from sglang.srt.multimodal.processors.base_processor import build_processor_fingerprint
+from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor, build_processor_fingerprint
+from sglang.srt.utils import ImageData
+from sglang.srt.utils.common import get_image_bytes
 
 from ..errors import PreprocessError, ServerUnavailableError
 from ..faults import is_verdict
@@ -152,14 +160,52 @@ class OursMixin:
             raise sglang_error(exc) from exc
 
 
-class KimiK25Processor(OursMixin, kimi_k25.KimiK2_5VLImageProcessor):
+class EncodedJpegLoader(BaseMultimodalProcessor):
+    """SGLang's image loading, except a JPEG it would hand over as Pillow decodes it: that one
+    opened and not decoded. Listed after SGLang's Kimi class, so it runs beneath its identity step."""
+
+    @classmethod
+    def _load_single_item(
+        cls,
+        data: Any,
+        modality: Any,
+        frame_count_limit: Any = None,
+        audio_sample_rate: Any = None,
+        discard_alpha_channel: bool = True,
+    ) -> Any:
+        if modality == Modality.IMAGE and not cls._is_preprocessed_input(data):
+            image = opened_jpeg(data, keep_mode=not discard_alpha_channel)
+            if image is not None:
+                return image
+        return super()._load_single_item(data, modality, frame_count_limit, audio_sample_rate, discard_alpha_channel)
+
+
+def opened_jpeg(data: Any, keep_mode: bool) -> Image.Image | None:
+    """``data`` (bytes, a ``data:`` URL, SGLang's ``ImageData`` of one) opened by Pillow, not
+    decoded, where it is a JPEG of mode RGB (any mode with ``keep_mode``); None for anything else,
+    which SGLang's loader loads (a download, a path, a damaged header, another format) as it does."""
+    if isinstance(data, ImageData):
+        data = data.url
+    if not (isinstance(data, bytes) or (isinstance(data, str) and data.startswith("data:"))):
+        return None
+    try:
+        raw = get_image_bytes(data)
+        if not raw.startswith(b"\xff\xd8"):
+            return None
+        image = Image.open(io.BytesIO(raw))
+    except Exception:  # SGLang's loader says what is wrong with it, as it always does
+        return None
+    return image if image.format == "JPEG" and (keep_mode or image.mode == "RGB") else None
+
+
+class KimiK25Processor(OursMixin, kimi_k25.KimiK2_5VLImageProcessor, EncodedJpegLoader):
     """SGLang's K2.5 processing, our pixels."""
 
     WRAPPER = K25Wrapper
     models = list(kimi_k25.KimiK2_5VLImageProcessor.models) if CHOICE is not None else []
 
 
-class KimiK3Processor(OursMixin, kimi_k3.KimiK3ImageProcessor):
+class KimiK3Processor(OursMixin, kimi_k3.KimiK3ImageProcessor, EncodedJpegLoader):
     """SGLang's K3 processing, our pixels; its deferred GPU preprocessing never chosen."""
 
     WRAPPER = K3Wrapper
