@@ -11,9 +11,12 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.timeout(1200)  # above its script's own 900 s limit, so that one reports first
 def test_device_checks_dry_run_packs_within_the_limit_and_the_served_checks_pass(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path)}
     command = ["bash", "tests/gpu/run_device_checks.sh", "--dry-run"]

@@ -192,7 +192,8 @@ def test_close_is_bounded_against_a_stalled_server(serve: ServeProcess, photo: t
     # The calls that register the regions have all the time a busy host needs: what is bounded here
     # is close(), by CLOSE_DEADLINE_S, whatever the processor's deadline.
     remote = RemoteKimiProcessor(url=serve.grpc_url, deadline_s=SERVE_START_BUDGET_S, concurrency=CONCURRENCY)
-    called, done = threading.Barrier(5, timeout=FAILSAFE_S), threading.Event()
+    # The barrier waits past the calls' own budget: a call that fails reports its own error.
+    called, done = threading.Barrier(5, timeout=SERVE_START_BUDGET_S + FAILSAFE_S), threading.Event()
     failed: list[BaseException] = []
 
     def call_and_hold() -> None:

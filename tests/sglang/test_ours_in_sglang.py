@@ -74,18 +74,48 @@ def build_all(dirs: dict[str, Path], setting: str | None) -> dict[str, sglang_si
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
+def server() -> Iterator[tuple[str, int]]:
+    """A real ``kimi-prep serve`` of :data:`SERVED`: the setting that names it, its HTTP port."""
     venv = Path(os.environ.get("KIMI_SERVING_VENV", TESTS.parent / ".venv"))
     serve = venv / "bin" / "kimi-prep"
     assert serve.exists(), f"no {serve}: make setup (or set KIMI_SERVING_VENV) serves the remote side"
-    with kimi_prep_serve([str(serve)], "--models", *SERVED, "--instances", "1", "--threads", "1") as (_, grpc):
-        yield f"grpc://127.0.0.1:{grpc}?deadline_s=120"
+    serving = ("--models", *SERVED, "--instances", "1", "--threads", "1", "--response-cache-mib", "0")
+    with kimi_prep_serve([str(serve)], *serving) as (http, grpc):  # no cache: each request counted
+        yield f"grpc://127.0.0.1:{grpc}?deadline_s=120", http
 
 
 @pytest.fixture(scope="module")
-def forms(tmp_path_factory: pytest.TempPathFactory, server: str) -> dict[str, dict[str, sglang_side.StockSGLang]]:
+def forms(tmp_path_factory: pytest.TempPathFactory, server: tuple) -> dict[str, dict[str, sglang_side.StockSGLang]]:
     dirs = checkpoints.write_checkpoints(tmp_path_factory.mktemp("sglang_checkpoints"))
-    return {"stock": build_all(dirs, None), "local": build_all(dirs, "local"), "remote": build_all(dirs, server)}
+    return {"stock": build_all(dirs, None), "local": build_all(dirs, "local"), "remote": build_all(dirs, server[0])}
+
+
+def served_images(http_port: int) -> int:
+    """Requests the server's models have answered so far (Triton's statistics)."""
+    import json
+    import urllib.request
+
+    total = 0
+    for model in SERVED:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/{model}/stats", timeout=30) as answer:
+            total += sum(stats["inference_count"] for stats in json.load(answer)["model_stats"])
+    return total
+
+
+def counted_library_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter of the library processor's pixel calls (its class's, so every copy SGLang's threads
+    make counts)."""
+    from kimi_vision_prep.processor import KimiVisionProcessor
+
+    calls = [0]
+    original = KimiVisionProcessor._pixels
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(KimiVisionProcessor, "_pixels", counting)
+    return calls
 
 
 def outcome(processor: sglang_side.StockSGLang, datas: list[bytes]) -> dict[str, Any] | BaseException:
@@ -121,9 +151,16 @@ def test_ours_is_built_where_named(forms: dict) -> None:
 
 
 @pytest.mark.parametrize("setup", SETUPS)
-def test_every_corpus_file_equals_stock(forms: dict, setup: str) -> None:
+def test_every_corpus_file_equals_stock(
+    forms: dict, server: tuple, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
     """Every corpus file, one a request: ours (in process and remote) equals SGLang's stock CPU path,
-    or both refuse it with the same error (SGLang's loader, before any processor)."""
+    or both refuse it with the same error (SGLang's loader, before any processor). Ours did the
+    work: the library was called, and the server answered, at least once for each accepted file
+    (the checkpoint's code is the tests' reference, which ours equals: equality alone would not
+    show whose pixels these are)."""
+    library_calls = counted_library_calls(monkeypatch)
+    served_before = served_images(server[1])
     refused = 0
     for name in FILES:
         data = (CORPUS / name).read_bytes()
@@ -132,6 +169,8 @@ def test_every_corpus_file_equals_stock(forms: dict, setup: str) -> None:
         for form in ("local", "remote"):
             assert_same(outcome(forms[form][setup], [data]), stock, f"{form} {setup} {name}")
     assert 0 < refused < len(FILES)
+    assert library_calls[0] >= len(FILES) - refused
+    assert served_images(server[1]) - served_before >= len(FILES) - refused
 
 
 @pytest.mark.parametrize("setup", SETUPS)

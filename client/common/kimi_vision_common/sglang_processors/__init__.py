@@ -69,12 +69,15 @@ def chosen(value: str) -> tuple[str, dict[str, Any]] | None:
 def active_choice() -> tuple[str, dict[str, Any]] | None:
     """What the setting asks for where it can run here, else None (one warning says why). Raises
     ImportError naming what is missing where it was asked for and cannot be imported."""
-    value = os.environ.get(SETTING, "local")
-    choice = chosen(value)
-    if choice is None:
-        return None
     version = sglang_version()
     if version is None:  # imported outside SGLang (its documentation, a listing): nothing to register
+        return None
+    value = os.environ.get(SETTING, "local")
+    try:
+        choice = chosen(value)
+    except ValueError as exc:  # SGLang does not start: the deployment asked for something that is not
+        raise ValueError(f"{SETTING}={value!r}: {exc}") from None
+    if choice is None:
         return None
     if version not in PROVEN_SGLANG:
         proven = ", ".join(".".join(map(str, release)) for release in PROVEN_SGLANG)
@@ -85,8 +88,10 @@ def active_choice() -> tuple[str, dict[str, Any]] | None:
             proven,
         )
         return None
-    module_name, _ = PROCESSORS[choice[0]]
-    for name in (*SGLANG_MODULES, module_name):
+    needed = [PROCESSORS[choice[0]][0]]
+    if choice[1].get("fallback") == "local":
+        needed.append(PROCESSORS["local"][0])
+    for name in (*SGLANG_MODULES, *needed):
         try:
             importlib.import_module(name)
         except ImportError as exc:

@@ -56,9 +56,15 @@ class PixelsOfOurs:
         self.image_processor = getattr(checkpoint, "image_processor", None)
 
     def __call__(self, text: Any = None, medias: list[Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
+        kwargs.pop("device", None)  # SGLang's fast-processor device: ours decides where it works
         out = self.checkpoint(text=text, **kwargs)
         if medias:
-            pixels = self.media_processor.preprocess(list(medias), return_tensors="pt")
+            try:
+                pixels = self.media_processor.preprocess(list(medias), return_tensors="pt")
+            except PreprocessError:
+                raise
+            except Exception as exc:  # a bug or out of memory of ours: SGLang's 500, never its 400
+                raise RuntimeError(f"{type(exc).__name__}: {exc}") from exc
             out["pixel_values"] = pixels["pixel_values"]
             out["grid_thws"] = pixels["grid_thws"]
         return out
@@ -152,6 +158,11 @@ class OursMixin:
         self._processor = wrapper
         if self.processor_fingerprint is not None:  # type: ignore[has-type]
             self.processor_fingerprint = build_processor_fingerprint(self, hf_config)
+
+    def _preprocessing_competes_with_the_scheduler(self) -> bool:
+        # SGLang runs one processor thread, on its event loop, where its processing would use the
+        # GPU; ours works on the CPU or waits on a server on every host: its worker threads apply.
+        return False
 
     async def process_mm_data_async(self, *args: Any, **kwargs: Any) -> Any:
         try:
