@@ -38,27 +38,6 @@ SERVED = "kimi_k25_vision_u8"
 PACKAGE = "kimi_vision_common.sglang_processors"
 
 
-def tree_cpu_s(root: int) -> float:
-    """User + system CPU seconds of process ``root`` and all its descendants."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(stat.parent.name)
-        parents[pid], times[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
-    tree, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    return sum(times.get(pid, 0.0) for pid in tree)
-
-
 def build(checkpoint: Path, setting: str | None) -> Any:
     """SGLang's K2.5 processing of ``checkpoint``, with ours where ``setting`` is given."""
     import importlib
@@ -90,6 +69,7 @@ def main() -> None:
     from make_inputs import ServeProcess
     from photos import benchmark_photos
     from plots import saved_axes
+    from process_tree import tree_cpu_s
 
     photos = benchmark_photos()
     server = ServeProcess(
@@ -139,7 +119,19 @@ def main() -> None:
         ax.set_ylabel("ms per image (median)")
         ax.set_title("SGLang 0.5.23, Kimi-K2.5 processing of the benchmark photos")
         ax.legend()
-    print(json.dumps(report["ratios"], indent=1))
+    print("BENCHMARKS.md row:", markdown_row(report))
+
+
+def markdown_row(report: dict[str, Any]) -> str:
+    """The row BENCHMARKS.md's SGLang table gives for ``report`` (tests/test_docs.py checks it)."""
+    x, r = report["per_image_ms"], report["ratios"]
+    cells = [
+        f"{x['stock']['wall']:.1f}", f"{x['ours']['wall']:.1f}", f"{x['remote']['wall']:.1f}",
+        f"**{r['stock_over_ours_wall']:.2f}x**", f"{r['stock_over_ours_wall_min']:.2f}x",
+        f"{x['stock']['cpu']:.1f}", f"{x['ours']['cpu']:.1f}", f"{x['remote']['cpu']:.1f}",
+        f"**{100 * r['remote_engine_cpu_over_stock_cpu']:.1f}%**", f"{x['remote']['server_cpu']:.1f}",
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
 
 
 def summary(times: dict, names: list[str], repeats: int) -> dict[str, Any]:
@@ -165,7 +157,10 @@ def summary(times: dict, names: list[str], repeats: int) -> dict[str, Any]:
     print(f"{len(names)} photos, {repeats} rounds; per image, ms (median):")
     for side in SIDES:
         print(f"  {side:6s} " + "  ".join(f"{key} {value:8.1f}" for key, value in figures[side].items()))
+    import importlib.metadata
+
     return {
+        "sglang": importlib.metadata.version("sglang"),
         "photos": len(names),
         "repeats": repeats,
         "load_average": os.getloadavg(),

@@ -144,23 +144,9 @@ class Server:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the server's processes (launcher, tritonserver, stubs)."""
-        tick = os.sysconf("SC_CLK_TCK")
-        parents: dict[int, int] = {}
-        times: dict[int, float] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            pid = int(stat.parent.name)
-            parents[pid], times[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
-        tree, frontier = {self.process.pid}, [self.process.pid]
-        while frontier:
-            parent = frontier.pop()
-            children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
-            tree.update(children)
-            frontier.extend(children)
-        return sum(times.get(pid, 0.0) for pid in tree)
+        from process_tree import tree_cpu_s
+
+        return tree_cpu_s(self.process.pid)
 
     def close(self) -> None:
         self.process.terminate()

@@ -31,19 +31,11 @@ sys.path[:0] = [str(HERE), str(TESTS)]
 import checkpoints  # noqa: E402
 import sglang_side  # noqa: E402
 from make_inputs import free_loopback_port, kimi_prep_serve  # noqa: E402
+from test_stock_sglang import FILES as SAMPLE  # noqa: E402  a JPEG, greyscale, CMYK, LA, palette tRNS, RGBA WebP
 
 PACKAGE = "kimi_vision_common.sglang_processors"
 CORPUS = TESTS / "data" / "corpus"
 FILES = sorted(path.name for path in CORPUS.iterdir() if path.is_file())
-# The files the CUDA pretence is tried on: a JPEG, greyscale, CMYK, LA, palette with tRNS, RGBA WebP.
-SAMPLE = (
-    "pil__hopper.jpg",
-    "pil__hopper_gray.jpg",
-    "pil__pil_sample_cmyk.jpg",
-    "pilx__uncompressed_la.png",
-    "pilx__p_trns_single.png",
-    "pilx__transparent.webp",
-)
 SETUPS = {
     "k25": ("kimi-k2.5", {}),
     "k3": ("kimi-k3", {}),
