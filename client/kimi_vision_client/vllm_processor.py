@@ -14,11 +14,9 @@ from typing import Any
 
 from kimi_vision_common.processor_api import HUB_OPTIONS
 from kimi_vision_common.vllm_calls import VllmCalls
-from kimi_vision_common.vllm_plugin import SETTING, processor_class, remote_settings
+from kimi_vision_common.vllm_plugin import SETTING, SHARED_MEMORY, processor_class, remote_settings
 
 from .remote_processor import RemoteKimiProcessor
-
-SHARED_MEMORY = {"auto": None, "yes": True, "no": False}
 
 
 class VllmRemoteKimiProcessor(VllmCalls, RemoteKimiProcessor):

@@ -95,11 +95,13 @@ PROCESSORS: dict[str, tuple[str, str] | None] = {
 MODES = tuple(PROCESSORS)
 # The remote processor's options a setting's query may give: a type, or the values allowed (the
 # first is the default). fallback=local answers in process what the server cannot (the library).
+# The shared_memory option's values -> the remote processor's ``shared_memory`` argument.
+SHARED_MEMORY = {"auto": None, "yes": True, "no": False}
 REMOTE_OPTIONS: dict[str, type | tuple[str, ...]] = {
     "deadline_s": float,
     "concurrency": int,
     "fallback": ("none", "local"),
-    "shared_memory": ("auto", "yes", "no"),
+    "shared_memory": tuple(SHARED_MEMORY),
     "balance": BALANCES,
 }
 # Options every mode but off takes, in the same query: unproven_vllm=yes runs the plugin on a vLLM

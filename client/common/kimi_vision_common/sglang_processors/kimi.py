@@ -38,9 +38,8 @@ from sglang.srt.utils.common import get_image_bytes
 
 from ..errors import PreprocessError, ServerUnavailableError
 from ..faults import is_verdict
+from ..vllm_plugin import SHARED_MEMORY
 from . import CHOICE, PROCESSORS
-
-PRESETS = {"KimiK2_5VLImageProcessor": "kimi-k2.5", "KimiK3ImageProcessor": "kimi-k3"}
 
 
 class PixelsOfOurs:
@@ -83,7 +82,7 @@ def ours_for(checkpoint: Any, preset: str) -> PixelsOfOurs:
         fallback_cls = getattr(importlib.import_module(local_module), local_class)
         options["fallback"] = fallback_cls(media_proc_cfg=checkpoint.media_processor.media_proc_cfg, preset=preset)
     if "shared_memory" in options:
-        options["shared_memory"] = {"auto": None, "yes": True, "no": False}[options["shared_memory"]]
+        options["shared_memory"] = SHARED_MEMORY[options["shared_memory"]]
     processor = cls(media_proc_cfg=checkpoint.media_processor.media_proc_cfg, preset=preset, **options)
     return PixelsOfOurs(checkpoint, processor)
 
@@ -146,14 +145,14 @@ class OursMixin:
     that say whose they are."""
 
     WRAPPER: type = object
+    PRESET = ""  # our preset of the model SGLang's class serves
     gpu_image_decode = False
 
     def __init__(self, hf_config: Any, server_args: Any, _processor: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(hf_config, server_args, _processor, *args, **kwargs)  # type: ignore[call-arg]
-        preset = PRESETS[next(c.__name__ for c in type(self).__mro__ if c.__name__ in PRESETS)]
         wrapper = copy.copy(self._processor)  # type: ignore[has-type]
         wrapper.__class__ = self.WRAPPER
-        wrapper._hf_processor = ours_for(wrapper._hf_processor, preset)
+        wrapper._hf_processor = ours_for(wrapper._hf_processor, self.PRESET)
         wrapper.media_processor = wrapper._hf_processor.media_processor
         self._processor = wrapper
         if self.processor_fingerprint is not None:  # type: ignore[has-type]
@@ -213,6 +212,7 @@ class KimiK25Processor(OursMixin, kimi_k25.KimiK2_5VLImageProcessor, EncodedJpeg
     """SGLang's K2.5 processing, our pixels."""
 
     WRAPPER = K25Wrapper
+    PRESET = "kimi-k2.5"
     models = list(kimi_k25.KimiK2_5VLImageProcessor.models) if CHOICE is not None else []
 
 
@@ -220,6 +220,7 @@ class KimiK3Processor(OursMixin, kimi_k3.KimiK3ImageProcessor, EncodedJpegLoader
     """SGLang's K3 processing, our pixels; its deferred GPU preprocessing never chosen."""
 
     WRAPPER = K3Wrapper
+    PRESET = "kimi-k3"
     models = list(kimi_k3.KimiK3ImageProcessor.models) if CHOICE is not None else []
 
     def _should_defer_gpu_preprocessing(self, images: Any) -> bool:
