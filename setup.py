@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent
 COMMON = f"kimi-vision-common @ {(ROOT / 'client' / 'common').as_uri()}"
 
 EXTENSIONS = [
-    # Rows of a JPEG by Pillow's own libjpeg-turbo, in bands on several threads (jpeg_bands.py).
+    # Rows of a JPEG by Pillow's own libjpeg-turbo, in bands on several threads (decode/jpeg_bands.py).
     # Built against the system's libjpeg headers (Debian libjpeg62-turbo-dev; the Makefile installs
     # them); optional: without them the package installs and clean JPEGs take simplejpeg (said once
     # in the log).
@@ -35,7 +35,7 @@ setup(
         "numba>=0.60",
         # The reference build: Pillow's verdict and pixels are the contract.
         "pillow==13.0.0",
-        # The CPU fast route for clean JPEGs (libjpeg-turbo 3, SIMD; bit-equal to Pillow, decode.py).
+        # The CPU fast route for clean JPEGs (libjpeg-turbo 3, SIMD; bit-equal to Pillow, decode/routes.py).
         "simplejpeg==1.9.0",
         # FFmpeg through PyAV: video decode (its wheels bundle FFmpeg; tests also encode clips with it).
         "av>=17",  # VideoReformatter.reformat(threads=...)

@@ -25,7 +25,7 @@ from PIL import Image
 
 from kimi_vision_prep import PRESETS, navit_target_size
 from kimi_vision_prep.numba_runtime import set_num_threads
-from kimi_vision_prep.resize import resize
+from kimi_vision_prep.resize.resize import resize
 from kimi_vision_server.cli.bench_local import time_calls
 
 SOURCES = [(4000, 3000), (2048, 2048)]

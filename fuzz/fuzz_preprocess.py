@@ -51,7 +51,9 @@ FINDINGS_EXIT = 3  # the fuzzing process's status when it recorded rule violatio
 # Instrumented for coverage: Pillow and the library, except the modules holding numba kernels
 # (atheris' bytecode instrumentation breaks their compilation).
 INSTRUMENTED = ["PIL", "kimi_vision_prep"]
-NOT_INSTRUMENTED = [f"kimi_vision_prep.{m}" for m in ("jpeg_scan", "normalize", "numba_runtime", "resize_numba")]
+NOT_INSTRUMENTED = [
+    f"kimi_vision_prep.{m}" for m in ("decode.jpeg_scan", "patchify.normalize", "numba_runtime", "resize.resize_numba")
+]
 CHILD_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 

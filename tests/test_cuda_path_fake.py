@@ -1,7 +1,7 @@
 """The CUDA decode path of ``ImageDecoder`` against a fake nvImageCodec (no GPU on CI).
 
 What is faked is only what needs CUDA: the nvImageCodec module (``tests/fakes/nvimgcodec.py``)
-and the ``torch.cuda`` calls ``decode.py`` makes (``tests/fakes/torch_cuda.py``). Pillow, the
+and the ``torch.cuda`` calls ``decode/decoder.py`` makes (``tests/fakes/torch_cuda.py``). Pillow, the
 routing, the pool and ``torch.from_dlpack`` run for real. ``tests/gpu`` runs the same path on a GPU.
 """
 
@@ -18,7 +18,7 @@ from fakes.nvimgcodec import BackendKind, FakeNvImgCodec
 from PIL import Image
 
 from kimi_vision_prep import FallbackError, ImageDecoder, get_preset, preprocess_decoded
-from kimi_vision_prep import decode as decode_module
+from kimi_vision_prep.decode import decoder as decode_module
 
 K25 = get_preset("kimi-k2.5")
 BASELINE_JPEG = "pil__hopper.jpg"

@@ -25,11 +25,11 @@ from kimi_vision_prep import (
     InvalidImageError,
     PreprocessError,
     PreprocessResult,
-    jpeg_bands,
     pipeline,
 )
-from kimi_vision_prep import decode as decode_module
-from kimi_vision_prep.decode import CPU_ROUTES
+from kimi_vision_prep.decode import decoder as decode_module
+from kimi_vision_prep.decode import jpeg_bands
+from kimi_vision_prep.decode.decoder import CPU_ROUTES
 
 # This module tests nvImageCodec's pool, fallbacks and batching: its decoders take only that route
 # (libjpeg, the default first CPU route, is covered by test_exactness.py, test_jpeg_bands.py and

@@ -34,7 +34,7 @@ from reference import RefResult, ref_size, reference_preprocess
 
 import kimi_vision_prep
 from kimi_vision_prep import ImageDecoder, PreprocessResult
-from kimi_vision_prep.decode import CPU_ROUTES
+from kimi_vision_prep.decode.decoder import CPU_ROUTES
 
 PRESET_NAMES = ("kimi-k2.5", "kimi-k3")
 FAST = "libjpeg"  # the CPU fast route of a clean JPEG; nvimgcodec-cpu takes what it refuses

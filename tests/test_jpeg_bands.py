@@ -33,9 +33,11 @@ from PIL import Image
 from reference import reference_preprocess
 
 import kimi_vision_prep
-from kimi_vision_prep import ImageDecoder, InvalidImageError, decode_routes, jpeg_bands
-from kimi_vision_prep import decode as decode_module
-from kimi_vision_prep.jpeg_scan import scan_jpeg
+from kimi_vision_prep import ImageDecoder, InvalidImageError
+from kimi_vision_prep.decode import decoder as decode_module
+from kimi_vision_prep.decode import jpeg_bands
+from kimi_vision_prep.decode import routes as decode_routes
+from kimi_vision_prep.decode.jpeg_scan import scan_jpeg
 
 # Clean corpus JPEGs of every layout the route meets: 4:2:0, 4:2:2 and 4:4:4 chroma, grey,
 # restart markers, non-multiple-of-16 sizes, progressive (decoded in one band), a camera photo.

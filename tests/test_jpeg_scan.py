@@ -11,7 +11,7 @@ import pytest
 from make_inputs import jpeg_rgb
 from PIL import Image
 
-from kimi_vision_prep.jpeg_scan import _FF_BLOCK, _next_ff, scan_jpeg
+from kimi_vision_prep.decode.jpeg_scan import _FF_BLOCK, _next_ff, scan_jpeg
 
 
 def _naive_next_ff(buf: np.ndarray, pos: int) -> int:

@@ -15,7 +15,7 @@ import pytest
 
 import kimi_vision_prep as kvp
 from kimi_vision_common.patches import expand_with_table_torch, normalize_table
-from kimi_vision_prep.normalize import (
+from kimi_vision_prep.patchify.normalize import (
     IDENTITY_TABLE,
     expand_patches,
     patchify_numpy,
@@ -200,8 +200,8 @@ def test_concat_results_of_nothing_is_empty_with_the_right_shapes() -> None:
 
 def test_public_ops_dispatch_on_the_array_type() -> None:
     """One op, one kernel per type (kimi_vision_prep.kernels): numpy in, numpy out; torch in, torch out."""
-    from kimi_vision_prep.normalize import expand_patches as expand
-    from kimi_vision_prep.normalize import patchify, write_patches
+    from kimi_vision_prep.patchify.normalize import expand_patches as expand
+    from kimi_vision_prep.patchify.normalize import patchify, write_patches
 
     table = normalize_table(*TABLES["kimi"])
     image = np.random.default_rng(8).integers(0, 256, size=(20, 30, 3), dtype=np.uint8)

@@ -339,7 +339,7 @@ def test_the_turn_is_pillows_for_every_orientation_and_array_type(orientation: i
     """``turned`` of a non-square RGB array, as numpy, as a PIL image and (where torch is installed)
     as a torch tensor: the pixels of Pillow's transposition that ``exif_transpose`` applies."""
     from kimi_vision_common.orientation import TRANSPOSITIONS
-    from kimi_vision_prep.orientation import turned
+    from kimi_vision_prep.decode.orientation import turned
 
     pixels = np.random.default_rng(orientation).integers(0, 256, (5, 7, 3), dtype=np.uint8)
     image = Image.fromarray(pixels)

@@ -8,7 +8,7 @@ import pytest
 from make_inputs import jpeg_rgb, with_comment
 
 from kimi_vision_prep import get_preset, preprocess_bytes, preprocess_decoded
-from kimi_vision_prep.decode import ImageDecoder
+from kimi_vision_prep.decode.decoder import ImageDecoder
 from kimi_vision_prep.pipeline import resized_decoded
 from kimi_vision_prep.repeat_cache import RepeatCache, pixel_bytes, repeat_key
 

@@ -8,9 +8,9 @@ from make_inputs import pillow_resize
 from PIL import Image
 
 from kimi_vision_prep import PRESETS, navit_target_size
-from kimi_vision_prep.resample import vertical_pass_first
-from kimi_vision_prep.resize import premultiply_torch, resize, unpremultiply_torch
-from kimi_vision_prep.resize_numba import premultiply_numpy, unpremultiply_numpy
+from kimi_vision_prep.resize.resample import vertical_pass_first
+from kimi_vision_prep.resize.resize import premultiply_torch, resize, unpremultiply_torch
+from kimi_vision_prep.resize.resize_numba import premultiply_numpy, unpremultiply_numpy
 
 torch = pytest.importorskip("torch")
 

@@ -1131,7 +1131,9 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
         import numpy as np
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import test_serving_units as t
-        from kimi_vision_prep import normalize, resize_numba, video_decode
+        from kimi_vision_prep.patchify import normalize
+        from kimi_vision_prep.resize import resize_numba
+        from kimi_vision_prep import video_decode
         from kimi_vision_server.media_models import VideoChunkModel, VideoModel
         from make_inputs import video_clips
         from types import SimpleNamespace

@@ -105,7 +105,7 @@ import numpy as np
 sys.path.insert(0, "tests")
 from make_inputs import jpeg_rgb, rgb_pattern, video_clips
 import kimi_vision_prep as kvp
-from kimi_vision_prep.normalize import patchify
+from kimi_vision_prep.patchify.normalize import patchify
 images = [jpeg_rgb(1800, 1300, seed=1), jpeg_rgb(640, 480, seed=2)]
 clip = video_clips()["h264_29.97fps_320x240.mp4"]
 pixels = rgb_pattern(1400, 1000)
@@ -118,7 +118,8 @@ parent = run()
 kvp.preprocess_bytes(images[0])  # dropped: its output's block goes to the free list
 assert kvp.buffer_stats()["recycled_bytes"] > 0
 print(numba.threading_layer())
-from kimi_vision_prep import buffers, decode, numba_runtime
+from kimi_vision_prep import buffers, numba_runtime
+from kimi_vision_prep.decode import decoder as decode
 decoder = decode.default_decoder()
 locks = [decode._default_lock, buffers._arenas_lock, buffers._free_list._lock, numba_runtime.numba_lock,
          decoder._codec_lock, decoder._callers_lock, decoder._thread_pool_lock, decoder.pool._cond, decoder.stats._lock]

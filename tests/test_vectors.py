@@ -14,8 +14,8 @@ from c_step import F32_P, U8_P, load_c_step
 from vectors import NORMALISE_VECTORS, PATCH_VECTORS, NormaliseVector, PatchVector
 
 from kimi_vision_common.patches import expand_with_table, expand_with_table_torch, normalize_table
-from kimi_vision_prep.normalize import IDENTITY_TABLE, write_patches_numpy, write_patches_torch
-from kimi_vision_prep.normalize import expand_patches as expand_patches_numba
+from kimi_vision_prep.patchify.normalize import IDENTITY_TABLE, write_patches_numpy, write_patches_torch
+from kimi_vision_prep.patchify.normalize import expand_patches as expand_patches_numba
 
 torch = pytest.importorskip("torch")
 

@@ -35,12 +35,11 @@ _EXPORTS: dict[str, str] = {
         "kimi_vision_common.presets",
     ),
     **dict.fromkeys(("TargetSize", "navit_target_size"), "kimi_vision_common.sizing"),
-    **dict.fromkeys(
-        ("ImagesResult", "TokenCount", "VideoChunkResult", "concat_results"), "kimi_vision_common.results"
-    ),
+    **dict.fromkeys(("ImagesResult", "TokenCount", "VideoChunkResult", "concat_results"), "kimi_vision_common.results"),
     **dict.fromkeys(("buffer_stats", "configure_buffers"), "kimi_vision_prep.buffers"),
     **dict.fromkeys(("DecodeLimits", "VideoLimits"), "kimi_vision_prep.limits"),
-    **dict.fromkeys(("DecodedImage", "ImageDecoder", "default_decoder"), "kimi_vision_prep.decode"),
+    "DecodedImage": "kimi_vision_prep.decode.routes",
+    **dict.fromkeys(("ImageDecoder", "default_decoder"), "kimi_vision_prep.decode.decoder"),
     "set_num_threads": "kimi_vision_prep.numba_runtime",
     **dict.fromkeys(
         (

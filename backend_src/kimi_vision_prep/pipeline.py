@@ -23,10 +23,10 @@ from kimi_vision_common.sizing import TargetSize, navit_target_size
 from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST, NUM_TOKENS_DTYPE
 
 from .buffers import scratch_scope
-from .composite import composite_on_chessboard
-from .decode import DecodedImage, ImageDecoder, default_decoder
-from .decode_routes import host_to_device
-from .normalize import (
+from .decode.decoder import DecodedImage, ImageDecoder, default_decoder
+from .decode.orientation import turned
+from .patchify.composite import composite_on_chessboard
+from .patchify.normalize import (
     IDENTITY_TABLE,
     concatenate_patches,
     expand_patches,
@@ -35,9 +35,8 @@ from .normalize import (
     write_patch_rows,
     write_patches,
 )
-from .orientation import turned
-from .pillow_io import as_rgb_array
-from .resize import resize
+from .pixels import as_rgb_array, host_to_device
+from .resize.resize import resize
 from .tokens import check_image_count, check_patch_budget
 
 # The patch work per image row against decoding the row, by output (where row bands split:
@@ -139,7 +138,7 @@ def _result(decoded: DecodedImage, target: TargetSize, output: PixelOutput, pixe
 
 class PatchRows:
     """Patches written band by band while a JPEG is decoded in row bands (a
-    :class:`~.jpeg_bands.RowConsumer`): for an image the NaViT rule keeps at its stored size, each
+    :class:`~.decode.jpeg_bands.RowConsumer`): for an image the NaViT rule keeps at its stored size, each
     band pads, normalises and patchifies its own rows on its own thread right after decoding them,
     so the output's write overlaps the rest of the decode, and no parallel kernel wakes numba's
     threads after it. :meth:`rows_for` is the decoder's ``rows_for``; after a decode with
@@ -237,7 +236,7 @@ def preprocess_batch(
     On the CPU, ``workers`` threads (default :func:`batch_workers`) each take whole images by
     :func:`preprocess_bytes`, so one image's decode (the decoders release the GIL) overlaps
     another's resize and patchify; an image is decoded in row bands only while the other workers
-    are idle (:meth:`~.decode.ImageDecoder.claim`: the batch's last one). The caller's numba
+    are idle (:meth:`~.decode.decoder.ImageDecoder.claim`: the batch's last one). The caller's numba
     threads are shared out among the workers (at least one each): the workers fill the cores
     already, and a worker's parallel kernels would otherwise wake threads that then compete with
     the other worker (under the omp layer they also spin for milliseconds after each kernel).

@@ -34,10 +34,10 @@ from kimi_vision_common.processor_api import (
 )
 from kimi_vision_common.results import PixelOutput
 
-from .decode import DecodedImage, ImageDecoder
+from .decode.decoder import DecodedImage, ImageDecoder
+from .decode.pillow_io import pillow_pixels
 from .extras import TORCH_EXTRA
-from .normalize import concatenate_patches
-from .pillow_io import pillow_pixels
+from .patchify.normalize import concatenate_patches
 from .pipeline import PreprocessResult, preprocess_bytes, preprocess_decoded, preprocess_turned
 from .tokens import count_tokens
 from .video import preprocess_frames, preprocess_video_chunk, sample_video
@@ -58,7 +58,7 @@ class KimiVisionProcessor(ProcessorInterface):
     """The checkpoint's vision processor (K2.5 / K2.6 / K3), bit-equal and faster, in this process.
 
     ``media_proc_cfg`` and ``preset`` as :class:`~kimi_vision_common.processor_api.ProcessorInterface`
-    takes them. ``decoder``: the :class:`~.decode.ImageDecoder` for encoded inputs (default: the
+    takes them. ``decoder``: the :class:`~.decode.decoder.ImageDecoder` for encoded inputs (default: the
     shared CPU one; ``ImageDecoder(device="cuda")`` decodes on a GPU and returns torch CUDA tensors).
     """
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from kimi_vision_common.presets import Preset
 
-from .decode_routes import DecodedImage
+from .decode.routes import DecodedImage
 
 RepeatKey = tuple[bytes, str]  # (SHA-256 of the encoded bytes, preset name)
 

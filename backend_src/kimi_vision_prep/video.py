@@ -40,12 +40,12 @@ from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import VideoChunkResult
 from kimi_vision_common.sizing import TargetSize, chunk_target, chunk_tokens
 
-from .decode import ImageDecoder, default_decoder
+from .decode.decoder import ImageDecoder, default_decoder
 from .limits import VideoLimits
-from .normalize import empty_patches, patchify, write_patches
 from .numba_runtime import kernel_threads
+from .patchify.normalize import empty_patches, patchify, write_patches
 from .pipeline import PIXEL_OUTPUTS, PixelOutput, PreprocessResult, batch_workers, with_index
-from .resize import resize
+from .resize.resize import resize
 from .video_decode import DecodePlan, Demuxed, FrameProducer, decode_plan, demux
 
 # -- chunks ---------------------------------------------------------------------------------------

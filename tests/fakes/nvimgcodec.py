@@ -89,7 +89,7 @@ class DecodeCall:
 
 @dataclass
 class FakeNvImgCodec:
-    """Module stand-in: the attributes ``decode.py`` reads, plus what the tests inspect."""
+    """Module stand-in: the attributes ``decode/decoder.py`` reads, plus what the tests inspect."""
 
     outcome: Outcome = "ok"
     decoders: list[Decoder] = field(default_factory=list)

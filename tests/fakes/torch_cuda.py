@@ -1,4 +1,4 @@
-"""The few ``torch.cuda`` calls ``decode.py`` makes, faked for a CPU-only torch build.
+"""The few ``torch.cuda`` calls ``decode/decoder.py`` makes, faked for a CPU-only torch build.
 
 ``install(monkeypatch)`` replaces ``torch.cuda.device`` (records the device entered),
 ``torch.cuda.current_stream`` (a stream whose ``cuda_stream`` handle encodes the current device,

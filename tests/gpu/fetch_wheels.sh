@@ -8,7 +8,7 @@
 #   nvidia-nvimgcodec-cu13  nvImageCodec (its CUDA 13 build)
 #   nvidia-nvjpeg           nvJPEG for CUDA 13, 13.0.x to match the machine's CUDA 13.0 driver
 #   pillow==13.0.0          the reference build (the machine's Pillow may be another version)
-#   simplejpeg==1.9.0       the CPU fast route decode.py imports
+#   simplejpeg==1.9.0       the CPU fast route decode/routes.py imports
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

@@ -60,8 +60,8 @@ from PIL import Image
 
 from kimi_vision_common.sizing import navit_target_size
 from kimi_vision_prep import ImageDecoder, get_preset, preprocess_batch, preprocess_decoded
-from kimi_vision_prep.decode import FANCY_UPSAMPLING_OPTIONS
-from kimi_vision_prep.resize import resize
+from kimi_vision_prep.decode.decoder import FANCY_UPSAMPLING_OPTIONS
+from kimi_vision_prep.resize.resize import resize
 
 PRESETS = ("kimi-k2.5", "kimi-k3")
 SYNTHETIC_SETS = {"synthetic_1080p": (1920, 1080, 16), "synthetic_12mp": (4000, 3000, 8)}

@@ -39,11 +39,11 @@ from kimi_vision_prep import (
     pixel_values_from_patches,
     preprocess_decoded,
 )
-from kimi_vision_prep.jpeg_scan import scan_jpeg
-from kimi_vision_prep.orientation import turned
+from kimi_vision_prep.decode.jpeg_scan import scan_jpeg
+from kimi_vision_prep.decode.orientation import turned
 from kimi_vision_prep.pipeline import preprocess_turned, resized_decoded
 from kimi_vision_prep.repeat_cache import RepeatCache, repeat_key
-from kimi_vision_prep.resize import resize
+from kimi_vision_prep.resize.resize import resize
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device (run tests/gpu/run_device_checks.sh on a GPU machine)", allow_module_level=True)

@@ -129,7 +129,7 @@ def sides(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def has_transparency(name: str) -> bool:
     from PIL import Image
 
-    from kimi_vision_prep.pillow_io import has_alpha
+    from kimi_vision_prep.pixels import has_alpha
 
     with Image.open(CORPUS / name) as image:
         return has_alpha(image)

@@ -9,7 +9,7 @@ from typing import Any
 from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.presets import Preset
 from kimi_vision_common.wire import IMAGE_BYTES
-from kimi_vision_prep.decode import DecodedImage, DecodeStats, ImageDecoder
+from kimi_vision_prep.decode.decoder import DecodedImage, DecodeStats, ImageDecoder
 from kimi_vision_prep.numba_runtime import set_num_threads
 from kimi_vision_prep.pipeline import resized_decoded, with_index
 from kimi_vision_prep.repeat_cache import RepeatCache, RepeatKey, repeat_key
@@ -71,7 +71,7 @@ class ImageDecoding:
         K images or its error (the first bad image's, with its index).
 
         On a GPU, or without ``resize``, all of them are decoded in one batch call. On the CPU with
-        ``resize`` they are decoded :attr:`~kimi_vision_prep.decode.ImageDecoder.cpu_workers` at a
+        ``resize`` they are decoded :attr:`~kimi_vision_prep.decode.decoder.ImageDecoder.cpu_workers` at a
         time, each resized before the next call: so at most that many stored-size images are
         alive at once (a batch of eight 12 MP photos decoded at once held 8 x 36 MB)."""
         model = self.model

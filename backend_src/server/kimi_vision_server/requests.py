@@ -75,9 +75,9 @@ from kimi_vision_common.wire import (
     STORED_SIZES,
 )
 from kimi_vision_prep.buffers import scratch
-from kimi_vision_prep.decode import DecodedImage
+from kimi_vision_prep.decode.decoder import DecodedImage
 from kimi_vision_prep.kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
-from kimi_vision_prep.normalize import concatenate_patches
+from kimi_vision_prep.patchify.normalize import concatenate_patches
 from kimi_vision_prep.pipeline import PixelOutput, map_indexed, out_rows, pixel_values_from_patches, preprocess_decoded
 from kimi_vision_prep.tokens import check_image_count, check_patch_total
 

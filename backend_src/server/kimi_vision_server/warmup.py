@@ -9,8 +9,8 @@ import numpy as np
 from PIL import Image
 
 from kimi_vision_common.presets import Preset
-from kimi_vision_prep.decode import DecodedImage
-from kimi_vision_prep.pillow_io import pillow_pixels
+from kimi_vision_prep.decode.decoder import DecodedImage
+from kimi_vision_prep.decode.pillow_io import pillow_pixels
 
 
 def _ramps() -> tuple[np.ndarray, np.ndarray, np.ndarray]:

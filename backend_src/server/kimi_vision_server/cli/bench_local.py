@@ -35,11 +35,12 @@ from PIL import Image
 
 from kimi_vision_client.samples import bench_photos
 from kimi_vision_common.patches import normalize_table
-from kimi_vision_prep import ImageDecoder, get_preset, jpeg_bands, navit_target_size, preprocess_batch, preprocess_bytes
+from kimi_vision_prep import ImageDecoder, get_preset, navit_target_size, preprocess_batch, preprocess_bytes
 from kimi_vision_prep.buffers import scratch_scope
-from kimi_vision_prep.decode_routes import decode_simplejpeg
-from kimi_vision_prep.jpeg_scan import scan_jpeg
-from kimi_vision_prep.normalize import write_patches
+from kimi_vision_prep.decode import jpeg_bands
+from kimi_vision_prep.decode.jpeg_scan import scan_jpeg
+from kimi_vision_prep.decode.routes import decode_simplejpeg
+from kimi_vision_prep.patchify.normalize import write_patches
 from kimi_vision_prep.pipeline import PixelOutput, resize_to_target
 
 from ..allocator import keep_large_buffers
@@ -91,7 +92,7 @@ def fastest_exact_decode(im: BenchImage) -> np.ndarray:
 
 def floor_decoder(data: bytes, width: int, height: int) -> str:
     """The fastest single-thread decoder exact for the file: simplejpeg
-    (:func:`~kimi_vision_prep.decode_routes.decode_simplejpeg`) where its strict mode takes it, else
+    (:func:`~kimi_vision_prep.decode.routes.decode_simplejpeg`) where its strict mode takes it, else
     the libjpeg route on one thread (:func:`libjpeg_on_one_thread`) where that takes it, else Pillow."""
     if decode_simplejpeg(data, width, height) is not None:
         return "simplejpeg"

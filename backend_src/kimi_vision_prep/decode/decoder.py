@@ -14,7 +14,7 @@ Routing (spec section 2; "Pillow's verdict, Pillow's pixels"):
    about raises and goes on), then nvImageCodec's CPU backend (``nvimgcodec-cpu``, exact) for
    what they refused. On a GPU it is nvImageCodec with ``:fancy_upsampling=1`` and no
    EXIF rotation (``nvimgcodec-cuda``: a CUDA tensor via DLPack; near-exact, different IDCT).
-   The routes themselves are registered by name in :mod:`.decode_routes`; this module plans,
+   The routes themselves are registered by name in :mod:`.routes`; this module plans,
    pools and threads them.
 4. Everything else (CMYK/YCCK, lossless, 12-bit, damaged streams, PNG/GIF/WebP/BMP/TIFF) takes the
    planned ``pillow`` route: Pillow decodes and gives the verdict, by definition exact.
@@ -31,12 +31,11 @@ transparency key, ...), which the resize step resizes with Pillow in that mode.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -46,9 +45,14 @@ from kimi_vision_common.errors import FallbackError, ImageTooLargeError, Invalid
 from kimi_vision_common.pillow_open import open_with_pillow
 from kimi_vision_common.presets import Preset
 
+from ..extras import require_torch
+from ..limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits
+from ..pixels import host_to_device
 from . import jpeg_bands
-from .decode_pool import DecodePool
-from .decode_routes import (
+from .jpeg_scan import scan_jpeg
+from .pillow_io import pillow_pixels
+from .pool import DecodePool
+from .routes import (
     CPU_DECODERS,
     CPU_ROUTES,
     FANCY_UPSAMPLING_OPTIONS,
@@ -58,51 +62,9 @@ from .decode_routes import (
     Plan,
     RowsFor,
     available_routes,
-    host_to_device,
     import_nvimgcodec,
 )
-from .extras import require_torch
-from .jpeg_scan import scan_jpeg
-from .limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits
-from .pillow_io import pillow_pixels
-
-log = logging.getLogger("kimi_vision_prep.decode")
-
-
-class DecodeStats:
-    """Counters of decode paths and fallback reasons (bounded: reasons are fixed strings), the one
-    place that records a decode: each fallback reason is logged once, through ``warn``, and every
-    decode is passed to ``on_decode(path, fallback_reason)`` (a serving model's metrics)."""
-
-    def __init__(
-        self,
-        warn: Callable[[str], None] = log.warning,
-        on_decode: Callable[[str, str | None], None] | None = None,
-    ) -> None:
-        self._lock = threading.Lock()
-        self._warn = warn
-        self._on_decode = on_decode
-        self.paths: Counter[str] = Counter()
-        self.fallbacks: Counter[str] = Counter()
-
-    def record(self, path: str, fallback_reason: str | None) -> None:
-        with self._lock:
-            self.paths[path] += 1
-            first = fallback_reason is not None and fallback_reason not in self.fallbacks
-            if fallback_reason is not None:
-                self.fallbacks[fallback_reason] += 1
-        if self._on_decode is not None:
-            self._on_decode(path, fallback_reason)
-        if first:
-            self._warn(f"decoder fallback to Pillow (logged once per reason): {fallback_reason}")
-
-    def snapshot(self) -> dict[str, dict[str, int]]:
-        with self._lock:
-            return {"paths": dict(self.paths), "fallbacks": dict(self.fallbacks)}
-
-    def unlock_after_fork(self) -> None:
-        """A new lock, in a forked child: a thread that held the old one at the fork is gone."""
-        self._lock = threading.Lock()
+from .stats import DecodeStats
 
 
 def _parse_device(device: str) -> tuple[str, int]:
@@ -124,11 +86,11 @@ class ImageDecoder:
     ``cpu_decode_threads`` is the threads of one CPU decode call (0: all cores): the JPEGs of a
     batch that many at once, or a lone JPEG in row bands on those of them that are idle
     (:mod:`.jpeg_bands`): one pool, so a batch and a lone photo use the same cores.
-    ``stats`` records every decode (default: a fresh :class:`DecodeStats` logging to this module's
-    logger). ``cpu_routes``: the fast CPU decoders a clean JPEG may take, in order (default all:
-    libjpeg, simplejpeg, then nvImageCodec for what they refuse; the benchmark and the exactness
-    tests run each alone), every one exact; ``libjpeg`` is left out, with a warning logged once,
-    where its extension was not built.
+    ``stats`` records every decode (default: a fresh :class:`DecodeStats` logging to the
+    ``kimi_vision_prep.decode`` logger). ``cpu_routes``: the fast CPU decoders a clean JPEG may
+    take, in order (default all: libjpeg, simplejpeg, then nvImageCodec for what they refuse; the
+    benchmark and the exactness tests run each alone), every one exact; ``libjpeg`` is left out,
+    with a warning logged once, where its extension was not built.
     """
 
     def __init__(
@@ -337,7 +299,7 @@ class ImageDecoder:
             return len(self._callers) == 1
 
     def _map_cpu(self, decode: CpuRoute, plans: list[Plan], rows_for: RowsFor | None) -> None:
-        """``decode`` (a :data:`~.decode_routes.CPU_DECODERS` route; they release the GIL) of each
+        """``decode`` (a :data:`~.routes.CPU_DECODERS` route; they release the GIL) of each
         plan: a lone plan on the calling thread, in up to ``cpu_workers`` row bands while its thread
         is the only caller (:meth:`claim`), its rows offered to ``rows_for``; several on up to
         ``cpu_workers`` threads at once, whole."""

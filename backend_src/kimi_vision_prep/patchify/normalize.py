@@ -9,8 +9,9 @@ wire", 4x smaller than float32), and :func:`expand_patches` applies the table la
 another process: ``expand_patches(patchify(img, ...), table)`` equals ``write_patches(img, table,
 ...)`` bit for bit, because both are the same table read of the same uint8 value.
 
-Each op dispatches on its first argument (:mod:`.kernels`): numpy arrays to numba kernels, torch
-tensors (any device) to one gather plus a view/permute; twins take and return the same dtypes.
+Each op dispatches on its first argument (:mod:`kimi_vision_prep.kernels`): numpy arrays to numba
+kernels, torch tensors (any device) to one gather plus a view/permute; twins take and return the
+same dtypes.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from numba.extending import intrinsic, overload
 
 from kimi_vision_common.patches import expand_with_table, expand_with_table_torch
 
-from .buffers import empty_output
-from .kernels import NUMPY, TORCH, get_kernel, register_kernel
-from .numba_runtime import kernel_input, parallel_kernel
+from ..buffers import empty_output
+from ..kernels import NUMPY, TORCH, get_kernel, register_kernel
+from ..numba_runtime import kernel_input, parallel_kernel
 
 if TYPE_CHECKING:
     import torch
@@ -344,7 +345,8 @@ def write_patches_numpy(
 
 def patches_out(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """``out`` checked (writable, C-contiguous, ``shape`` and ``dtype``; else ValueError), or a new
-    :func:`~.buffers.empty_output` array when None: where the numba kernels write patches."""
+    :func:`~kimi_vision_prep.buffers.empty_output` array when None: where the numba kernels write
+    patches."""
     if out is None:
         return empty_output(shape, dtype)
     if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous or not out.flags.writeable:

@@ -77,7 +77,7 @@ def _binding() -> tuple[str | None, str | None]:
     try:
         from PIL import _imaging
 
-        from . import _libjpeg
+        from .. import _libjpeg
 
         return os.path.realpath(_libjpeg.bind(_imaging.__file__)), None
     except ImportError as exc:
@@ -99,7 +99,7 @@ def unavailable_reason() -> str | None:
 def _extension() -> object:
     if libjpeg_path() is None:
         raise RuntimeError(f"the libjpeg route is unavailable: {unavailable_reason()}")
-    from . import _libjpeg
+    from .. import _libjpeg
 
     return _libjpeg
 
@@ -141,8 +141,17 @@ class _SharedDecode:
         height, width = self.pixels.shape[0], self.pixels.shape[1]
         try:
             begin, end, _ = libjpeg.decode_share(
-                self.data, self.pixels, width, height, self.regions, index, self.multiple, self.min_rows,
-                SKIP_COST, self.row_cost, self.tolerant,
+                self.data,
+                self.pixels,
+                width,
+                height,
+                self.regions,
+                index,
+                self.multiple,
+                self.min_rows,
+                SKIP_COST,
+                self.row_cost,
+                self.tolerant,
             )
         except libjpeg.JpegError:
             return False

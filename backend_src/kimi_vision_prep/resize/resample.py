@@ -13,15 +13,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from kimi_vision_common.errors import UnsupportedImageError
 
 # One resampling pass of a backend: (image (H, W, C), bounds, coef) -> resampled image.
-# The filter an image is resized with: Pillow resizes palette and 1-bit images with NEAREST.
-Resample = Literal["bicubic", "nearest"]
 ResamplePass = Callable[[Any, np.ndarray, np.ndarray], Any]
 
 PRECISION_BITS = 22  # fractional bits of Pillow's 8-bit fixed-point coefficients

@@ -16,13 +16,13 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .buffers import scratch
-from .kernels import NUMPY, register_kernel
-from .numba_runtime import kernel_input, load_word, parallel_kernel
+from ..buffers import scratch
+from ..kernels import NUMPY, register_kernel
+from ..numba_runtime import kernel_input, load_word, parallel_kernel
+from ..pixels import Resample
 from .resample import (
     PRECISION_BITS,
     ROUNDING_BIAS,
-    Resample,
     bicubic_two_pass,
     check_image,
     nearest_indices,
@@ -107,8 +107,14 @@ def _transpose_8x8(rows: np.ndarray, i: int, words: np.ndarray, group: int) -> N
     ``p % 3``) of all eight rows becomes word ``3p + group``, whose byte ``r`` is ``rows[r][p]``."""
     a = _transpose_bytes(
         (
-            load_word(rows[0], i), load_word(rows[1], i), load_word(rows[2], i), load_word(rows[3], i),
-            load_word(rows[4], i), load_word(rows[5], i), load_word(rows[6], i), load_word(rows[7], i),
+            load_word(rows[0], i),
+            load_word(rows[1], i),
+            load_word(rows[2], i),
+            load_word(rows[3], i),
+            load_word(rows[4], i),
+            load_word(rows[5], i),
+            load_word(rows[6], i),
+            load_word(rows[7], i),
         )
     )
     base = 3 * i + group
@@ -123,8 +129,14 @@ def _transpose_back_8x8(words: np.ndarray, group: int, i: int, rows: np.ndarray)
     base = 3 * i + group
     a = _transpose_bytes(
         (
-            words[base], words[base + 3], words[base + 6], words[base + 9],
-            words[base + 12], words[base + 15], words[base + 18], words[base + 21],
+            words[base],
+            words[base + 3],
+            words[base + 6],
+            words[base + 9],
+            words[base + 12],
+            words[base + 15],
+            words[base + 18],
+            words[base + 21],
         )
     )
     _store_word(rows[0], i, a[0])
@@ -229,8 +241,9 @@ def _resample_horizontal_rgb(src: np.ndarray, bounds: np.ndarray, coef: np.ndarr
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _resample_horizontal_rgba(src: np.ndarray, bounds: np.ndarray, coef: np.ndarray, out: np.ndarray,
-                              premultiply: bool) -> None:
+def _resample_horizontal_rgba(
+    src: np.ndarray, bounds: np.ndarray, coef: np.ndarray, out: np.ndarray, premultiply: bool
+) -> None:
     """Horizontal pass: uint8 C-contiguous ``src (rows, W, 4)`` -> ``out (rows, W_out, 4)``, in
     tiles of 16 rows of pixel words (``premultiply``: RGBA -> RGBa while loading)."""
     n_rows, width = src.shape[:2]

@@ -52,9 +52,7 @@ SCAN_REASONS = (
 # Verdicts of damage libjpeg decodes past with a warning (what follows it is read as libjpeg reads
 # it, whatever this scan would have found there): not the end of the data, which Pillow calls
 # truncated, nor a second frame or scan, which libjpeg refuses.
-CONCEALED_DAMAGE = frozenset(
-    SCAN_REASONS[code] for code in (UNEXPECTED_MARKER, BAD_RESTART, BYTES_BETWEEN_SEGMENTS)
-)
+CONCEALED_DAMAGE = frozenset(SCAN_REASONS[code] for code in (UNEXPECTED_MARKER, BAD_RESTART, BYTES_BETWEEN_SEGMENTS))
 
 # SOF markers libjpeg-turbo's DCT decoder handles and nvImageCodec decodes like Pillow:
 # baseline, extended and progressive Huffman, extended and progressive arithmetic.
@@ -91,6 +89,8 @@ def _next_ff(buf: np.ndarray, pos: int) -> int:
 _SAW_JFIF, _ADOBE_TRANSFORM, _RGB_COMPONENT_IDS, _SAW_DHT, _LAST_COEFFICIENT = range(5)
 
 
+# Over 60 lines (a reason kept beside it): one numba pass over the marker segments, a switch on
+# each marker; split, its running state (position, counts, facts) would cross kernel calls per segment.
 @njit(cache=True, nogil=True)
 def _scan(buf: np.ndarray, facts: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
     """Walk the marker structure of ``buf`` (uint8).
@@ -202,15 +202,11 @@ def _scan(buf: np.ndarray, facts: np.ndarray) -> tuple[int, int, int, int, int, 
                     pos = q + 1
                     continue
                 # End of this scan: the next segment must be one libjpeg expects between scans.
-                if not (
-                    code in {217, 218, 196, 219, 221, 204, 254} or 224 <= code <= 239
-                ):
+                if not (code in {217, 218, 196, 219, 221, 204, 254} or 224 <= code <= 239):
                     return UNEXPECTED_MARKER, sof, precision, height, width, comps, scans
                 break
             continue
-        elif not (
-            marker in {219, 204, 254} or 224 <= marker <= 239
-        ):
+        elif not (marker in {219, 204, 254} or 224 <= marker <= 239):
             return UNEXPECTED_MARKER, sof, precision, height, width, comps, scans
         pos += length
 
@@ -247,9 +243,7 @@ class JpegScan:
         no arithmetic decoder), with tables of its own (it refuses MJPEG's implied ones), grey or
         YCbCr (it converts an RGB-coded frame as YCbCr), with AC coefficients (it refuses a
         progressive stream of DC scans only)."""
-        return (
-            self.sof_marker not in (0xC9, 0xCA) and self.huffman_tables and not self.rgb_coded and self.ac_coded
-        )
+        return self.sof_marker not in (0xC9, 0xCA) and self.huffman_tables and not self.rgb_coded and self.ac_coded
 
     @property
     def fast_decodable(self) -> bool:

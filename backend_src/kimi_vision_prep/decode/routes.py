@@ -2,7 +2,7 @@
 the per-image CPU routes that a clean JPEG may take, in order (:data:`CPU_ROUTES`; ``libjpeg``:
 Pillow's own libjpeg-turbo in row bands, ``simplejpeg``: libjpeg-turbo through simplejpeg), then
 nvImageCodec (``nvimgcodec-cpu`` / ``nvimgcodec-cuda``, a batch call through the decoder pool,
-:class:`~.decode.ImageDecoder`), and Pillow for everything else. Every route is strict: a file it
+:class:`~.decoder.ImageDecoder`), and Pillow for everything else. Every route is strict: a file it
 cannot decode exactly is left for the next (``plan.result`` stays None). ``libjpeg`` also takes a
 stream damaged where libjpeg conceals it (``Plan.damaged``), tolerant as Pillow is.
 
@@ -22,10 +22,10 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from ..buffers import scratch
+from ..pixels import Resample
 from . import jpeg_bands
-from .buffers import scratch
 from .jpeg_scan import JpegScan
-from .resample import Resample
 
 log = logging.getLogger("kimi_vision_prep.decode")
 
@@ -42,7 +42,7 @@ RowsFor = Callable[[int, int], "jpeg_bands.RowConsumer | None"]
 @dataclass
 class DecodedImage:
     """Decoded pixels in stored order (EXIF orientation not applied), at the stored size or already
-    resized to the NaViT size of the stored size (:func:`~.pipeline.resized_decoded`).
+    resized to the NaViT size of the stored size (:func:`~kimi_vision_prep.pipeline.resized_decoded`).
 
     ``pixels``: uint8 ``(H, W, C)``, C = 3 (RGB) or 4 (RGBA, straight alpha; K3 only), a numpy
     array or a torch CUDA tensor; or (K3, modes resized in their own mode) a loaded
@@ -63,14 +63,6 @@ class DecodedImage:
     fallback_reason: str | None = None
     rows_consumed: bool = False
     device: str = "cpu"
-
-
-def host_to_device(pixels: np.ndarray, device: str) -> Any:
-    """uint8 ``pixels`` copied to a torch tensor on ``device`` (``"cuda:N"``), same shape."""
-    import torch
-
-    # Pillow's arrays are read-only views; torch wants a writable host buffer to upload.
-    return torch.from_numpy(np.require(pixels, requirements=["C", "W"])).to(device)
 
 
 @dataclass
@@ -107,7 +99,7 @@ def cpu_route(name: DecodePath) -> Callable[[CpuRoute], CpuRoute]:
 
 @cpu_route("libjpeg")
 def decode_libjpeg(plan: Plan, bands: jpeg_bands.BandDecoder, count: int, rows_for: RowsFor | None) -> None:
-    """The ``libjpeg`` route: into :func:`~.buffers.scratch`, in up to ``count`` row bands where the
+    """The ``libjpeg`` route: into :func:`~kimi_vision_prep.buffers.scratch`, in up to ``count`` row bands where the
     stream is a single scan and the image large enough for several, each band's rows handed to
     ``rows_for``'s consumer then; a damaged plan tolerant, as Pillow decodes it."""
     width, height = plan.image.size
@@ -132,7 +124,7 @@ def decode_simplejpeg(data: bytes, width: int, height: int) -> np.ndarray | None
     """uint8 ``(height, width, 3)`` RGB of a JPEG by simplejpeg, bit-equal to Pillow's decode
     (accurate integer IDCT, fancy upsampling; greyscale replicated like ``convert("RGB")``), or
     None where its strict mode refuses the file (libjpeg warnings: corrupt data, extraneous bytes).
-    Written into :func:`~.buffers.scratch` (arena memory inside a scope); releases the GIL."""
+    Written into :func:`~kimi_vision_prep.buffers.scratch` (arena memory inside a scope); releases the GIL."""
     out = scratch((height, width, 3))
     try:
         simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, buffer=out, strict=True)

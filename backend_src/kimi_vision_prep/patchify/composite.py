@@ -9,7 +9,7 @@ import numpy as np
 
 from kimi_vision_common.presets import Preset
 
-from .kernels import NUMPY, TORCH, get_kernel, register_kernel
+from ..kernels import NUMPY, TORCH, get_kernel, register_kernel
 
 if TYPE_CHECKING:
     import torch

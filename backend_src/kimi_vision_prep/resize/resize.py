@@ -4,7 +4,7 @@
 - torch uint8 ``(H, W, 3|4)`` on any device: integer tensor ops, the same fixed-point passes.
 - ``PIL.Image.Image`` in a mode whose resize does not commute with the conversion to RGB/RGBA
   (K3's CMYK, I;16, L with a transparency key, ...): Pillow itself, in that mode, returning an
-  image of the same mode (:func:`~.pillow_io.as_rgb_array` converts it afterwards).
+  image of the same mode (:func:`~kimi_vision_prep.pixels.as_rgb_array` converts it afterwards).
 
 BICUBIC everywhere except ``resample="nearest"`` (Pillow's choice for palette and 1-bit sources);
 RGBA arrays are resized premultiplied, as ``Image.resize`` does. All kernels are bit-exact to
@@ -21,11 +21,11 @@ from PIL import Image
 
 from kimi_vision_common.pillow_open import pillow_call
 
-from .kernels import PIL_IMAGE, TORCH, get_kernel, register_kernel
+from ..kernels import PIL_IMAGE, TORCH, get_kernel, register_kernel
+from ..pixels import Resample
 from .resample import (
     PRECISION_BITS,
     ROUNDING_BIAS,
-    Resample,
     bicubic_two_pass,
     check_image,
     nearest_indices,

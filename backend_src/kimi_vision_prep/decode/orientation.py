@@ -2,7 +2,7 @@
 
 :func:`turned` is one op with a kernel per array type (a permutation, exact by construction); it
 turns the pixels of a :class:`~kimi_vision_common.orientation.TurnedJpeg` decoded by the library's
-decoders (:func:`~.pipeline.preprocess_turned`).
+decoders (:func:`~kimi_vision_prep.pipeline.preprocess_turned`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from PIL import Image
 
 from kimi_vision_common.orientation import TRANSPOSITIONS
 
-from .kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
+from ..kernels import NUMPY, PIL_IMAGE, TORCH, get_kernel, register_kernel
 
 # EXIF orientation -> exif_transpose's transposition as steps on (H, W, C) pixels, in order.
 STEPS: dict[int, tuple[str, ...]] = {
