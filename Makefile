@@ -43,13 +43,13 @@ PERF_VENV ?= .venv-perf
 HELM := .tools/helm
 LIBRARY_SOURCES := $(shell find backend_src/kimi_vision_prep client/common/kimi_vision_common -name '*.py' -o -name '*.c' -o -name '*.h')
 
-$(STAMP): $(PACKAGING) backend_src/kimi_vision_prep/_libjpeg.c backend_src/server/kimi_vision_server/_triton_patchify.c
+$(STAMP): $(PACKAGING) $(wildcard backend_src/kimi_vision_prep/decode/libjpeg/*.[ch]) backend_src/server/kimi_vision_server/_triton_patchify.c
 	$(call say,installing the serving environment into $(VENV) (torch CPU, tritonserver, the packages editable))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
 	# torch first and pinned: the CPU build (a plain `torch` pulls several GB of CUDA).
 	$(PIP) install -q "torch==2.13.0"
-	# libjpeg62-turbo headers (Debian) for the libjpeg route's extension (_libjpeg.c, decode/jpeg_bands.py); without them
+	# libjpeg62-turbo headers (Debian) for the libjpeg route's extension (decode/libjpeg/, decode/jpeg_bands.py); without them
 	# the package still installs and clean JPEGs take simplejpeg (a warning says so).
 	test -f /usr/include/jpeglib.h || $(call apt_install,libjpeg62-turbo-dev) || echo "libjpeg62-turbo-dev unavailable: the libjpeg route is not built"
 	$(call say,building the C extensions and installing the packages)

@@ -20,7 +20,12 @@ EXTENSIONS = [
     # in the log).
     Extension(
         "kimi_vision_prep._libjpeg",
-        sources=["backend_src/kimi_vision_prep/_libjpeg.c"],
+        # The C files of decode/libjpeg/ (README.md there); the module keeps its name at the package root.
+        sources=[
+            f"backend_src/kimi_vision_prep/decode/libjpeg/{name}.c"
+            for name in ("module", "binding", "decode", "bands", "restart")
+        ],
+        depends=["backend_src/kimi_vision_prep/decode/libjpeg/libjpeg.h"],
         libraries=["dl"],
         optional=True,
     ),

@@ -7,7 +7,7 @@ IDCT and colour work) and decodes its own rows. Where the stream has restart mar
 benchmark's 25 photos, phones' among them), a band enters it at the restart interval that begins an iMCU row
 just above its own instead, and skips only that row: the DC predictions start over at every
 interval, so the headers followed by the scan from there decode, as an image of the rows left,
-to the same pixels (``_libjpeg.c``, ``entry_row``). libjpeg-turbo decodes the upsampler's context
+to the same pixels (``libjpeg/restart.c``, ``entry_row``). libjpeg-turbo decodes the upsampler's context
 rows at a band's top edge rather than guessing them, so every band's rows are the rows of a
 whole decode: the tests compare split decodes with Pillow at every kind of edge (iMCU-aligned
 or not, one row from either end). A caller's :class:`RowConsumer` runs on the band's thread
@@ -22,14 +22,14 @@ restart marker), a consumer adds ``row_work`` per row.
 So a helper that wakes late takes less, and one that wakes after the end takes nothing: a decode
 is never slower than one thread's by more than the hand-off (on this project's VM an idle
 thread can take milliseconds to wake; a fixed split waited for it, BENCHMARKS.md's history). Region
-bookkeeping is one compare-and-swap word per band in ``_libjpeg.c``. With two threads and the
+bookkeeping is one compare-and-swap word per band in ``libjpeg/bands.c``. With two threads and the
 image to itself a helper takes the bottom ~0.29 of a decode alone, ~0.38 with a float32 patchify,
 half where it enters at a restart marker.
 
 The libjpeg functions come from Pillow's own ``_imaging`` module (:func:`libjpeg_path`), so
 the pixels are Pillow's by construction; the C part is strict like the simplejpeg route (a
 libjpeg warning refuses the file, which goes on to the next route), but for the warning that
-bytes were skipped before a marker, which changes no pixel (``_libjpeg.c``, ``on_message``).
+bytes were skipped before a marker, which changes no pixel (``libjpeg/binding.c``, ``on_message``).
 A stream the structural scan finds damaged where libjpeg conceals it is decoded tolerant, as
 Pillow decodes it: warnings let through but the end of the data, every band from the top.
 """
@@ -123,7 +123,7 @@ def decode_rows(data: bytes, pixels: np.ndarray, row_begin: int, row_end: int, t
 @dataclass(frozen=True)
 class _SharedDecode:
     """One image decoded by several bands: what each band's call into ``_libjpeg`` needs.
-    ``regions``: one word per band (``_libjpeg.c``), band 0's set to own every row."""
+    ``regions``: one word per band (``libjpeg/bands.c``), band 0's set to own every row."""
 
     data: bytes
     pixels: np.ndarray
