@@ -40,8 +40,8 @@ from make_inputs import encode_clip, iter_photo_frames
 from photos import CORPUS, plain_reference
 
 import kimi_vision_prep as kvp
-from kimi_vision_prep.video import sample_video
-from kimi_vision_prep.video_decode import probe_video
+from kimi_vision_prep.video.demux import probe_video
+from kimi_vision_prep.video.sampling import sample_video
 
 
 def median(sample: dict[str, float]) -> float:

@@ -11,7 +11,7 @@ import pytest
 
 from kimi_vision_common.presets import get_preset
 from kimi_vision_common.sizing import chunk_target, chunk_tokens, navit_target_size
-from kimi_vision_prep.video import preprocess_video
+from kimi_vision_prep.video_pipeline import preprocess_video
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = (ROOT / "docs" / "contract.md").read_text()

@@ -23,8 +23,9 @@ import kimi_vision_prep as kvp
 from kimi_vision_common.errors import InvalidVideoError
 from kimi_vision_common.sizing import chunk_target
 from kimi_vision_common.wire import NUM_TOKENS_DTYPE
-from kimi_vision_prep import video, video_decode
-from kimi_vision_prep.video import chunk_timestamp, sample_frame_indices
+from kimi_vision_prep import video_pipeline
+from kimi_vision_prep.video.frames import FrameProducer
+from kimi_vision_prep.video.sampling import chunk_timestamp, sample_frame_indices
 
 PRESET_NAMES = ("kimi-k2.5", "kimi-k3")
 VIDEO_DIR = CORPUS / "video"
@@ -192,16 +193,16 @@ def test_chunks_complete_before_a_decode_error_go_out_first(
     chunks of 4) still hands out the two complete chunks, equal to an undisturbed run's, then raises."""
     data = clips["h264_29.97fps_320x240.mp4"]
     expected = list(kvp.preprocess_video(data, "kimi-k3"))
-    frames_of = video_decode.FrameProducer.__iter__
+    frames_of = FrameProducer.__iter__
 
-    def failing(producer: video_decode.FrameProducer) -> Iterator[tuple[int, Any]]:
+    def failing(producer: FrameProducer) -> Iterator[tuple[int, Any]]:
         for count, item in enumerate(frames_of(producer)):
             if count == 9:
                 raise InvalidVideoError("the decoder failed")
             yield item
 
-    monkeypatch.setattr(video_decode.FrameProducer, "__iter__", failing)
-    monkeypatch.setattr(video._FrameWriters, "ready", lambda self: False)  # as if the writes lagged
+    monkeypatch.setattr(FrameProducer, "__iter__", failing)
+    monkeypatch.setattr(video_pipeline._FrameWriters, "ready", lambda self: False)  # as if the writes lagged
     got = []
     with pytest.raises(InvalidVideoError, match="the decoder failed"):
         got.extend(kvp.preprocess_video(data, "kimi-k3"))

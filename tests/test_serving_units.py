@@ -1133,7 +1133,7 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
         import test_serving_units as t
         from kimi_vision_prep.patchify import normalize
         from kimi_vision_prep.resize import resize_numba
-        from kimi_vision_prep import video_decode
+        from kimi_vision_prep.video import digest
         from kimi_vision_server.media_models import VideoChunkModel, VideoModel
         from make_inputs import video_clips
         from types import SimpleNamespace
@@ -1141,7 +1141,7 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
         def signatures():
             return {{
                 (mod.__name__, name): len(fn.signatures)
-                for mod in (normalize, resize_numba, video_decode)
+                for mod in (normalize, resize_numba, digest)
                 for name, fn in vars(mod).items()
                 if isinstance(fn, numba.core.registry.CPUDispatcher)
             }}

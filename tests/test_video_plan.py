@@ -1,4 +1,4 @@
-"""Videos decode only what their sampled frames need (``video_decode.decode_plan``), and stay exact.
+"""Videos decode only what their sampled frames need (``video.plan.decode_plan``), and stay exact.
 
 Every clip here has frames that refer to others (B-frame pyramids, open and short GOPs, a
 variable frame rate, MPEG-4, MPEG-2 and HEVC B-frames); each chunk is compared with
@@ -21,12 +21,14 @@ from make_inputs import planned_clips, video_clips
 from test_media import assert_chunk_equal
 
 import kimi_vision_prep as kvp
-from kimi_vision_prep import video_decode
-from kimi_vision_prep.frame_types import fresh_entries
-from kimi_vision_prep.video import sample_frame_indices
-from kimi_vision_prep.video_decode import PLANNED_CODECS, VideoInfo, decode_plan, probe_video
+from kimi_vision_prep.video import frames, sampling
+from kimi_vision_prep.video.demux import VideoInfo, open_video, probe_video
+from kimi_vision_prep.video.digest import frame_digest
+from kimi_vision_prep.video.frame_types import fresh_entries
+from kimi_vision_prep.video.plan import PLANNED_CODECS, decode_plan, plan_lanes
+from kimi_vision_prep.video.sampling import sample_frame_indices
 
-opened = video_decode._open
+opened = open_video
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def test_sampled_decode_equals_the_reference(
 ) -> None:
     second_opens: list[dict[str, str] | None] = []  # each open's options (a second decoder's skips the probe)
     monkeypatch.setattr(
-        video_decode, "_open", lambda data, options=None: second_opens.append(options) or opened(data, options)
+        frames, "open_video", lambda data, options=None: second_opens.append(options) or opened(data, options)
     )
     skipped = segmented = 0
     for name, data in clips.items():
@@ -63,7 +65,7 @@ def test_sampled_decode_equals_the_reference(
         assert plan is not None and len(plan.shown) <= decoded <= len(plan.shown) + len(plan.optional), name
         skipped += decoded < info.packets
         segmented += len(plan.segments) > 1
-        assert second_opens[opens:].count({"skip_frame": "all"}) == video_decode.plan_lanes(plan, 2) - 1, name
+        assert second_opens[opens:].count({"skip_frame": "all"}) == plan_lanes(plan, 2) - 1, name
     if preset == "kimi-k2.5":  # 2 frames a second of 25: B-frames no frame refers to are skipped
         assert skipped == len(clips)
         # Each clip of several GOPs (not the two of one GOP, nor MPEG-2, whose decoder state is not
@@ -130,7 +132,7 @@ def test_the_docs_name_the_planned_codecs() -> None:
     names = {"h264": "H.264", "hevc": "HEVC", "mpeg4": "MPEG-4", "mpeg2video": "MPEG-2"}
     listed = ", ".join(names[codec] for codec in sorted(PLANNED_CODECS, key=list(names).index))
     text = " ".join((Path(__file__).parents[1] / "docs" / "media.md").read_text().split())
-    assert f"(`video_decode.PLANNED_CODECS`: {listed})" in text
+    assert f"(`video.plan.PLANNED_CODECS`: {listed})" in text
 
 
 def test_clips_without_a_plan_decode_every_frame() -> None:
@@ -269,18 +271,18 @@ def test_a_plan_that_fails_after_chunks_went_out_goes_on_from_a_whole_decode(
     9: inside later ones), on every clip of several GOPs: the whole decode that follows checks
     those frames and hands over only the rest, so the chunks are the reference's, each frame once."""
     handed = 0
-    real = video_decode.segment_frames
+    real = frames.segment_frames
 
     def failing(*args: object) -> Iterator[tuple[int, object]]:
         nonlocal handed
         for item in real(*args):  # type: ignore[arg-type]
             if handed == after:
-                raise video_decode._PlanMismatch("made to fail")
+                raise frames._PlanMismatch("made to fail")
             handed += 1
             yield item
 
-    monkeypatch.setattr(video_decode, "segment_frames", failing)
-    monkeypatch.setattr(kvp.video, "segment_decoders", lambda: 1)  # one lane: the count is the order
+    monkeypatch.setattr(frames, "segment_frames", failing)
+    monkeypatch.setattr(sampling, "segment_decoders", lambda: 1)  # one lane: the count is the order
     for name in ("h264_open_gop_keyint20.mkv", "h264_annexb.ts", "mpeg4_bframes_gop12.mkv"):
         handed = 0
         ours, decoded = chunks_and_decoded(clips[name], "kimi-k2.5")
@@ -300,15 +302,15 @@ def test_the_frame_digest_tells_frames_apart_by_every_byte_and_their_shape() -> 
     padded = np.zeros((5, 16, 3), dtype=np.uint8)[:, :13]
     padded[:] = frame
     assert not padded.flags.c_contiguous
-    digest = video_decode.frame_digest(frame)
-    assert video_decode.frame_digest(padded) == digest
+    digest = frame_digest(frame)
+    assert frame_digest(padded) == digest
     seen = {digest}
     for index in np.ndindex(frame.shape):
         changed = frame.copy()
         changed[index] ^= 1
-        seen.add(video_decode.frame_digest(changed))
+        seen.add(frame_digest(changed))
     assert len(seen) == frame.size + 1
-    assert video_decode.frame_digest(frame.reshape(13, 5, 3)) != digest
+    assert frame_digest(frame.reshape(13, 5, 3)) != digest
 
 
 def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(
@@ -328,7 +330,7 @@ def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(
     except kvp.InvalidVideoError as exc:
         assert "differs from the one already sampled" in str(exc)
     clip = clips["h264_annexb.ts"]
-    real_digest, real_frames = video_decode.frame_digest, video_decode.segment_frames
+    real_digest, real_frames = frame_digest, frames.segment_frames
     calls = yielded = 0
 
     def off_by_one(rgb: object) -> int:  # the plan's 5 records (the first calls) made to differ
@@ -340,13 +342,13 @@ def test_a_sampled_frame_a_whole_decode_gives_otherwise_refuses_the_video(
         nonlocal yielded
         for item in real_frames(*args):  # type: ignore[arg-type]
             if yielded == 5:
-                raise video_decode._PlanMismatch("made to fail")
+                raise frames._PlanMismatch("made to fail")
             yielded += 1
             yield item
 
-    monkeypatch.setattr(video_decode, "frame_digest", off_by_one)
-    monkeypatch.setattr(video_decode, "segment_frames", failing)
-    monkeypatch.setattr(kvp.video, "segment_decoders", lambda: 1)
+    monkeypatch.setattr(frames, "frame_digest", off_by_one)
+    monkeypatch.setattr(frames, "segment_frames", failing)
+    monkeypatch.setattr(sampling, "segment_decoders", lambda: 1)
     chunks = kvp.preprocess_video(clip, "kimi-k2.5")
     assert next(chunks).frame_indices[0] == 0
     with pytest.raises(kvp.InvalidVideoError, match="differs from the one already sampled"):

@@ -63,7 +63,7 @@ _EXPORTS: dict[str, str] = {
             "preprocess_video",
             "preprocess_video_chunk",
         ),
-        "kimi_vision_prep.video",
+        "kimi_vision_prep.video_pipeline",
     ),
 }
 

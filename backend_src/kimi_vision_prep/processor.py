@@ -40,7 +40,8 @@ from .extras import TORCH_EXTRA
 from .patchify.normalize import concatenate_patches
 from .pipeline import PreprocessResult, preprocess_bytes, preprocess_decoded, preprocess_turned
 from .tokens import count_tokens
-from .video import preprocess_frames, preprocess_video_chunk, sample_video
+from .video.sampling import sample_video
+from .video_pipeline import preprocess_frames, preprocess_video_chunk
 
 
 def pil_decoded(image: Image.Image, preset: Preset) -> DecodedImage:

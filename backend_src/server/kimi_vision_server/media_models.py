@@ -45,7 +45,7 @@ from kimi_vision_common.wire import (
 )
 from kimi_vision_prep.pipeline import PIXEL_OUTPUTS, PixelOutput, map_indexed
 from kimi_vision_prep.tokens import count_tokens
-from kimi_vision_prep.video import preprocess_frames, preprocess_video, preprocess_video_chunk
+from kimi_vision_prep.video_pipeline import preprocess_frames, preprocess_video, preprocess_video_chunk
 
 from .components import apply_numba_threads, settings_decoder
 from .config import decoder_settings, video_settings

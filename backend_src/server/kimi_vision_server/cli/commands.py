@@ -53,7 +53,7 @@ def set_codec_env() -> None:
 def cmd_preprocess(args: argparse.Namespace) -> int:
     """In-process, exactly the library calls the Triton models make."""
     from kimi_vision_prep.pipeline import preprocess_bytes
-    from kimi_vision_prep.video import preprocess_video
+    from kimi_vision_prep.video_pipeline import preprocess_video
 
     outcomes = []
     for outcome, data in read_inputs(expand_paths(args.images)):

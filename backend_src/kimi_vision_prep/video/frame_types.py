@@ -1,7 +1,7 @@
 """Whether a compressed frame is a reference frame, read from its packet's bytes.
 
 A decoder told to skip non-reference frames (``skip_frame`` "NONREF") still outputs every frame
-another frame may refer to; knowing which those are lets the sampled decode of :mod:`.video_decode` say
+another frame may refer to; knowing which those are lets the sampled decode of :mod:`.frames` say
 which frames must come out of the decoder, and notice when one does not (a damaged stream). Each
 reader returns None where the bytes do not say (no picture header found): the video is then
 decoded whole.
