@@ -157,6 +157,74 @@ def test_no_import_cycle_between_modules() -> None:
             visit(module, [module])
 
 
+# Inside a package: the unit of a module is its folder below the package (``decode`` for
+# ``kimi_vision_prep.decode.routes``), else its own name (a root module). A unit listed here may
+# import, of its own package, only itself and the units named; a unit not listed may import any.
+LIBRARY_STAGES = ("decode", "resize", "patchify", "video")
+# What the stages hand each other and share (the root modules a stage may import); every other root
+# module (pipeline, video_pipeline, processor, ...) is where the stages meet and may import any.
+LIBRARY_FOUNDATIONS = frozenset({"kernels", "limits", "buffers", "numba_runtime", "extras", "pixels"})
+UNIT_RULES: dict[str, dict[str, frozenset[str]]] = {
+    "kimi_vision_prep": {
+        # A stage imports no other stage and no meeting module; decode binds the _libjpeg extension.
+        **{stage: LIBRARY_FOUNDATIONS | {stage} for stage in LIBRARY_STAGES},
+        "decode": LIBRARY_FOUNDATIONS | {"decode", "_libjpeg"},
+        **dict.fromkeys(LIBRARY_FOUNDATIONS, LIBRARY_FOUNDATIONS),
+    },
+}
+
+
+def unit_of(module: str) -> tuple[str, str]:
+    """(package, unit) of a dotted module name; the unit of a package's ``__init__`` is ``__init__``."""
+    package, _, rest = module.partition(".")
+    return package, rest.split(".")[0] if rest else "__init__"
+
+
+def imported_units(module: str) -> set[tuple[str, str]]:
+    """The (package, unit) pairs ``module`` imports anywhere in its source; ``from pkg import name``
+    counts as the unit ``name`` where it is a module or folder of ``pkg``, else as ``pkg``'s ``__init__``."""
+    path = MODULES[module]
+    is_package = path.name == "__init__.py"
+    units: set[tuple[str, str]] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            units.update(unit_of(alias.name) for alias in node.names if alias.name.split(".")[0] in PACKAGES)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                stem = ".".join([*base, node.module] if node.module else base)
+            else:
+                stem = node.module or ""
+            if stem.split(".")[0] not in PACKAGES:
+                continue
+            if "." in stem:
+                units.add(unit_of(stem))
+                continue
+            for alias in node.names:
+                child = f"{stem}.{alias.name}"
+                is_unit = child in MODULES or PACKAGES[stem].joinpath(alias.name).is_dir()
+                is_extension = any(PACKAGES[stem].glob(f"{alias.name}.*.so")) or alias.name.startswith("_")
+                units.add(unit_of(child) if is_unit or is_extension else (stem, "__init__"))
+    return units
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if unit_of(m)[1] in UNIT_RULES.get(unit_of(m)[0], {})))
+def test_each_folder_imports_only_the_units_its_rule_allows(module: str) -> None:
+    package, unit = unit_of(module)
+    allowed = UNIT_RULES[package][unit]
+    wrong = {u for p, u in imported_units(module) if p == package and u not in allowed}
+    assert not wrong, f"{module} ({unit}) imports {sorted(wrong)} of {package}; its rule allows {sorted(allowed)}"
+
+
+def test_every_folder_rule_names_units_that_exist() -> None:
+    """A rule naming a folder or module that is not there (a rename the rule missed) checks nothing."""
+    for package, rules in UNIT_RULES.items():
+        units = {unit_of(m)[1] for m in MODULES if m.startswith(package + ".")}
+        units |= {p.name.split(".")[0] for p in PACKAGES[package].glob("*.c")} | {"_libjpeg", "_triton_patchify"}
+        named = set(rules) | {u for allowed in rules.values() for u in allowed}
+        assert named <= units, f"{package}: {sorted(named - units)} are not units of it"
+
+
 def test_importing_the_library_loads_no_kernel_codec_or_server_module() -> None:
     """``python -X importtime -c "import kimi_vision_prep"``: no numba, PyAV, nvImageCodec, torch,
     tritonclient, server or client module among what it imports."""
@@ -200,8 +268,8 @@ def test_library_wheel_holds_the_library_modules_only(library_wheel: zipfile.Zip
     outside = [n for n in names if not n.startswith(("kimi_vision_prep/", "kimi_vision_prep-"))]
     assert not outside, outside
     modules = {n.removeprefix("kimi_vision_prep/") for n in names if n.endswith(".py")}
-    assert modules == {p.name for p in PACKAGES["kimi_vision_prep"].glob("*.py")}
-    assert not [n for n in names if n.startswith("kimi_vision_prep/") and n.count("/") > 1]  # no subpackage
+    folder = PACKAGES["kimi_vision_prep"]
+    assert modules == {p.relative_to(folder).as_posix() for p in folder.rglob("*.py")}
 
 
 def test_library_wheel_imports_no_client_or_server_and_reads_no_checkout_file(library_wheel: zipfile.ZipFile) -> None:
