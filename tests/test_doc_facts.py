@@ -177,7 +177,8 @@ def test_the_balancing_serving_md_describes_is_the_code() -> None:
     failover test's load as stated."""
     import test_replicas as failover
 
-    from kimi_vision_client import replicas, transport
+    from kimi_vision_client.servers import replicas
+    from kimi_vision_client.transport import adapters
 
     text = one_line("serving.md")
     from kimi_vision_client import client
@@ -186,7 +187,7 @@ def test_the_balancing_serving_md_describes_is_the_code() -> None:
     assert f"(waiting at most {replicas.RESOLVE_TIMEOUT_S:g} s, `RESOLVE_TIMEOUT_S`)" in text
     assert f"manager (within {client.CLOSE_DEADLINE_S:g} s: a stalled server" in text
     assert f"again every {replicas.REFRESH_S:g} s (`REFRESH_S` in" in text
-    assert f"the reconnect backoff is capped at {transport.MAX_RECONNECT_BACKOFF_MS / 1000:g} s" in text
+    assert f"the reconnect backoff is capped at {adapters.MAX_RECONNECT_BACKOFF_MS / 1000:g} s" in text
     assert f"({failover.IN_FLIGHT} in flight:" in text
     assert "three images the reference refuses" in text and len(failover.REFUSED) == 3
     assert f"over {len(failover.PHOTOS)} images sent {failover.REPEATS} times each" in text
@@ -200,7 +201,7 @@ def test_the_deadline_and_shared_memory_library_md_describes_are_the_code() -> N
     import test_remote_deadlines as deadlines
     import test_remote_shared_memory as shared
 
-    from kimi_vision_client import shm_slots
+    from kimi_vision_client.request import shm_slots
 
     text = one_line("library.md")
     load = f"{deadlines.IMAGES} images {deadlines.CONCURRENCY} at a time"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tritonclient.utils
 
-from kimi_vision_client.server_errors import error_from_server
+from kimi_vision_client.transport.server_errors import error_from_server
 from kimi_vision_common import faults
 from kimi_vision_common.errors import (
     ConnectionLostError,
@@ -151,9 +151,9 @@ class Answers:
 def test_a_model_not_ready_is_restarting_where_the_server_has_it(config: object, expected: type) -> None:
     """A live server's model that is not ready: loading or reloading (a fault of the server's state,
     asked again) where the server knows it, not served (final) where it does not."""
-    from kimi_vision_client.deadline import Deadline
-    from kimi_vision_client.readiness import require_model
-    from kimi_vision_client.replicas import Replicas
+    from kimi_vision_client.servers.readiness import require_model
+    from kimi_vision_client.servers.replicas import Replicas
+    from kimi_vision_client.transport.deadline import Deadline
 
     replicas = Replicas(("127.0.0.1:1",), "round_robin", lambda target: target)
     with pytest.raises(expected):

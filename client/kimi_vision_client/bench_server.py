@@ -31,7 +31,7 @@ from kimi_vision_common.errors import PreprocessError
 
 from .client import KimiVisionClient, Protocol, image_size, strip_scheme
 from .samples import bench_photos
-from .transport import ADAPTERS
+from .transport.adapters import ADAPTERS
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 Image = tuple[str, bytes]  # (name, encoded bytes)

@@ -32,7 +32,6 @@ from kimi_vision_common.wire import (
 )
 
 from .client import KimiVisionClient, VisionResult
-from .media import require_grpc, sibling_model
 from .outcomes import (
     EXIT_OK,
     EXIT_SOME_FAILED,
@@ -45,7 +44,8 @@ from .outcomes import (
     read_inputs,
     report,
 )
-from .replicas import BALANCES
+from .request.media import require_grpc, sibling_model
+from .servers.replicas import BALANCES
 
 # Other packages add subcommands here: ``kimi-vision-server`` adds serve, preprocess, render-repository,
 # bench-local and demo (each entry point: ``add(subparsers)``).

@@ -63,10 +63,10 @@ from kimi_vision_common.results import PixelOutput
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, is_loopback
 
 from .client import CLOSE_DEADLINE_S, PIXEL_PATCHES, KimiVisionClient, WireResult
-from .deadline import Deadline
-from .replicas import Balance, server_addresses
-from .shm_slots import SharedMemoryMode
-from .thread_clients import ThreadClients
+from .processors.thread_clients import ThreadClients
+from .request.shm_slots import SharedMemoryMode
+from .servers.replicas import Balance, server_addresses
+from .transport.deadline import Deadline
 
 log = logging.getLogger("kimi_vision_client.remote")
 
@@ -159,7 +159,7 @@ class RemoteKimiProcessor(ProcessorInterface):
     one call waits, every RPC of it included (first use, resends, retries). ``concurrency``:
     requests of one call in flight. ``shared_memory``: send and receive through system shared
     memory (True; None: ``"auto"`` where ``url`` is one loopback address, once the server is seen
-    to map this process's regions, :mod:`~kimi_vision_client.shm_slots`). ``device``: where
+    to map this process's regions, :mod:`~kimi_vision_client.request.shm_slots`). ``device``: where
     float32 ``pixel_values`` are expanded (None: numpy on the host; a torch device such as
     ``"cuda:0"``: the uint8 patches move there and expand there, torch tensors returned).
     ``fallback``: an in-process processor that answers a call the server cannot (a fault of its

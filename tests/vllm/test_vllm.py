@@ -43,7 +43,7 @@ REJECTED = [name for name in corpus_names(accepted=False) if not name.startswith
 SEVERAL = ["sklearn__china.jpg", "pil__hopper.jpg", "pilx__hopper.png", "imagers__progressive3.jpg"]
 CLIPS = ["video/torchcodec__av1_video.mkv", "video/torchcodec__h265_video.mp4"]
 OURS = "kimi_vision_prep.vllm_processor.VllmKimiProcessor"
-REMOTE = "kimi_vision_client.vllm_processor.VllmRemoteKimiProcessor"
+REMOTE = "kimi_vision_client.processors.vllm_processor.VllmRemoteKimiProcessor"
 STOCK = "vllm.transformers_utils.processors.kimi_k25_vision_fused.KimiK25FusedVisionProcessor"
 
 

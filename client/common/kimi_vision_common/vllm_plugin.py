@@ -33,7 +33,7 @@ process (``kimi_vision_prep.vllm_processor.VllmKimiProcessor``: the library); ``
 it is; a server's gRPC address (``host:port`` or ``grpc://host:port``; several replicas as
 ``grpc://h1:8001,h2:8001`` or one ``dns:///name:8001``; options as a query:
 ``grpc://host:8001?deadline_s=30&fallback=local``, :func:`remote_settings`) sends the pixels to the
-served models (``kimi_vision_client.vllm_processor.VllmRemoteKimiProcessor``: the client).
+served models (``kimi_vision_client.processors.vllm_processor.VllmRemoteKimiProcessor``: the client).
 :data:`PROCESSORS` maps the values to the class built.
 
 Where it runs (:mod:`.vllm_checks`): only on the vLLM versions it was proven on
@@ -90,7 +90,7 @@ SETTING = "KIMI_PREP_VLLM"
 PROCESSORS: dict[str, tuple[str, str] | None] = {
     "local": ("kimi_vision_prep.vllm_processor", "VllmKimiProcessor"),
     "off": None,
-    "remote": ("kimi_vision_client.vllm_processor", "VllmRemoteKimiProcessor"),
+    "remote": ("kimi_vision_client.processors.vllm_processor", "VllmRemoteKimiProcessor"),
 }
 MODES = tuple(PROCESSORS)
 # The remote processor's options a setting's query may give: a type, or the values allowed (the

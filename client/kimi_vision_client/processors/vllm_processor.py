@@ -16,7 +16,7 @@ from kimi_vision_common.processor_api import HUB_OPTIONS
 from kimi_vision_common.vllm_calls import VllmCalls
 from kimi_vision_common.vllm_plugin import SETTING, SHARED_MEMORY, processor_class, remote_settings
 
-from .remote_processor import RemoteKimiProcessor
+from ..remote_processor import RemoteKimiProcessor
 
 
 class VllmRemoteKimiProcessor(VllmCalls, RemoteKimiProcessor):
