@@ -361,10 +361,11 @@ def test_a_vllm_whose_kimi_files_moved_keeps_its_own_processor_with_a_warning() 
     code = """
 import logging
 import kimi_vision_common.vllm_plugin as plugin
-plugin.PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_moved_elsewhere"
+import kimi_vision_common.vllm_plugin.choice as choice
+choice.PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_moved_elsewhere"
 plugin.register()
 from vllm.transformers_utils import processor
-print("wrapped:", processor.cached_get_image_processor.__wrapped__.__module__ == plugin.__name__)
+print("wrapped:", processor.cached_get_image_processor.__wrapped__.__module__ == choice.__name__)
 """
     out = run_check(code)
     assert "wrapped: False" in out
