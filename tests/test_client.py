@@ -16,6 +16,7 @@ import tritonclient.http
 import tritonclient.utils
 import tritonclient.utils.shared_memory as shm
 
+from kimi_vision_client.cli.samples import sample_images
 from kimi_vision_client.client import (
     GRID_THW,
     NUM_TOKENS,
@@ -32,7 +33,6 @@ from kimi_vision_client.client import (
     strip_scheme,
     to_vision_result,
 )
-from kimi_vision_client.samples import sample_images
 from kimi_vision_common.errors import ConnectionLostError
 from kimi_vision_common.wire import served_message
 from kimi_vision_prep import (

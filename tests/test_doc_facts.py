@@ -81,7 +81,7 @@ def test_the_request_limits_the_readme_and_docs_give() -> None:
 
 
 def test_the_ports_the_readme_gives_are_the_defaults() -> None:
-    from kimi_vision_client import cli
+    from kimi_vision_client.cli import front as cli
 
     parser = cli.build_parser()
     serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]

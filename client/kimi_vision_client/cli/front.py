@@ -31,7 +31,9 @@ from kimi_vision_common.wire import (
     operator_key,
 )
 
-from .client import KimiVisionClient, VisionResult
+from ..client import KimiVisionClient, VisionResult
+from ..request.media import require_grpc, sibling_model
+from ..servers.replicas import BALANCES
 from .outcomes import (
     EXIT_OK,
     EXIT_SOME_FAILED,
@@ -44,8 +46,6 @@ from .outcomes import (
     read_inputs,
     report,
 )
-from .request.media import require_grpc, sibling_model
-from .servers.replicas import BALANCES
 
 # Other packages add subcommands here: ``kimi-vision-server`` adds serve, preprocess, render-repository,
 # bench-local and demo (each entry point: ``add(subparsers)``).
@@ -354,7 +354,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("kimi-prep: --concurrency must be >= 1", file=sys.stderr)
         return EXIT_USAGE
     return args.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
