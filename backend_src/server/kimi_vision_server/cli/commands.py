@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kimi_vision_client.cli.front import command, non_negative_int, positive_int
+from kimi_vision_client.cli.arguments import command, non_negative_int, positive_int
 from kimi_vision_client.cli.outcomes import (
     EXIT_OK,
     EXIT_SOME_FAILED,
