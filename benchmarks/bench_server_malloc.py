@@ -32,7 +32,7 @@ from bench_perf_analyzer import run_perf_analyzer
 from photos import benchmark_photos
 from plots import saved_axes
 
-from kimi_vision_client.cli import perf_input_data
+from kimi_vision_client.cli.front import perf_input_data
 from kimi_vision_server.allocator import server_allocator_env
 from kimi_vision_server.cli import bench_local
 from kimi_vision_server.embedded import EmbeddedServer

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from photos import benchmark_photos
 
-from kimi_vision_client import bench_server
-from kimi_vision_client.cli import positive_int_list
+from kimi_vision_client.cli import bench_server
+from kimi_vision_client.cli.arguments import positive_int_list
 from kimi_vision_server.cli import bench_local
 from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.repository import RenderOptions

@@ -35,7 +35,7 @@ from bench_server_malloc import wire_name
 from photos import benchmark_photos
 from plots import saved_axes
 
-from kimi_vision_client.cli import perf_input_data
+from kimi_vision_client.cli.front import perf_input_data
 from kimi_vision_server.cli import bench_local
 from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout

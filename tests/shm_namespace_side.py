@@ -26,7 +26,7 @@ import tritonclient.grpc
 from make_inputs import CORPUS, ServeProcess, jpeg_rgb
 
 from kimi_vision_client.client import KimiVisionClient
-from kimi_vision_client.shm_slots import SHM_HEADROOM_BYTES, SHM_ROOT, NoRoomError, ShmRegion, shm_free_bytes
+from kimi_vision_client.request.shm_slots import SHM_HEADROOM_BYTES, SHM_ROOT, NoRoomError, ShmRegion, shm_free_bytes
 from kimi_vision_prep import preprocess_bytes
 
 MODEL = "kimi_k25_vision_u8"

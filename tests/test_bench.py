@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kimi_vision_client import cli
+from kimi_vision_client.cli import front as cli
 from kimi_vision_prep import preprocess_bytes
 
 pytestmark = pytest.mark.server

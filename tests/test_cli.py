@@ -17,8 +17,8 @@ import pytest
 from make_inputs import jpeg_damaged_at_a_restart, jpeg_with_concealed_damage, png_mode
 from PIL import Image
 
-from kimi_vision_client import cli
-from kimi_vision_client.samples import sample_images
+from kimi_vision_client.cli import front as cli
+from kimi_vision_client.cli.samples import sample_images
 from kimi_vision_prep import PreprocessError, concat_results, preprocess_bytes
 from kimi_vision_server.cli import bench_local
 from kimi_vision_server.host import host_layout

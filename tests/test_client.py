@@ -16,6 +16,7 @@ import tritonclient.http
 import tritonclient.utils
 import tritonclient.utils.shared_memory as shm
 
+from kimi_vision_client.cli.samples import sample_images
 from kimi_vision_client.client import (
     GRID_THW,
     NUM_TOKENS,
@@ -32,7 +33,6 @@ from kimi_vision_client.client import (
     strip_scheme,
     to_vision_result,
 )
-from kimi_vision_client.samples import sample_images
 from kimi_vision_common.errors import ConnectionLostError
 from kimi_vision_common.wire import served_message
 from kimi_vision_prep import (
@@ -395,15 +395,14 @@ def test_preprocess_images_in_one_request(
     assert str(raised.value).startswith("image 1: ")
 
 
-
 @pytest.mark.server
 def test_a_grown_slot_leaves_its_old_region_registered_until_the_next_answer(triton_server: object) -> None:
     """The server may still hold a region a moment after it answered the request that used it
     ("currently in use"), so growing a slot unlinks the old region here at once and unregisters it
     from the server only after the next answer."""
-    from kimi_vision_client.deadline import Deadline
-    from kimi_vision_client.shm_slots import SharedMemoryPool
-    from kimi_vision_client.transport import GrpcAdapter
+    from kimi_vision_client.request.shm_slots import SharedMemoryPool
+    from kimi_vision_client.transport.adapters import GrpcAdapter
+    from kimi_vision_client.transport.deadline import Deadline
 
     url = strip_scheme(url_of(triton_server, "grpc"))
     with tritonclient.grpc.InferenceServerClient(url) as client:

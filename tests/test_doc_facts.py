@@ -81,7 +81,7 @@ def test_the_request_limits_the_readme_and_docs_give() -> None:
 
 
 def test_the_ports_the_readme_gives_are_the_defaults() -> None:
-    from kimi_vision_client import cli
+    from kimi_vision_client.cli import front as cli
 
     parser = cli.build_parser()
     serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
@@ -130,7 +130,7 @@ def test_the_vllm_plugin_library_md_describes_is_the_one_installed() -> None:
     """The extra, the entry point and the setting docs/library.md names are setup.py's, the shared
     package's pyproject's and the plugin's; the Makefile's vLLM venv installs the library and the
     client the way the document shows."""
-    from kimi_vision_common import vllm_plugin
+    from kimi_vision_common.vllm_plugin import setting
 
     text = one_line("library.md")
     setup = (DOCS.parent / "setup.py").read_text()
@@ -141,9 +141,9 @@ def test_the_vllm_plugin_library_md_describes_is_the_one_installed() -> None:
     assert "entry point `kimi_vision_prep`, declared by the package both depend on" in text
     stated = re.search(r"`(\w+)`: `(\w+)` \(default\) processes in the vLLM process; `(\w+)` leaves", text)
     assert stated is not None
-    assert stated.groups() == (vllm_plugin.SETTING, *vllm_plugin.MODES[:2])
-    assert "a server's gRPC address processes on that server" in text and vllm_plugin.MODES[2] == "remote"
-    assert f"{vllm_plugin.SETTING}=off vllm serve" in text
+    assert stated.groups() == (setting.SETTING, *setting.MODES[:2])
+    assert "a server's gRPC address processes on that server" in text and setting.MODES[2] == "remote"
+    assert f"{setting.SETTING}=off vllm serve" in text
     makefile = (DOCS.parent / "Makefile").read_text()
     assert './client/common ./client "kimi-vision-prep[vllm] @ file://$(CURDIR)"' in makefile
 
@@ -154,17 +154,17 @@ def test_the_remote_form_library_md_describes_is_the_code() -> None:
     import test_remote_faults as faults
 
     from kimi_vision_client import remote_processor
-    from kimi_vision_common import vllm_plugin
+    from kimi_vision_common import remote_setting
 
     text = one_line("library.md")
     assert f"`deadline_s` (default {remote_processor.DEFAULT_DEADLINE_S:g})" in text
     assert f"`concurrency` (default {remote_processor.DEFAULT_CONCURRENCY})" in text
     example = re.search(r"grpc://host:8001\?(\S+)`", text)
     assert example is not None
-    assert [pair.split("=")[0] for pair in example.group(1).split("&")] == list(vllm_plugin.REMOTE_OPTIONS)
-    assert "`fallback=local`" in text and "local" in vllm_plugin.REMOTE_OPTIONS["fallback"]
+    assert [pair.split("=")[0] for pair in example.group(1).split("&")] == list(remote_setting.REMOTE_OPTIONS)
+    assert "`fallback=local`" in text and "local" in remote_setting.REMOTE_OPTIONS["fallback"]
     assert "`shared_memory` (`auto`: on a loopback address)" in text
-    assert vllm_plugin.REMOTE_OPTIONS["shared_memory"][0] == "auto"
+    assert remote_setting.REMOTE_OPTIONS["shared_memory"][0] == "auto"
     words = {4: "four"}
     assert f"under load from {words[faults.THREADS]} threads" in text
     assert f"(deadline {faults.DEADLINE_S:g} s)" in text and f"{faults.AT_ONCE} requests at once" in text
@@ -177,7 +177,8 @@ def test_the_balancing_serving_md_describes_is_the_code() -> None:
     failover test's load as stated."""
     import test_replicas as failover
 
-    from kimi_vision_client import replicas, transport
+    from kimi_vision_client.servers import replicas
+    from kimi_vision_client.transport import adapters
 
     text = one_line("serving.md")
     from kimi_vision_client import client
@@ -186,7 +187,7 @@ def test_the_balancing_serving_md_describes_is_the_code() -> None:
     assert f"(waiting at most {replicas.RESOLVE_TIMEOUT_S:g} s, `RESOLVE_TIMEOUT_S`)" in text
     assert f"manager (within {client.CLOSE_DEADLINE_S:g} s: a stalled server" in text
     assert f"again every {replicas.REFRESH_S:g} s (`REFRESH_S` in" in text
-    assert f"the reconnect backoff is capped at {transport.MAX_RECONNECT_BACKOFF_MS / 1000:g} s" in text
+    assert f"the reconnect backoff is capped at {adapters.MAX_RECONNECT_BACKOFF_MS / 1000:g} s" in text
     assert f"({failover.IN_FLIGHT} in flight:" in text
     assert "three images the reference refuses" in text and len(failover.REFUSED) == 3
     assert f"over {len(failover.PHOTOS)} images sent {failover.REPEATS} times each" in text
@@ -200,7 +201,7 @@ def test_the_deadline_and_shared_memory_library_md_describes_are_the_code() -> N
     import test_remote_deadlines as deadlines
     import test_remote_shared_memory as shared
 
-    from kimi_vision_client import shm_slots
+    from kimi_vision_client.request import shm_slots
 
     text = one_line("library.md")
     load = f"{deadlines.IMAGES} images {deadlines.CONCURRENCY} at a time"

@@ -245,7 +245,7 @@ def test_the_vllm_table_is_the_benchmarks_json() -> None:
     """BENCHMARKS.md's vLLM rows are docs/benchmarks/bench_vllm_<version>.json's medians and ratios, as
     printed: a version's three rows for each vLLM the plugin is proven on (both ends of the range),
     each meeting the wall targets the section says it meets."""
-    from kimi_vision_common.vllm_checks import PROVEN_VLLM
+    from kimi_vision_common.vllm_plugin.checks import PROVEN_VLLM
 
     section = (ROOT / "BENCHMARKS.md").read_text().split("## In vLLM: the plugin", 1)[1].split("\n## ", 1)[0]
     files = sorted((ROOT / "docs" / "benchmarks").glob("bench_vllm_*.json"))

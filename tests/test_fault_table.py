@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tritonclient.utils
 
-from kimi_vision_client.server_errors import error_from_server
+from kimi_vision_client.transport.server_errors import error_from_server
 from kimi_vision_common import faults
 from kimi_vision_common.errors import (
     ConnectionLostError,
@@ -26,7 +26,7 @@ from kimi_vision_common.errors import (
     ServerUnavailableError,
     SharedMemoryUnavailableError,
 )
-from kimi_vision_common.vllm_calls import NOT_THE_REQUESTS
+from kimi_vision_common.vllm_plugin.calls import NOT_THE_REQUESTS
 from kimi_vision_common.wire import ERROR_CLASSES, served_message
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -151,9 +151,9 @@ class Answers:
 def test_a_model_not_ready_is_restarting_where_the_server_has_it(config: object, expected: type) -> None:
     """A live server's model that is not ready: loading or reloading (a fault of the server's state,
     asked again) where the server knows it, not served (final) where it does not."""
-    from kimi_vision_client.deadline import Deadline
-    from kimi_vision_client.readiness import require_model
-    from kimi_vision_client.replicas import Replicas
+    from kimi_vision_client.servers.readiness import require_model
+    from kimi_vision_client.servers.replicas import Replicas
+    from kimi_vision_client.transport.deadline import Deadline
 
     replicas = Replicas(("127.0.0.1:1",), "round_robin", lambda target: target)
     with pytest.raises(expected):
@@ -161,10 +161,10 @@ def test_a_model_not_ready_is_restarting_where_the_server_has_it(config: object,
 
 
 def test_vllm_answers_a_verdict_400_and_anything_else_as_a_server_error() -> None:
-    """vllm_calls.vllm_error: a verdict (INVALID_ARG) is the ValueError vLLM answers 400; a fault
+    """vllm_plugin.calls.vllm_error: a verdict (INVALID_ARG) is the ValueError vLLM answers 400; a fault
     or a bug is a server error (vLLM's own classes where vLLM is installed; tests/vllm checks
     those; here, without vLLM, the library's error as it is, never a ValueError)."""
-    from kimi_vision_common.vllm_calls import vllm_error
+    from kimi_vision_common.vllm_plugin.calls import vllm_error
 
     for verdict in (InvalidImageError("truncated"),):
         assert type(vllm_error(verdict)) is ValueError and str(vllm_error(verdict)).startswith("InvalidImageError: ")

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import tritonclient.http
 
-from kimi_vision_client.transport import KILL_WAIT_S, HttpAdapter
+from kimi_vision_client.transport.adapters import KILL_WAIT_S, HttpAdapter
 from kimi_vision_common.errors import DeadlineExceededError
 
 CLOSE_S = 1.0
@@ -50,6 +50,6 @@ def test_an_http_client_closed_under_a_request_closes_its_connection_within_its_
         while connection.recv(65536):  # the request's bytes, then the end the client closed
             pass
         connection.close()
-    from kimi_vision_client.server_errors import error_from_server
+    from kimi_vision_client.transport.server_errors import error_from_server
 
     assert isinstance(error_from_server(outcome["wait"]), DeadlineExceededError)  # type: ignore[arg-type]

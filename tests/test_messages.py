@@ -23,7 +23,7 @@ import pytest
 from make_inputs import encode_clip, photo_frames, png_header_only, require_tritonserver
 
 import kimi_vision_prep as kvp
-from kimi_vision_client import cli
+from kimi_vision_client.cli import front as cli
 from kimi_vision_client.client import KimiVisionClient
 from kimi_vision_common.errors import InvalidImageError, InvalidRequestError, ModelNotServedError
 from kimi_vision_server import triton_install

@@ -15,7 +15,8 @@ import torch
 from make_inputs import CORPUS, corpus_names, encode, png_mode, rgb_pattern
 from PIL import Image
 
-from kimi_vision_client.remote_processor import RemoteKimiProcessor, encoded_losslessly
+from kimi_vision_client.processors.encoding import encoded_losslessly
+from kimi_vision_client.remote_processor import RemoteKimiProcessor
 from kimi_vision_common.errors import (
     InvalidRequestError,
     ModelNotServedError,

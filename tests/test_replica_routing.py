@@ -1,4 +1,4 @@
-"""kimi_vision_client.replicas without a server: how addresses are read, the channels they make,
+"""kimi_vision_client.servers.replicas without a server: how addresses are read, the channels they make,
 which replica a request goes to, how a ``dns:///`` name is resolved apart from the requests, and
 what is refused."""
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from kimi_vision_client.client import KimiVisionClient
-from kimi_vision_client.replicas import Replicas, Resolver, rank, request_key, resolved, server_addresses
+from kimi_vision_client.servers.replicas import Replicas, Resolver, rank, request_key, resolved, server_addresses
 from kimi_vision_common.errors import ConnectionLostError
 
 FAILSAFE_S = 60.0  # a wait that never ends fails its test instead
@@ -118,7 +118,7 @@ def test_a_dns_name_is_resolved_again_and_old_channels_close_once_idle(
     resolved again every REFRESH_S; an added address gets a channel, a known one keeps its own (and
     whether it is passed over), and the channel of one gone closes once the requests it carries
     have answered. A name that stops resolving keeps its last addresses."""
-    from kimi_vision_client import replicas as module
+    from kimi_vision_client.servers import replicas as module
 
     pods = ["10.0.0.1:8001"]
     answers: list[list[str] | OSError] = []
@@ -157,7 +157,7 @@ def test_a_dns_name_is_resolved_again_and_old_channels_close_once_idle(
 def test_one_resolver_a_name_in_a_process() -> None:
     """Every client of a ``dns:///`` name (a processor makes one per thread) shares one resolver, so
     only the first client's start waits for the name's answer."""
-    from kimi_vision_client.replicas import shared_resolver
+    from kimi_vision_client.servers.replicas import shared_resolver
 
     assert shared_resolver("dns:///a.test:8001") is shared_resolver("dns:///a.test:8001")
     assert shared_resolver("dns:///a.test:8001") is not shared_resolver("dns:///b.test:8001")
@@ -166,7 +166,7 @@ def test_one_resolver_a_name_in_a_process() -> None:
 def test_no_request_waits_for_the_names_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     """A resolution that hangs (a DNS server that does not answer) runs in its own thread: requests
     keep going to the addresses resolved last meanwhile, and take the new ones once it answers."""
-    from kimi_vision_client import replicas as module
+    from kimi_vision_client.servers import replicas as module
 
     answer, hung, started = threading.Event(), threading.Event(), threading.Event()
     calls: list[str] = []

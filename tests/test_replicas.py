@@ -267,7 +267,7 @@ DUAL_STACK_CLIENT = """
 import json, sys
 import numpy as np
 from kimi_vision_client.client import KimiVisionClient
-from kimi_vision_client.replicas import resolved
+from kimi_vision_client.servers.replicas import resolved
 url, model, expected, photos = sys.argv[1], sys.argv[2], np.load(sys.argv[3]), sys.argv[4:]
 report = {"resolved": resolved(url.split(",")[0])}
 for balance in ("round_robin", "rendezvous"):
@@ -293,7 +293,7 @@ def test_every_address_of_a_listed_name_is_used_ipv6_loopback_first(
     np.savez(expected, **{str(i): verdicts[name] for i, name in enumerate(PHOTOS)})
     url = ",".join(f"kimi-dual-stack:{server.grpc_url.rsplit(':', 1)[1]}" for server in replicas[:2])
     client = [sys.executable, "-c", DUAL_STACK_CLIENT, url, MODEL, str(expected), *(str(CORPUS / n) for n in PHOTOS)]
-    mount = f"mount --bind {hosts} /etc/hosts && exec \"$@\""
+    mount = f'mount --bind {hosts} /etc/hosts && exec "$@"'
     command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *client]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -323,7 +323,7 @@ def test_a_dns_name_follows_the_replicas_it_lists(monkeypatch: pytest.MonkeyPatc
     takes requests, the removed one none, every answer exact."""
     from make_inputs import free_loopback_port
 
-    from kimi_vision_client import replicas as module
+    from kimi_vision_client.servers import replicas as module
 
     require_tritonserver()
     port = free_loopback_port()

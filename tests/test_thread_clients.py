@@ -1,4 +1,4 @@
-"""kimi_vision_client.thread_clients without a server: a thread's client is kept for its calls,
+"""kimi_vision_client.processors.thread_clients without a server: a thread's client is kept for its calls,
 never closed under a call, closed once its thread ends, and replaced after close(). The clients are
 stand-ins that record being closed (what closing them does is tests/test_remote_*.py's)."""
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from kimi_vision_client.deadline import Deadline
-from kimi_vision_client.thread_clients import ThreadClients
+from kimi_vision_client.processors.thread_clients import ThreadClients
+from kimi_vision_client.transport.deadline import Deadline
 
 FAILSAFE_S = 60.0
 

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kimi_vision_common.vllm_checks import PROVEN_VLLM, is_proven, proven_range, vllm_series
-from kimi_vision_common.vllm_plugin import (
+from kimi_vision_common.remote_setting import PLUGIN_OPTIONS, REMOTE_OPTIONS
+from kimi_vision_common.vllm_plugin.checks import PROVEN_VLLM, is_proven, proven_range, vllm_series
+from kimi_vision_common.vllm_plugin.setting import (
     MODES,
-    PLUGIN_OPTIONS,
     PROCESSORS,
-    REMOTE_OPTIONS,
     Setting,
     parse_setting,
     remote_settings,

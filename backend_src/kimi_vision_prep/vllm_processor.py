@@ -7,7 +7,7 @@ process that builds one imports it.
 
 from __future__ import annotations
 
-from kimi_vision_common.vllm_calls import VllmCalls
+from kimi_vision_common.vllm_plugin.calls import VllmCalls
 
 from .processor import KimiVisionProcessor
 

@@ -2,34 +2,32 @@
 
 The models take ``IMAGE_BYTES`` ``[1, K]`` and return ``PIXEL_VALUES`` float32 (or, on the uint8
 wire, ``PIXEL_PATCHES``) ``[1, ΣN, 3, p, p]``, ``GRID_THW`` int64 ``[1, K, 3]`` and ``NUM_TOKENS``
-int32 ``[1, K]`` (:mod:`.outputs`). :class:`KimiVisionClient` hides the batch dimension, expands
-uint8 patches bit-equal to the float32 ensemble, and raises a server's error as the class the
-library raises in process (:mod:`.server_errors`). The wire and the preset are learnt from the
-server's model configs on first use (:func:`learn_wire`); the client keeps no table of models.
+int32 ``[1, K]`` (:mod:`.request.outputs`). :class:`KimiVisionClient` hides the batch dimension,
+expands uint8 patches bit-equal to the float32 ensemble, and raises a server's error as the class
+the library raises in process (:mod:`.transport.server_errors`). The wire and the preset are learnt
+from the server's model configs on first use (:func:`learn_wire`); the client keeps no table of
+models.
 
-Requests travel over the wire or through shared memory (:mod:`.shm_slots`, :mod:`.request_io`);
-a call given a ``deadline=`` returns by it (:mod:`.deadline`); several servers are balanced and a
-request that failed for the server's state is sent again to another (:mod:`.replicas`,
-:mod:`kimi_vision_common.faults`).
+:class:`KimiVisionClient` is the front: the transport (:mod:`.transport`), a request's data and its
+shared-memory slots (:mod:`.request`), and the servers it goes to (:mod:`.servers`) are its pieces.
+Requests travel over the wire or through shared memory (:mod:`.request.shm_slots`,
+:mod:`.request.request_io`); a call given a ``deadline=`` returns by it (:mod:`.transport.deadline`);
+several servers are balanced and a request that failed for the server's state is sent again to
+another (:mod:`.servers.replicas`, :mod:`.servers.resends`, :mod:`kimi_vision_common.faults`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from kimi_vision_common.errors import (
-    PreprocessError,
-    SharedMemoryUnavailableError,
-)
-from kimi_vision_common.faults import got_an_answer, retry_elsewhere
+from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.presets import Preset, get_preset
 from kimi_vision_common.results import ImagesResult, TokenCount, VideoChunkResult
 from kimi_vision_common.wire import FRAME_BYTES, IMAGE_BYTES, PROMPT, admin_headers
 
-from .deadline import NO_DEADLINE, Deadline, as_deadline
-from .media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
-from .outputs import (
+from .request.media import require_grpc, sibling_model, stream_video, token_counts, tokens_request
+from .request.outputs import (
     VisionResult,
     WireResult,
     image_size,
@@ -38,22 +36,15 @@ from .outputs import (
     to_vision_result,
     to_wire_result,
 )
-from .readiness import require_model
-from .replicas import (
-    FAILOVER_BACKOFF_S,
-    RESOLVE_TIMEOUT_S,
-    Balance,
-    Replica,
-    Replicas,
-    server_addresses,
-    several_servers,
-    strip_scheme,
-)
-from .request_io import Pending, Request, built, shm_outputs
-from .server_errors import error_from_server
-from .shm_slots import SharedMemoryMode, SharedMemoryPool
-from .transport import ADAPTERS
-from .wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, PIXEL_VALUES, Wire, largest_preset, learn_wire
+from .request.request_io import Request
+from .request.shm_slots import SharedMemoryMode, SharedMemoryPool
+from .request.wire import GRID_THW, NUM_TOKENS, PIXEL_PATCHES, PIXEL_VALUES, Wire, largest_preset, learn_wire
+from .servers.readiness import require_model
+from .servers.replicas import RESOLVE_TIMEOUT_S, Balance, Replicas, server_addresses, several_servers, strip_scheme
+from .servers.resends import Sender
+from .transport.adapters import ADAPTERS
+from .transport.deadline import NO_DEADLINE, Deadline, as_deadline
+from .transport.server_errors import error_from_server
 
 __all__ = [
     "GRID_THW",
@@ -76,7 +67,6 @@ __all__ = [
 ]
 
 Protocol = Literal["http", "grpc"]
-ResultT = TypeVar("ResultT")
 
 INPUT_NAME = IMAGE_BYTES
 # close() unregisters the client's regions within this (a stalled server keeps them until it stops).
@@ -89,13 +79,13 @@ class KimiVisionClient:
     ``url`` is ``host:port`` (a scheme is accepted and ignored), or over gRPC several of them
     (``"h1:p1,h2:p2"`` or a list) or a ``dns:///name:port`` that lists them, spread per request as
     ``balance`` says (``round_robin`` or ``rendezvous``: an image's repeats to the same replica,
-    for its response cache; :mod:`~kimi_vision_client.replicas`); ``protocol`` picks
+    for its response cache; :mod:`~kimi_vision_client.servers.replicas`); ``protocol`` picks
     tritonclient.http or tritonclient.grpc; ``model`` the ensemble (``kimi_*_vision`` float32, or
     ``kimi_*_vision_u8``: uint8 patches on the wire, expanded here; the result is the same) or
     the single models ``kimi_*_vision_fused`` / ``kimi_*_vision_fused_u8`` (the same two wires).
     ``use_shared_memory``: send inputs and receive outputs through system shared memory (True;
     ``"auto"``: once the server is seen to map this process's regions, else over the wire;
-    :mod:`.shm_slots`). ``preset`` overrides the preset learnt from the server (see
+    :mod:`.request.shm_slots`). ``preset`` overrides the preset learnt from the server (see
     :func:`learn_wire`); it sizes the output regions and, on the uint8 wire, expands the patches,
     so it must match the server's. ``max_concurrency`` is the HTTP connection pool size.
     ``timeout_s``: the most any one RPC may take (None: none), below a call's ``deadline``: past
@@ -142,7 +132,7 @@ class KimiVisionClient:
         headers = admin_headers(admin_key, protocol) if admin_key else None
         self._shm = SharedMemoryPool(self._adapter, headers, use_shared_memory)
         self._wires: dict[str, Wire] = {}
-        self.output_bytes_received = 0
+        self._sender = Sender(self._adapter, self._replicas, self._shm, self.wire_of)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -180,6 +170,11 @@ class KimiVisionClient:
     def _timeout(self, deadline: Deadline) -> float | None:
         """The next RPC's timeout: the time left of ``deadline``, at most :attr:`timeout_s`."""
         return deadline.timeout(self.timeout_s)
+
+    @property
+    def output_bytes_received(self) -> int:
+        """The output bytes received so far (over the wire or through shared memory)."""
+        return self._sender.output_bytes_received
 
     @property
     def wire(self) -> Wire:
@@ -220,7 +215,7 @@ class KimiVisionClient:
 
     def require_model(self, model: str | None = None, deadline: Deadline | float | None = None) -> None:
         """Return when the server answers and serves ``model`` (default: this client's), else raise
-        what :func:`~.readiness.require_model` says (a fault of the server's state, or
+        what :func:`~.servers.readiness.require_model` says (a fault of the server's state, or
         :class:`ModelNotServedError` naming the flag that serves the model)."""
         require_model(self._adapter, self._replicas, self.url, model or self.model, as_deadline(deadline))
 
@@ -232,7 +227,7 @@ class KimiVisionClient:
         raises its typed error, its index in the message."""
         deadline = as_deadline(deadline)
         request = Request(list(items), self.model, INPUT_NAME)
-        result = self._collect(self._send(request, deadline), to_images_result, deadline)
+        result = self._sender.collect(self._sender.send(request, deadline), to_images_result, deadline)
         if isinstance(result, PreprocessError):
             raise result
         return result
@@ -284,7 +279,7 @@ class KimiVisionClient:
         the whole call's (seconds or a :class:`Deadline`): an item not answered by then is a
         :class:`DeadlineExceededError`.
         """
-        return self._windowed(
+        return self._sender.windowed(
             ((data, self.model, INPUT_NAME) for data in items),
             concurrency,
             to_vision_result,
@@ -310,103 +305,4 @@ class KimiVisionClient:
                 return bytes(request), self.model, INPUT_NAME
             return list(request), chunk_model, FRAME_BYTES
 
-        return self._windowed(map(sent, requests), concurrency, to_wire_result, as_deadline(deadline))
-
-    def _windowed(
-        self,
-        requests: Iterable[tuple[Any, str, str]],
-        concurrency: int,
-        convert: Callable[..., ResultT],
-        deadline: Deadline,
-        on_result: Callable[[int, Any], None] | None = None,
-    ) -> list[ResultT | PreprocessError]:
-        """``(items or one item, model, input name)`` requests, up to ``concurrency`` in flight,
-        their results (``convert``'s) or errors in order."""
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        results: list[ResultT | PreprocessError] = []
-        window: list[Pending | PreprocessError] = []
-
-        def collect_oldest() -> None:
-            outcome = self._collect(window.pop(0), convert, deadline)
-            if on_result is not None:
-                on_result(len(results), outcome)
-            results.append(outcome)
-
-        for payload, model, input_name in requests:
-            if len(window) >= concurrency:
-                collect_oldest()
-            items = payload if isinstance(payload, list) else [payload]
-            window.append(self._send(Request(items, model, input_name), deadline))
-        while window:
-            collect_oldest()
-        return results
-
-    def _send(self, request: Request, deadline: Deadline) -> Pending | PreprocessError:
-        """Send ``request`` (``input_name`` ``[1, K]``: K images, or a chunk's K frames) within
-        ``deadline``: its pending answer, or the error that kept it from being sent (sent again
-        first where the server's state kept it, :meth:`_again`)."""
-        try:
-            wire = self.wire_of(request.model, deadline)  # asked of the primary replica, once per model
-        except PreprocessError as error:
-            return self._again(request, error, self._replicas.primary, deadline)
-        replica = self._replicas.pick(request.items)
-        slot = None
-        try:
-            inputs, outputs, slot, offsets = built(
-                self._adapter.module, request, wire, pool=self._shm, client=self._client, deadline=deadline
-            )
-            waiter = self._adapter.submit(replica.client, request.model, inputs, outputs, self._timeout(deadline))
-            self._replicas.sent(replica)
-            return Pending(waiter, slot, offsets, wire, request, replica)
-        except Exception as exc:
-            self._shm.answered(slot)  # never sent: reusable
-            return self._again(request, error_from_server(exc, request.single), replica, deadline)
-
-    def _again(
-        self, request: Request, error: PreprocessError, replica: Replica, deadline: Deadline
-    ) -> Pending | PreprocessError:
-        """``request`` sent again where it failed for the server's state, not the input, and has
-        attempts left: to another replica (``replica`` passed over for a while), or over fresh
-        regions where the server lost this client's shared memory; else ``error``."""
-        shm_lost = isinstance(error, SharedMemoryUnavailableError)
-        attempts = self._replicas.failover_attempts + shm_lost
-        if not retry_elsewhere(error) or request.attempt >= attempts:
-            return error
-        if shm_lost:
-            self._shm.forget_all()
-        else:
-            self._replicas.failed(replica)
-            deadline.sleep(FAILOVER_BACKOFF_S * 2 ** (request.attempt - 1))  # gRPC notices the dead connection
-        return self._send(request.again(), deadline)
-
-    def _collect(
-        self, pending: Pending | PreprocessError, convert: Callable[..., ResultT], deadline: Deadline
-    ) -> ResultT | PreprocessError:
-        """``convert(outputs, preset_or_wire)`` of a submitted request's outputs (before its shm
-        slot is reused: the converters return new arrays), or its error. A request that got no
-        answer (past its deadline, the connection lost) may still be written by the server: its
-        slot is retired, never reused for another request's outputs."""
-        if isinstance(pending, PreprocessError):
-            return pending
-        try:
-            result = pending.wait()
-        except Exception as exc:
-            error = error_from_server(exc, pending.request.single)
-            self._replicas.answered(pending.replica)
-            if got_an_answer(error):
-                self._shm.answered(pending.slot)
-            else:
-                self._shm.unanswered(pending.slot)
-            return self._collect(self._again(pending.request, error, pending.replica, deadline), convert, deadline)
-        try:
-            if pending.slot is not None and pending.output_offsets is not None:
-                outputs = shm_outputs(self._adapter, result, pending.slot, pending.output_offsets)
-            else:
-                outputs = {name: result.as_numpy(name) for name in pending.wire.outputs}
-            self.output_bytes_received += sum(array.nbytes for array in outputs.values())
-            return convert(outputs, pending.wire if convert is to_wire_result else pending.wire.preset)
-        finally:
-            self._replicas.answered(pending.replica)
-            self._shm.answered(pending.slot)
-            self._shm.unregister_retired(self._client, deadline)
+        return self._sender.windowed(map(sent, requests), concurrency, to_wire_result, as_deadline(deadline))

@@ -15,8 +15,9 @@ servers (or a ``dns:///`` name listing them), each request goes to one of them (
 
 What is sent: an encoded image's own bytes (bytes, ``data:`` URLs, paths, a JPEG Pillow opened but
 did not decode, an engine's wrapper of such a JPEG); an image already decoded in memory is sent as
-a lossless file of its own mode and transparency (:func:`encoded_losslessly`), which the server
-decodes to the same pixels. Bit-equal to in process for everything it accepts, and a bad image
+a lossless file of its own mode and transparency
+(:func:`~kimi_vision_client.processors.encoding.encoded_losslessly`), which the server decodes to
+the same pixels. Bit-equal to in process for everything it accepts, and a bad image
 raises the library's typed error (the server's verdict, carried by its message's tag).
 
 Faults: each call has one deadline (``deadline_s``), and every RPC it makes (the models' check on
@@ -36,14 +37,12 @@ output buffer, and the buffer of a request that did not answer is never reused.
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from kimi_vision_common.errors import (
     DeadlineExceededError,
@@ -51,22 +50,21 @@ from kimi_vision_common.errors import (
     ModelNotServedError,
     PreprocessError,
     ServerUnavailableError,
-    UnsupportedImageError,
 )
 from kimi_vision_common.faults import retry_elsewhere
 from kimi_vision_common.models import SERVED_PRESETS, model_prefix
 from kimi_vision_common.patches import expand_patches, expand_with_table_torch, normalize_table
-from kimi_vision_common.pillow_open import pillow_call
 from kimi_vision_common.presets import Preset, get_preset
-from kimi_vision_common.processor_api import MediaItem, ProcessorInterface, chunk_of_images, media_bytes, unwrapped
+from kimi_vision_common.processor_api import MediaItem, ProcessorInterface
 from kimi_vision_common.results import PixelOutput
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, is_loopback
 
 from .client import CLOSE_DEADLINE_S, PIXEL_PATCHES, KimiVisionClient, WireResult
-from .deadline import Deadline
-from .replicas import Balance, server_addresses
-from .shm_slots import SharedMemoryMode
-from .thread_clients import ThreadClients
+from .processors.encoding import chunk_frames, encoded
+from .processors.thread_clients import ThreadClients
+from .request.shm_slots import SharedMemoryMode
+from .servers.replicas import Balance, server_addresses
+from .transport.deadline import Deadline
 
 log = logging.getLogger("kimi_vision_client.remote")
 
@@ -75,65 +73,6 @@ DEFAULT_DEADLINE_S = 60.0  # a call's whole budget: a 12 MP photo or a long chun
 DEFAULT_CONCURRENCY = 8  # requests of one call in flight at once
 # Backoff between attempts at an unavailable server: doubling from the first, capped.
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
-# Modes a PNG holds exactly (pixels, palette, transparency); others travel as uncompressed TIFF.
-PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16"})
-# A chunk's frames are converted to RGB under every preset (the reference's convert("RGB")).
-RGB_FRAMES = get_preset("kimi-k2.5")
-
-
-def encoded_losslessly(image: Image.Image, preset: Preset) -> bytes:
-    """A decoded image as a file the server decodes to the same mode, pixels and transparency
-    (:func:`lossless_format`; TIFF uncompressed whatever compression the image was read with: TIFF
-    would reuse a lossy one). A mode neither holds (HSV)
-    travels converted to RGB where the preset converts every image to RGB first (K2.5), and is
-    :class:`UnsupportedImageError` otherwise (K3 resizes in the source mode), as is a transparency
-    key beside a mode PNG cannot hold."""
-    if image.mode not in PNG_MODES and "transparency" in image.info:
-        raise UnsupportedImageError(
-            f"cannot send a decoded {image.mode} image with a transparency key to the server: send its file instead"
-        )
-    try:
-        return saved(image, lossless_format(image))
-    except (OSError, ValueError, KeyError) as exc:
-        if preset.transparency == "convert_rgb":
-            rgb = pillow_call(f"convert {image.mode} to RGB", image.convert, "RGB")
-            # The preset keeps the RGB pixels alone: a transparency key goes, one PNG cannot hold
-            # included (an int beside RGB, left by a loader's convert of a "1" or "L" image).
-            rgb.info.pop("transparency", None)
-            return saved(rgb, "PNG")
-        raise UnsupportedImageError(
-            f"cannot send a decoded {image.mode} image to the server ({exc}): send its encoded file instead"
-        ) from None
-
-
-def lossless_format(image: Image.Image) -> str:
-    """PPM (no compression: the bytes as they are) for RGB and L without a transparency key, PNG
-    for the other modes it holds, TIFF for the rest."""
-    if image.mode in ("RGB", "L") and "transparency" not in image.info:
-        return "PPM"
-    return "PNG" if image.mode in PNG_MODES else "TIFF"
-
-
-def saved(image: Image.Image, file_format: str) -> bytes:
-    """``image`` as a lossless ``file_format`` file (PNG at its fastest level, TIFF uncompressed)."""
-    out = io.BytesIO()
-    options = {"PNG": {"compress_level": 1}, "TIFF": {"compression": "raw"}}.get(file_format, {})
-    image.save(out, format=file_format, **options)
-    return out.getvalue()
-
-
-def encoded(source: Any, preset: Preset) -> bytes:
-    """What travels for one image or frame: its own file, else a lossless file of its pixels."""
-    data = media_bytes(source)
-    return data if data is not None else encoded_losslessly(unwrapped(source), preset)
-
-
-def chunk_frames(frames: Sequence[Any]) -> list[bytes]:
-    """A video chunk's frames as files: all encoded, or all PIL images, by the rule every
-    processor follows (:func:`~kimi_vision_common.processor_api.chunk_of_images`)."""
-    frames = [unwrapped(frame) for frame in frames]
-    chunk_of_images(frames)
-    return [encoded(frame, RGB_FRAMES) for frame in frames]
 
 
 def served_model(preset: Preset, kind: str) -> str:
@@ -159,7 +98,7 @@ class RemoteKimiProcessor(ProcessorInterface):
     one call waits, every RPC of it included (first use, resends, retries). ``concurrency``:
     requests of one call in flight. ``shared_memory``: send and receive through system shared
     memory (True; None: ``"auto"`` where ``url`` is one loopback address, once the server is seen
-    to map this process's regions, :mod:`~kimi_vision_client.shm_slots`). ``device``: where
+    to map this process's regions, :mod:`~kimi_vision_client.request.shm_slots`). ``device``: where
     float32 ``pixel_values`` are expanded (None: numpy on the host; a torch device such as
     ``"cuda:0"``: the uint8 patches move there and expand there, torch tensors returned).
     ``fallback``: an in-process processor that answers a call the server cannot (a fault of its

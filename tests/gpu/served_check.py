@@ -58,7 +58,7 @@ HTTP_DTYPES = {"FP32": np.float32, "INT64": np.int64, "INT32": np.int32, "UINT8"
 
 def check_images() -> dict[str, bytes]:
     """Generated camera-sized JPEGs (no corpus to carry): 640x480 to 12 MP, the largest downscaled."""
-    from kimi_vision_client.samples import bench_photos
+    from kimi_vision_client.cli.samples import bench_photos
 
     return bench_photos()
 

@@ -43,7 +43,7 @@ REJECTED = [name for name in corpus_names(accepted=False) if not name.startswith
 SEVERAL = ["sklearn__china.jpg", "pil__hopper.jpg", "pilx__hopper.png", "imagers__progressive3.jpg"]
 CLIPS = ["video/torchcodec__av1_video.mkv", "video/torchcodec__h265_video.mp4"]
 OURS = "kimi_vision_prep.vllm_processor.VllmKimiProcessor"
-REMOTE = "kimi_vision_client.vllm_processor.VllmRemoteKimiProcessor"
+REMOTE = "kimi_vision_client.processors.vllm_processor.VllmRemoteKimiProcessor"
 STOCK = "vllm.transformers_utils.processors.kimi_k25_vision_fused.KimiK25FusedVisionProcessor"
 
 
@@ -361,10 +361,11 @@ def test_a_vllm_whose_kimi_files_moved_keeps_its_own_processor_with_a_warning() 
     code = """
 import logging
 import kimi_vision_common.vllm_plugin as plugin
-plugin.PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_moved_elsewhere"
+import kimi_vision_common.vllm_plugin.choice as choice
+choice.PROCESSOR_MODULE = "vllm.transformers_utils.processors.kimi_k25_moved_elsewhere"
 plugin.register()
 from vllm.transformers_utils import processor
-print("wrapped:", processor.cached_get_image_processor.__wrapped__.__module__ == plugin.__name__)
+print("wrapped:", processor.cached_get_image_processor.__wrapped__.__module__ == choice.__name__)
 """
     out = run_check(code)
     assert "wrapped: False" in out

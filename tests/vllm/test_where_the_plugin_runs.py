@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from checkpoints import vllm_environment, write_checkpoint
 
-from kimi_vision_common.vllm_checks import proven_range
+from kimi_vision_common.vllm_plugin.checks import proven_range
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
 NOT_PROVEN = "is not one the plugin was proven on"
@@ -37,7 +37,8 @@ REGISTERS = """
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm.transformers_utils import processor
-print("wrapped:", processor.cached_get_image_processor.__wrapped__.__module__ == "kimi_vision_common.vllm_plugin")
+wrapper = processor.cached_get_image_processor.__wrapped__
+print("wrapped:", wrapper.__module__ == "kimi_vision_common.vllm_plugin.choice")
 """
 ANOTHER_VERSION = "import vllm; vllm.__version__ = '0.99.0'"
 

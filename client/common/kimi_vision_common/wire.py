@@ -49,7 +49,7 @@ ADMIN_KEY_ENV = "KIMI_PREP_ADMIN_KEY"
 MIN_KEY_LENGTH = 16
 
 
-# How a client of several servers spreads its requests (kimi_vision_client.replicas): the client's
+# How a client of several servers spreads its requests (kimi_vision_client.servers.replicas): the client's
 # ``balance`` and the vLLM setting's ``balance=`` option; the first is the default.
 BALANCES = ("round_robin", "rendezvous")
 

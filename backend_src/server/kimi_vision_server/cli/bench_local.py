@@ -33,7 +33,7 @@ import numba
 import numpy as np
 from PIL import Image
 
-from kimi_vision_client.samples import bench_photos
+from kimi_vision_client.cli.samples import bench_photos
 from kimi_vision_common.patches import normalize_table
 from kimi_vision_prep import ImageDecoder, get_preset, navit_target_size, preprocess_batch, preprocess_bytes
 from kimi_vision_prep.buffers import scratch_scope

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kimi_vision_client.cli import command, non_negative_int, positive_int
-from kimi_vision_client.client import KimiVisionClient
-from kimi_vision_client.outcomes import (
+from kimi_vision_client.cli.arguments import command, non_negative_int, positive_int
+from kimi_vision_client.cli.outcomes import (
     EXIT_OK,
     EXIT_SOME_FAILED,
     EXIT_USAGE,
@@ -31,6 +30,7 @@ from kimi_vision_client.outcomes import (
     read_inputs,
     report,
 )
+from kimi_vision_client.client import KimiVisionClient
 from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.presets import PRESETS
@@ -165,7 +165,7 @@ def cmd_bench_local(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start the embedded server, send the sample images over HTTP and gRPC, compare, stop."""
-    from kimi_vision_client.samples import sample_images
+    from kimi_vision_client.cli.samples import sample_images
     from kimi_vision_prep.pipeline import preprocess_bytes
 
     from ..embedded import EmbeddedServer

@@ -27,7 +27,7 @@ import logging
 import os
 from typing import Any
 
-from ..vllm_plugin import split_remote
+from ..remote_setting import split_remote
 
 log = logging.getLogger("kimi_vision_prep.sglang")
 

@@ -38,7 +38,7 @@ from sglang.srt.utils.common import get_image_bytes
 
 from ..errors import PreprocessError, ServerUnavailableError
 from ..faults import is_verdict
-from ..vllm_plugin import SHARED_MEMORY
+from ..remote_setting import SHARED_MEMORY
 from . import CHOICE, PROCESSORS
 
 

@@ -183,7 +183,7 @@ def installed_vllm_version() -> str:
 def model_preset(name: str | Path, hub: Mapping[str, Any]) -> str | None:
     """The preset of the checkpoint ``name`` by its ``config.json``'s ``model_type`` (None where it
     names none of :data:`MODEL_PRESETS` or cannot be read: not a model the plugin serves)."""
-    from .processor_api import config_path
+    from ..processor_api import config_path
 
     try:
         path = config_path(name, hub.get("revision"), {k: v for k, v in hub.items() if k != "revision"})

@@ -31,8 +31,17 @@ from kimi_vision_common.wire import (
     operator_key,
 )
 
-from .client import KimiVisionClient, VisionResult
-from .media import require_grpc, sibling_model
+from ..client import KimiVisionClient, VisionResult
+from ..request.media import require_grpc, sibling_model
+from ..servers.replicas import BALANCES
+from .arguments import (
+    DefaultsHelpFormatter,
+    add_server_arguments,
+    command,
+    images_per_request,
+    positive_int,
+    positive_int_list,
+)
 from .outcomes import (
     EXIT_OK,
     EXIT_SOME_FAILED,
@@ -45,7 +54,6 @@ from .outcomes import (
     read_inputs,
     report,
 )
-from .replicas import BALANCES
 
 # Other packages add subcommands here: ``kimi-vision-server`` adds serve, preprocess, render-repository,
 # bench-local and demo (each entry point: ``add(subparsers)``).
@@ -200,73 +208,7 @@ def cmd_perf_data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- argument parsing ---------------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def images_per_request(text: str) -> int:
-    """``--images-per-request``: 1 to the served models' ``max_images_per_request``."""
-    value = positive_int(text)
-    if value > DEFAULT_MAX_IMAGES_PER_REQUEST:
-        raise argparse.ArgumentTypeError(
-            f"at most {DEFAULT_MAX_IMAGES_PER_REQUEST} images per request (the served models' "
-            f"max_images_per_request), got {value}: a folder of more is sent in several requests anyway"
-        )
-    return value
-
-
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Help that shows every option's default once: ``(default: X)`` appended to the help of an
-    option that has one, unless its help already says it in words (``default: ...``). Flags and
-    options whose absence is described in their help (``--out``: nothing written) show none."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS, []) or not action.option_strings:
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-def command(sub: argparse._SubParsersAction, name: str, **kwargs: object) -> argparse.ArgumentParser:
-    """A subcommand's parser, its help showing every default."""
-    return sub.add_parser(name, formatter_class=DefaultsHelpFormatter, **kwargs)
-
-
-def positive_int_list(text: str) -> list[int]:
-    """``1,2,4,8`` -> ``[1, 2, 4, 8]``; every value must be >= 1."""
-    return [positive_int(part) for part in text.split(",")]
-
-
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--url``, ``--protocol``, ``--model``, ``--shm``: how ``infer`` and ``bench`` reach a server."""
-    parser.add_argument(
-        "--url",
-        default=None,
-        help=f"host:port (default: localhost:{DEFAULT_GRPC_PORT} for grpc, :{DEFAULT_HTTP_PORT} for http); "
-        "infer over grpc: also several, h1:p1,h2:p2, or dns:///name:port",
-    )
-    parser.add_argument("--protocol", choices=("http", "grpc"), default="grpc", help="how to reach the server")
-    parser.add_argument("--model", default="kimi_k25_vision", help="the image model to send to")
-    parser.add_argument("--shm", action="store_true", help="exchange tensors through system shared memory")
-    parser.add_argument(
-        "--admin-key-file",
-        type=Path,
-        default=None,
-        help="with --shm against a server listening beyond loopback: its admin key (default: $KIMI_PREP_ADMIN_KEY)",
-    )
-
-
-def non_negative_int(text: str) -> int:
-    return 0 if text.strip() == "0" else positive_int(text)
+# -- the parser -------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -275,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    add_infer(sub)
+    add_bench(sub)
+    add_perf_data(sub)
+    for plugin in entry_points(group=COMMANDS_GROUP):
+        plugin.load()(sub)
+    return parser
+
+
+def add_infer(sub: argparse._SubParsersAction) -> None:
+    """``kimi-prep infer``."""
     inf = command(sub, "infer", help="preprocess images on a running server")
     add_server_arguments(inf)
     inf.add_argument(
@@ -299,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     inf.add_argument("images", nargs="+", type=Path, metavar="IMAGE|VIDEO|DIR")
     inf.set_defaults(run=cmd_infer)
 
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    """``kimi-prep bench``."""
     bench = command(sub, "bench", help="throughput and latency of a running server over a concurrency sweep")
     add_server_arguments(bench)
     bench.add_argument(
@@ -329,14 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(run=cmd_bench)
 
+
+def add_perf_data(sub: argparse._SubParsersAction) -> None:
+    """``kimi-prep perf-data``."""
     perf = command(sub, "perf-data", help="write perf_analyzer --input-data JSON for images")
     perf.add_argument("-o", "--out", type=Path, required=True, help="the JSON file to write")
     perf.add_argument("images", nargs="+", type=Path, metavar="IMAGE|DIR")
     perf.set_defaults(run=cmd_perf_data)
-
-    for plugin in entry_points(group=COMMANDS_GROUP):
-        plugin.load()(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -354,7 +308,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("kimi-prep: --concurrency must be >= 1", file=sys.stderr)
         return EXIT_USAGE
     return args.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from kimi_vision_common.processor_api import HUB_OPTIONS
-from kimi_vision_common.vllm_calls import VllmCalls
-from kimi_vision_common.vllm_plugin import SETTING, SHARED_MEMORY, processor_class, remote_settings
+from kimi_vision_common.remote_setting import SHARED_MEMORY
+from kimi_vision_common.vllm_plugin.calls import VllmCalls
+from kimi_vision_common.vllm_plugin.setting import SETTING, processor_class, remote_settings
 
-from .remote_processor import RemoteKimiProcessor
+from ..remote_processor import RemoteKimiProcessor
 
 
 class VllmRemoteKimiProcessor(VllmCalls, RemoteKimiProcessor):
-    """The client's remote processor with vLLM's calls (:class:`~kimi_vision_common.vllm_calls.VllmCalls`),
+    """The client's remote processor with vLLM's calls (:class:`~kimi_vision_common.vllm_plugin.calls.VllmCalls`),
     its server and options from the setting; ``fallback=local`` builds the library's processor
     for the same checkpoint to answer what the server cannot."""
 

@@ -29,9 +29,9 @@ import numpy as np
 
 from kimi_vision_common.errors import PreprocessError
 
-from .client import KimiVisionClient, Protocol, image_size, strip_scheme
+from ..client import KimiVisionClient, Protocol, image_size, strip_scheme
+from ..transport.adapters import ADAPTERS
 from .samples import bench_photos
-from .transport import ADAPTERS
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 Image = tuple[str, bytes]  # (name, encoded bytes)

@@ -1,4 +1,5 @@
-"""Videos over a gRPC stream and token counts, for :class:`~.client.KimiVisionClient`.
+"""Videos over a gRPC stream and token counts, for
+:class:`~kimi_vision_client.client.KimiVisionClient`.
 
 ``kimi_*_video`` is decoupled: one request, one response per chunk, then an empty response flagged
 final (requested with ``enable_empty_final_response``). Only gRPC streams carry that; HTTP raises

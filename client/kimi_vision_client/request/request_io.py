@@ -1,4 +1,5 @@
-"""One request of :class:`~.client.KimiVisionClient`: what it sends, and where its answer lands.
+"""One request of :class:`~kimi_vision_client.client.KimiVisionClient`: what it sends, and where
+its answer lands.
 
 A request is K encoded images (``IMAGE_BYTES [1, K]``) or a video chunk's K frames
 (``FRAME_BYTES [1, K]``). It travels over the wire, or through one shared-memory slot (the input at
@@ -18,11 +19,9 @@ import tritonclient.utils.shared_memory as shm
 
 from kimi_vision_common.wire import FRAME_BYTES
 
-from .deadline import Deadline
+from ..transport.deadline import Deadline
 from .outputs import OUTPUT_DTYPES, chunk_output_byte_sizes, image_size, output_byte_sizes
-from .replicas import Replica
 from .shm_slots import SharedMemoryPool, ShmSlot
-from .transport import Waiter
 from .wire import Wire
 
 
@@ -43,19 +42,6 @@ class Request:
     def again(self) -> Request:
         """The same request, its next attempt."""
         return Request(self.items, self.model, self.input_name, self.attempt + 1)
-
-
-@dataclass
-class Pending:
-    """A submitted request: how to wait for it, the shm slot (if any) it travelled in and the
-    offsets of its outputs there (None: they come over the wire), and the replica it went to."""
-
-    wait: Waiter
-    slot: ShmSlot | None
-    output_offsets: dict[str, int] | None
-    wire: Wire
-    request: Request
-    replica: Replica
 
 
 def output_sizes(request: Request, wire: Wire) -> dict[str, int] | None:

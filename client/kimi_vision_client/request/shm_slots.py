@@ -34,8 +34,8 @@ import tritonclient.utils.shared_memory as shm
 from kimi_vision_common.errors import PreprocessError
 from kimi_vision_common.faults import got_an_answer
 
-from .deadline import Deadline
-from .server_errors import error_from_server
+from ..transport.deadline import Deadline
+from ..transport.server_errors import error_from_server
 
 log = logging.getLogger("kimi_vision_client.shm")
 

@@ -1,11 +1,11 @@
 """How vLLM builds and calls a Kimi image processor, for the classes the vLLM plugin has it build.
 
-:class:`VllmCalls` goes before a :class:`~.processor_api.ProcessorInterface` subclass (the
+:class:`VllmCalls` goes before a :class:`~kimi_vision_common.processor_api.ProcessorInterface` subclass (the
 library's in-process one, the client's remote one): ``from_pretrained(model, revision=...,
 trust_remote_code=...)`` with the preset of the checkpoint's ``model_type``, and a bad image raised
 as the ``ValueError`` vLLM answers with HTTP 400 (the typed error chained as its cause, its class
 named in the message); a fault of the server's state (a server that cannot be reached, a stub
-restarting, busy decoders: :class:`~.errors.ServerUnavailableError`) as vLLM's
+restarting, busy decoders: :class:`~kimi_vision_common.errors.ServerUnavailableError`) as vLLM's
 ``RetryableRequestError``, answered 503; anything else as ``VLLMServerError`` (500): neither is the
 request's fault. Building one tells the plugin that this process serves a Kimi model.
 """
@@ -16,11 +16,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import PreprocessError, ServerUnavailableError
-from .faults import is_verdict
-from .processor_api import HUB_OPTIONS
-from .vllm_checks import model_preset
-from .vllm_plugin import OURS, KimiProcessingState
+from ..errors import PreprocessError, ServerUnavailableError
+from ..faults import is_verdict
+from ..processor_api import HUB_OPTIONS
+from .checks import model_preset
+from .jpegs import KimiProcessingState
+from .server_faults import OURS
 
 # Faults of the server's state: vLLM's RetryableRequestError (503), never its 400.
 NOT_THE_REQUESTS = (ServerUnavailableError,)
@@ -65,7 +66,7 @@ def as_value_error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 def vllm_error(exc: Exception) -> Exception:
     """The error vLLM answers for ``exc`` as :func:`as_value_error` says, its class and reason
-    named and marked as ours (:data:`~.vllm_plugin.OURS`); ``exc`` itself for a server error where this vLLM has
+    named and marked as ours (:data:`~.server_faults.OURS`); ``exc`` itself for a server error where this vLLM has
     no such classes."""
     if isinstance(exc, PreprocessError) and is_verdict(exc):
         error: Exception = ValueError(f"{type(exc).__name__}: {exc}")

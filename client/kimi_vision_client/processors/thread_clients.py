@@ -1,4 +1,5 @@
-"""One :class:`~.client.KimiVisionClient` per thread (a client is not thread safe), let go safely.
+"""One :class:`~kimi_vision_client.client.KimiVisionClient` per thread (a client is not thread
+safe), let go safely.
 
 - A thread's client is made on its first use (:meth:`ThreadClients.use`) and kept for its next
   calls. When the thread ends, its client is closed (its shared-memory regions unregistered) in a
@@ -21,8 +22,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .client import CLOSE_DEADLINE_S, KimiVisionClient
-from .deadline import Deadline
+from ..client import CLOSE_DEADLINE_S, KimiVisionClient
+from ..transport.deadline import Deadline
 
 
 @dataclass(eq=False)

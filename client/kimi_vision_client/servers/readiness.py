@@ -18,9 +18,9 @@ from kimi_vision_common.errors import (
 )
 from kimi_vision_common.models import default_model_names, is_project_model
 
-from .deadline import Deadline
+from ..transport.deadline import Deadline
+from ..transport.server_errors import connection_failure, error_from_server
 from .replicas import Replicas
-from .server_errors import connection_failure, error_from_server
 
 
 def require_model(adapter: Any, replicas: Replicas, url: str, name: str, deadline: Deadline) -> None:
