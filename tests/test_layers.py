@@ -171,6 +171,29 @@ UNIT_RULES: dict[str, dict[str, frozenset[str]]] = {
         "decode": LIBRARY_FOUNDATIONS | {"decode", "_libjpeg"},
         **dict.fromkeys(LIBRARY_FOUNDATIONS, LIBRARY_FOUNDATIONS),
     },
+    # The client from the wire up: transport <- request <- servers <- the client's front <- the
+    # processors engines build; the CLI (cli/) above all of them.
+    "kimi_vision_client": {
+        "transport": frozenset({"transport"}),
+        "request": frozenset({"request", "transport"}),
+        "servers": frozenset({"servers", "request", "transport"}),
+        "client": frozenset({"client", "servers", "request", "transport"}),
+        "processors": frozenset({"processors", "remote_processor", "client", "servers", "request", "transport"}),
+        "remote_processor": frozenset({"remote_processor", "processors", "client", "servers", "request", "transport"}),
+    },
+    # The engines' folders stand on the common modules; remote_setting (the address grammar both
+    # engines read) on the wire's names only.
+    "kimi_vision_common": {"remote_setting": frozenset({"remote_setting", "wire"})},
+}
+# Units of a package that only the units named may import (their own modules aside): the engine
+# folders of the shared package are no other module's dependency, and nothing of the client
+# depends on its CLI.
+IMPORTED_ONLY_BY: dict[str, dict[str, frozenset[str]]] = {
+    "kimi_vision_common": {
+        "vllm_plugin": frozenset({"vllm_plugin"}),
+        "sglang_processors": frozenset({"sglang_processors"}),
+    },
+    "kimi_vision_client": {"cli": frozenset({"cli"})},
 }
 
 
@@ -216,12 +239,22 @@ def test_each_folder_imports_only_the_units_its_rule_allows(module: str) -> None
     assert not wrong, f"{module} ({unit}) imports {sorted(wrong)} of {package}; its rule allows {sorted(allowed)}"
 
 
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if unit_of(m)[0] in IMPORTED_ONLY_BY))
+def test_a_reserved_unit_is_imported_only_by_its_own(module: str) -> None:
+    package, unit = unit_of(module)
+    reserved = IMPORTED_ONLY_BY[package]
+    wrong = {u for p, u in imported_units(module) if p == package and unit not in reserved.get(u, {unit})}
+    assert not wrong, f"{module} ({unit}) imports {sorted(wrong)}, reserved to {[sorted(reserved[u]) for u in wrong]}"
+
+
 def test_every_folder_rule_names_units_that_exist() -> None:
     """A rule naming a folder or module that is not there (a rename the rule missed) checks nothing."""
-    for package, rules in UNIT_RULES.items():
-        units = {unit_of(m)[1] for m in MODULES if m.startswith(package + ".")}
-        units |= {p.name.split(".")[0] for p in PACKAGES[package].glob("*.c")} | {"_libjpeg", "_triton_patchify"}
-        named = set(rules) | {u for allowed in rules.values() for u in allowed}
+    extensions = {"_libjpeg", "_triton_patchify"}  # the C extensions, built by setup.py
+    for package in sorted(PACKAGES):
+        rules = UNIT_RULES.get(package, {})
+        units = {unit_of(m)[1] for m in MODULES if m.startswith(package + ".")} | extensions
+        reserved = IMPORTED_ONLY_BY.get(package, {})
+        named = {*rules, *reserved} | {u for allowed in (*rules.values(), *reserved.values()) for u in allowed}
         assert named <= units, f"{package}: {sorted(named - units)} are not units of it"
 
 

@@ -13,4 +13,4 @@ from .processor import KimiVisionProcessor
 
 
 class VllmKimiProcessor(VllmCalls, KimiVisionProcessor):
-    """The library's processor with vLLM's calls (:class:`~kimi_vision_common.vllm_calls.VllmCalls`)."""
+    """The library's processor with vLLM's calls (:class:`~kimi_vision_common.vllm_plugin.calls.VllmCalls`)."""
