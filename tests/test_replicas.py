@@ -106,6 +106,16 @@ def successes(servers: list[ServeProcess]) -> list[int]:
     return [server.counter(SUCCESS, MODEL) if server.process.poll() is None else 0 for server in servers]
 
 
+def settled_successes(servers: list[ServeProcess], total: int) -> list[int]:
+    """Each server's success count once they add up to ``total``: Triton counts a request after its
+    answer has left, so a count read right after the answer may not have it yet."""
+    give_up = time.monotonic() + SERVE_START_BUDGET_S
+    while sum(counts := successes(servers)) < total:
+        assert time.monotonic() < give_up, f"the servers counted {counts} of {total} answered requests"
+        time.sleep(0.01)
+    return counts
+
+
 @dataclass
 class Load:
     """One client sending the mixed load, :data:`IN_FLIGHT` at a time, until stopped; every
@@ -359,18 +369,19 @@ def test_a_dns_name_follows_the_replicas_it_lists(monkeypatch: pytest.MonkeyPatc
 
         with KimiVisionClient(f"dns:///kimi-prep-pods.test:{port}", "grpc", MODEL) as client:
             send(4, "one pod")
-            assert successes(pods) == [4, 0]
+            assert settled_successes(pods, 4) == [4, 0]
             listed.append("127.0.0.2")
             resolved_to(client, listed)
-            give_up = time.monotonic() + SERVE_START_BUDGET_S
-            while successes(pods)[1] == 0:
+            give_up, sent = time.monotonic() + SERVE_START_BUDGET_S, 4
+            while settled_successes(pods, sent)[1] == 0:
                 assert time.monotonic() < give_up, "the added replica got no request"
                 send(2, "two pods")
+                sent += 2
             listed.remove("127.0.0.1")
             resolved_to(client, listed)
-            before = successes(pods)
+            before = settled_successes(pods, sent)
             send(6, "the new pod")
-            after = successes(pods)
+            after = settled_successes(pods, sent + 6)
         assert after[0] == before[0] and after[1] == before[1] + 6
     finally:
         for pod in pods:
