@@ -25,8 +25,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .coefficients import JCS_CMYK, JCS_GRAYSCALE, JCS_RGB, JCS_YCBCR, JCS_YCCK, Coefficients, Component
+from ..limits import DecodeLimits
+from .coefficients import (
+    JCS_CMYK,
+    JCS_GRAYSCALE,
+    JCS_RGB,
+    JCS_YCBCR,
+    JCS_YCCK,
+    OUT_OF_RANGE,
+    Coefficients,
+    Component,
+    read_coefficients,
+)
 from .idct import idct_islow
+from .stats import DecodeStats
 
 if TYPE_CHECKING:
     import torch
@@ -162,3 +174,25 @@ def decode_coefficients(coefs: Coefficients, device: str | torch.device = "cpu")
         planes.append(upsample(plane, fh, fv, coefs.width, coefs.height))
         flags.append(flag)
     return convert(planes, coefs.color_space), torch.stack(flags).any()
+
+
+def decode_jpeg(
+    data: bytes,
+    device: str | torch.device = "cpu",
+    limits: DecodeLimits | None = None,
+    stats: DecodeStats | None = None,
+) -> tuple[torch.Tensor | None, str | None]:
+    """A JPEG decoded by the coefficient route: its coefficients read on the CPU
+    (:func:`~.coefficients.read_coefficients`), the rest by the kernels on ``device``. Returns
+    (pixels as :func:`decode_coefficients` gives them, None), or (None, the reason it goes to
+    Pillow: one of :data:`~.coefficients.REFUSALS`). ``stats``: each outcome recorded there, as
+    path ``"coefficients"`` or ``"pillow"`` with the reason. Reads the device flag once (a sync)."""
+    coefs = read_coefficients(data, limits)
+    pixels, reason = None, coefs if isinstance(coefs, str) else None
+    if not isinstance(coefs, str):
+        pixels, flag = decode_coefficients(coefs, device)
+        if bool(flag):
+            pixels, reason = None, OUT_OF_RANGE
+    if stats is not None:
+        stats.record("pillow" if reason else "coefficients", reason)
+    return pixels, reason
