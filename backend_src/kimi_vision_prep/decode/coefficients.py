@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..buffers import scratch
 from ..limits import DecodeLimits
 from . import jpeg_bands
 
@@ -81,7 +82,8 @@ def read_coefficients(data: bytes, limits: DecodeLimits | None = None) -> Coeffi
     """The coefficients of ``data``, or the reason (one of :data:`REFUSALS`) it goes to Pillow.
 
     Header first (strict), its size checked against ``limits``; then the int16 blocks of every
-    component, read into one buffer sized from the header. Releases the GIL while libjpeg reads."""
+    component, read into one buffer sized from the header (:func:`~..buffers.scratch`: inside a
+    scratch scope, valid until it exits). Releases the GIL while libjpeg reads."""
     limits = limits or DecodeLimits()
     if jpeg_bands.libjpeg_path() is None:
         return UNAVAILABLE
@@ -102,7 +104,7 @@ def read_coefficients(data: bytes, limits: DecodeLimits | None = None) -> Coeffi
     if not supported_sampling([(h, v) for h, v, *_ in parts]):
         return SAMPLING
     counts = [wb * hb for _, _, wb, hb, _, _ in parts]
-    blocks = np.empty((sum(counts), 8, 8), dtype=np.int16)
+    blocks = scratch((sum(counts), 8, 8), np.int16)  # arena memory in a scratch scope: no page faults
     quant = np.empty((len(parts), 8, 8), dtype=np.uint16)
     try:
         smoothing, dc_missing = _libjpeg.read_coefficients(data, blocks, quant)
