@@ -15,7 +15,8 @@ int32 throughout, with the SIMD code's grouping of the sums (its ``pmaddwd`` pai
 16-bit value clamped to its range before it is used, no intermediate exceeds 2.12e9 < 2**31 (the
 bound is in the test), so nothing overflows on any device, flagged inputs included (their pixels
 are discarded). No float, no division, no op whose integer semantics differ between CPU and CUDA:
-``*``, ``+``, ``-``, ``>>`` (arithmetic on signed ints in torch on both), ``clamp``, ``aminmax``.
+``*``, ``+``, ``-``, ``>>`` (arithmetic on signed ints in torch on both; no left shift of a
+negative value: a multiplication instead), ``clamp``, ``aminmax``.
 """
 
 from __future__ import annotations
@@ -51,23 +52,25 @@ def _pass(x: torch.Tensor, shift: int, flags: list[torch.Tensor]) -> torch.Tenso
     s04 = torch.stack((x[0] + x[4], x[0] - x[4]))
     z34 = torch.stack((x[7] + x[3], x[5] + x[1]))
     flags += [_outside(s04, INT16), _outside(z34, INT16)]
-    s04, z34 = s04.clamp(*INT16), z34.clamp(*INT16)
-    # Even part: tmp0/tmp1 = (in0 +- in4) << CONST_BITS; tmp3/tmp2 = the rotation of in2, in6.
-    tmp0, tmp1 = s04[0] << CONST_BITS, s04[1] << CONST_BITS
-    tmp3 = x[2] * (F_0_541 + F_0_765) + x[6] * F_0_541
-    tmp2 = x[2] * F_0_541 + x[6] * (F_0_541 - F_1_847)
-    tmp10, tmp13, tmp11, tmp12 = tmp0 + tmp3, tmp0 - tmp3, tmp1 + tmp2, tmp1 - tmp2
+    s04, z34 = s04.clamp_(*INT16), z34.clamp_(*INT16)
+    # Even part: tmp0/tmp1 = (in0 +- in4) << CONST_BITS, with DESCALE's rounding (every output has
+    # one of them once); tmp3/tmp2 = the rotation of in2, in6.
+    tmp01 = s04.mul_(1 << CONST_BITS).add_(1 << (shift - 1))
+    tmp3 = (x[2] * (F_0_541 + F_0_765)).add_(x[6] * F_0_541)
+    tmp2 = (x[2] * F_0_541).add_(x[6] * (F_0_541 - F_1_847))
+    tmp10, tmp13, tmp11, tmp12 = tmp01[0] + tmp3, tmp01[0] - tmp3, tmp01[1] + tmp2, tmp01[1] - tmp2
     # Odd part: z3 = in7 + in3, z4 = in5 + in1, z5 folded in.
-    z3 = z34[0] * (F_1_175 - F_1_961) + z34[1] * F_1_175
-    z4 = z34[0] * F_1_175 + z34[1] * (F_1_175 - F_0_390)
-    o0 = x[7] * (F_0_298 - F_0_899) + x[1] * -F_0_899 + z3
-    o1 = x[5] * (F_2_053 - F_2_562) + x[3] * -F_2_562 + z4
-    o2 = x[5] * -F_2_562 + x[3] * (F_3_072 - F_2_562) + z3
-    o3 = x[7] * -F_0_899 + x[1] * (F_1_501 - F_0_899) + z4
-    out = torch.stack(
-        (tmp10 + o3, tmp11 + o2, tmp12 + o1, tmp13 + o0, tmp13 - o0, tmp12 - o1, tmp11 - o2, tmp10 - o3)
-    )
-    return (out + (1 << (shift - 1))) >> shift
+    z3 = (z34[0] * (F_1_175 - F_1_961)).add_(z34[1] * F_1_175)
+    z4 = (z34[0] * F_1_175).add_(z34[1] * (F_1_175 - F_0_390))
+    o0 = (x[7] * (F_0_298 - F_0_899)).add_(x[1] * -F_0_899).add_(z3)
+    o1 = (x[5] * (F_2_053 - F_2_562)).add_(x[3] * -F_2_562).add_(z4)
+    o2 = (x[5] * -F_2_562).add_(x[3] * (F_3_072 - F_2_562)).add_(z3)
+    o3 = (x[7] * -F_0_899).add_(x[1] * (F_1_501 - F_0_899)).add_(z4)
+    out = torch.empty_like(x)
+    for index, (even, odd) in enumerate(((tmp10, o3), (tmp11, o2), (tmp12, o1), (tmp13, o0))):
+        torch.add(even, odd, out=out[index])
+        torch.sub(even, odd, out=out[7 - index])
+    return out.bitwise_right_shift_(shift)
 
 
 def idct_islow(blocks: torch.Tensor, quant: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,12 +90,12 @@ def idct_islow(blocks: torch.Tensor, quant: torch.Tensor) -> tuple[torch.Tensor,
         dq = chunk.to(torch.int32) * q  # |coef * q| <= 2**30: exact in int32
         flags.append(_outside(dq, INT16))
         # Pass 1 on columns: (v, N, u) in, (y, N, u) out.
-        ws = _pass(dq.clamp(*INT16).permute(1, 0, 2), CONST_BITS - PASS1_BITS, flags)
+        ws = _pass(dq.clamp_(*INT16).permute(1, 0, 2).contiguous(), CONST_BITS - PASS1_BITS, flags)
         flags.append(_outside(ws, INT16))
         # Pass 2 on rows: (u, y, N) in, (x, y, N) out.
-        pixels = _pass(ws.clamp(*INT16).permute(2, 0, 1), CONST_BITS + PASS1_BITS + 3, flags)
+        pixels = _pass(ws.clamp_(*INT16).permute(2, 0, 1).contiguous(), CONST_BITS + PASS1_BITS + 3, flags)
         flags.append(_outside(pixels, OUTPUT_RANGE))
-        out[start : start + chunk.shape[0]] = (pixels + 128).clamp(0, 255).permute(2, 1, 0).to(torch.uint8)
+        out[start : start + chunk.shape[0]] = pixels.add_(128).clamp_(0, 255).permute(2, 1, 0).to(torch.uint8)
     if not flags:
         return out, torch.zeros((), dtype=torch.bool, device=blocks.device)
     return out, torch.stack(flags).any()

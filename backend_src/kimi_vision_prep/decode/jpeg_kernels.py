@@ -133,10 +133,10 @@ def ycc_to_rgb(y: torch.Tensor, cb: torch.Tensor, cr: torch.Tensor) -> torch.Ten
     import torch
 
     x_b, x_r = cb - 128, cr - 128
-    red = y + ((FIX_1_40200 * x_r + ONE_HALF) >> SCALEBITS)
-    green = y + ((-FIX_0_34414 * x_b + ONE_HALF - FIX_0_71414 * x_r) >> SCALEBITS)
-    blue = y + ((FIX_1_77200 * x_b + ONE_HALF) >> SCALEBITS)
-    return torch.stack((red, green, blue), -1).clamp(0, 255).to(torch.uint8)
+    red = (x_r * FIX_1_40200).add_(ONE_HALF).bitwise_right_shift_(SCALEBITS).add_(y)
+    green = (x_b * -FIX_0_34414).add_(ONE_HALF).sub_(x_r.mul_(FIX_0_71414)).bitwise_right_shift_(SCALEBITS).add_(y)
+    blue = x_b.mul_(FIX_1_77200).add_(ONE_HALF).bitwise_right_shift_(SCALEBITS).add_(y)
+    return torch.stack([c.clamp_(0, 255).to(torch.uint8) for c in (red, green, blue)], -1)
 
 
 def convert(planes: list[torch.Tensor], color_space: int) -> torch.Tensor:
