@@ -19,6 +19,7 @@ from PIL import Image
 
 from kimi_vision_prep.decode import coefficients as coef
 from kimi_vision_prep.decode import jpeg_bands
+from kimi_vision_prep.decode.stats import DecodeStats
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(jpeg_bands.libjpeg_path() is None, reason="the _libjpeg extension is not built")
@@ -216,3 +217,22 @@ def test_idct_int32_intermediates_fit() -> None:
         f.F_2_562 + f.F_3_072 - f.F_2_562, f.F_0_899 + f.F_1_501 - f.F_0_899,
     )
     assert even + odd + (1 << 17) < 2**31 - 1
+
+
+def test_outcomes_are_recorded_with_their_reasons() -> None:
+    stats = DecodeStats(warn=lambda _message: None)
+    jpeg_kernels.decode_jpeg(pillow_jpeg(16, 16), stats=stats)
+    jpeg_kernels.decode_jpeg(b"\xff\xd8\xff\xd9", stats=stats)
+    assert stats.snapshot() == {"paths": {"coefficients": 1, "pillow": 1}, "fallbacks": {coef.LIBJPEG_REFUSED: 1}}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the kernels are proven on CPU tensors here")
+def test_cuda_equals_cpu_on_the_corpus() -> None:
+    """Where a device is present: the same kernels on CUDA tensors give the CPU's pixels and flags."""
+    for path in sorted(CORPUS.glob("*.jpg")):
+        coefs = coef.read_coefficients(path.read_bytes())
+        if isinstance(coefs, str):
+            continue
+        cpu, cpu_flag = jpeg_kernels.decode_coefficients(coefs, "cpu")
+        cuda, cuda_flag = jpeg_kernels.decode_coefficients(coefs, "cuda")
+        assert bool(cpu_flag) == bool(cuda_flag) and torch.equal(cpu, cuda.cpu()), path.name
