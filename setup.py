@@ -23,7 +23,7 @@ EXTENSIONS = [
         # The C files of decode/libjpeg/ (README.md there); the module keeps its name at the package root.
         sources=[
             f"backend_src/kimi_vision_prep/decode/libjpeg/{name}.c"
-            for name in ("module", "binding", "decode", "bands", "restart")
+            for name in ("module", "binding", "decode", "bands", "restart", "coefficients")
         ],
         depends=["backend_src/kimi_vision_prep/decode/libjpeg/libjpeg.h"],
         libraries=["dl"],

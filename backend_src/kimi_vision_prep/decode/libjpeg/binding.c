@@ -90,6 +90,7 @@ PyObject *bind(PyObject *self, PyObject *args) {
   RESOLVE(start_decompress, "jpeg_start_decompress");
   RESOLVE(skip_scanlines, "jpeg_skip_scanlines");
   RESOLVE(read_scanlines, "jpeg_read_scanlines");
+  RESOLVE(read_coefficients, "jpeg_read_coefficients");
   RESOLVE(finish_decompress, "jpeg_finish_decompress");
   RESOLVE(destroy_decompress, "jpeg_destroy_decompress");
   if (!abi_matches(&message)) {

@@ -30,6 +30,7 @@ typedef struct {
   __typeof__(&jpeg_start_decompress) start_decompress;
   __typeof__(&jpeg_skip_scanlines) skip_scanlines;
   __typeof__(&jpeg_read_scanlines) read_scanlines;
+  __typeof__(&jpeg_read_coefficients) read_coefficients;
   __typeof__(&jpeg_finish_decompress) finish_decompress;
   __typeof__(&jpeg_destroy_decompress) destroy_decompress;
 } jpeg_functions;
@@ -100,5 +101,11 @@ INTERNAL void read_entered(j_decompress_ptr cinfo, entered_source *src, const un
 INTERNAL int decode_rows_nogil(const unsigned char *data, size_t size, unsigned char *out, JDIMENSION width,
                                JDIMENSION height, JDIMENSION *begin, JDIMENSION *end, JDIMENSION *entered,
                                const sharing *share, strict_error *err);
+
+/* -- the coefficients of a stream (coefficients.c) ------------------------------------------ */
+
+INTERNAL extern PyObject *JpegError; /* module.c */
+INTERNAL PyObject *coefficient_header(PyObject *self, PyObject *args);
+INTERNAL PyObject *read_coefficients(PyObject *self, PyObject *args);
 
 #endif

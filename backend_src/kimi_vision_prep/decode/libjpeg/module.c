@@ -36,7 +36,7 @@
 
 #include "libjpeg.h"
 
-static PyObject *JpegError = NULL;
+PyObject *JpegError = NULL;
 
 static int check_out(const Py_buffer *out, unsigned int width, unsigned int height) {
   if (!bound) {
@@ -129,6 +129,12 @@ static PyMethodDef methods[] = {
     {"decode_share", decode_share, METH_VARARGS,
      "decode_share(data, out, width, height, regions, index, multiple, min_rows, skip_cost, row_cost)"
      " -> (begin, end, entered): band `index` of a shared decode (strict)"},
+    {"coefficient_header", coefficient_header, METH_VARARGS,
+     "coefficient_header(data) -> (width, height, precision, progressive, arithmetic, color_space, components)"
+     " (strict; coefficients.c)"},
+    {"read_coefficients", read_coefficients, METH_VARARGS,
+     "read_coefficients(data, blocks, quant) -> (smoothing, dc_missing): the quantized DCT blocks and tables"
+     " (strict; coefficients.c)"},
     {NULL, NULL, 0, NULL},
 };
 
