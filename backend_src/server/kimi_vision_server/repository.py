@@ -28,6 +28,7 @@ from kimi_vision_common.models import PATCH_EMBED_MODEL, SERVED_PRESETS, default
 from kimi_vision_common.presets import PRESETS, Preset
 from kimi_vision_common.wire import (
     DECODE_PATH,
+    DECODED_TENSORS,
     GRID_THW,
     IMAGE,
     IMAGE_BYTES,
@@ -63,7 +64,6 @@ from .render_blocks import (
     python_model,
     settings_block,
 )
-from .requests import DECODED_TENSORS
 from .settings import setting
 from .triton_install import PATCHIFY_BACKEND
 
