@@ -99,8 +99,8 @@ def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     import inspect
 
     from kimi_vision_server.launcher import PINNED_ONLY_AFTER_S
-    from kimi_vision_server.probes import METRIC_FAMILIES
-    from kimi_vision_server.watchdog import SERVER_QUICK_EXIT_S, StubWatchdog
+    from kimi_vision_server.watch.probes import METRIC_FAMILIES
+    from kimi_vision_server.watch.watchdog import SERVER_QUICK_EXIT_S, StubWatchdog
 
     defaults = {name: p.default for name, p in inspect.signature(StubWatchdog).parameters.items()}
     text = one_line("faults.md")

@@ -18,7 +18,7 @@ from .access import LOOPBACK_HOST
 from .launcher import Launched, LaunchSpec, Ports, launch
 from .render_blocks import RenderOptions
 from .triton_install import default_model_repository
-from .watchdog import StubWatchdog
+from .watch.watchdog import StubWatchdog
 
 
 def free_port() -> int:

@@ -36,14 +36,14 @@ from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAUL
 from .access import LOOPBACK_HOST, AccessPolicy, access_args, generated_key, redacted, write_key_file
 from .allocator import describe_server_allocator
 from .host import cuda_device_count
-from .probes import ProbeServer
 from .render_blocks import SERVING_DEFAULTS
 from .repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
-from .stub_scan import StubProcess, end_process, stub_processes, stubs_in_group
 from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver, patchify_library
-from .triton_repository import RepositoryError
-from .watchdog import StubWatchdog
+from .watch.probes import ProbeServer
+from .watch.stub_scan import StubProcess, end_process, stub_processes, stubs_in_group
+from .watch.triton_repository import RepositoryError
+from .watch.watchdog import StubWatchdog
 
 # One FP32 PIXEL_VALUES of a 1920x1080 image is ~25 MiB, K3's largest ~145 MiB: start each stub's
 # shared-memory pool large enough for typical images and grow it in big steps.
