@@ -48,7 +48,7 @@ def triton_server():
     ``.metrics_url``, ``.log_tail()``); stopped at the end of the session.
     """
     from kimi_vision_server.embedded import EmbeddedServer
-    from kimi_vision_server.repository import RenderOptions
+    from kimi_vision_server.render.repository import RenderOptions
 
     require_tritonserver()
     server = EmbeddedServer(render=RenderOptions(kind="cpu"))

@@ -155,7 +155,7 @@ def test_directories_expand_to_their_image_files(corpus: Path, tmp_path: Path) -
 
 def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from kimi_vision_server import launcher
-    from kimi_vision_server.repository import RenderOptions
+    from kimi_vision_server.render.repository import RenderOptions
 
     calls: list[object] = []
 
@@ -231,7 +231,7 @@ def test_a_containers_cpu_limit_is_read_from_its_cgroup(
 
 
 def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kimi_vision_server.repository import RenderOptions, repository_models
+    from kimi_vision_server.render.repository import RenderOptions, repository_models
 
     assert cli.main(["render-repository", "--out", str(tmp_path / "r"), "--instances", "2"]) == cli.EXIT_OK
     models = repository_models(RenderOptions(instances=2))

@@ -10,7 +10,7 @@ from kimi_vision_common.models import PATCH_EMBED_MODEL
 from kimi_vision_common.wire import DEFAULT_PROBE_PORT
 from kimi_vision_prep.numba_runtime import IDLE_SPIN_SETTING, USER_WAIT_SETTINGS
 from kimi_vision_server.launcher import CPU_ONLY_NOISE
-from kimi_vision_server.repository import RenderOptions, repository_models
+from kimi_vision_server.render.repository import RenderOptions, repository_models
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -68,7 +68,7 @@ def test_batch_sizes_are_the_rendered_ones() -> None:
 def test_the_request_limits_the_readme_and_docs_give() -> None:
     from kimi_vision_common.presets import KIMI_K3, KIMI_K25
     from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST
-    from kimi_vision_server.render_blocks import ServingDefaults
+    from kimi_vision_server.render.blocks import ServingDefaults
 
     words = {2: "two", 3: "three", 4: "four"}
     readme = " ".join((DOCS.parent / "README.md").read_text().split())

@@ -41,7 +41,7 @@ from tritonclient.utils import InferenceServerException
 from kimi_vision_prep import preprocess_bytes
 from kimi_vision_server import shm_regions
 from kimi_vision_server.embedded import EmbeddedServer, free_port
-from kimi_vision_server.render_blocks import RenderOptions
+from kimi_vision_server.render.blocks import RenderOptions
 from kimi_vision_server.watch.stub_scan import StubProcess, parent_pid, signal_process, stub_processes, stubs_in_group
 from kimi_vision_server.watch.watchdog import StubWatchdog, watchdog_thread_name
 

@@ -43,7 +43,7 @@ from kimi_vision_server.access import (
     write_key_file,
 )
 from kimi_vision_server.embedded import EmbeddedServer
-from kimi_vision_server.render_blocks import SERVING_DEFAULTS
+from kimi_vision_server.render.blocks import SERVING_DEFAULTS
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 INVALID_ARG = ("400", "StatusCode.INVALID_ARGUMENT")

@@ -61,8 +61,8 @@ from kimi_vision_server.config import (
 from kimi_vision_server.contract import ServingModel, TritonIO
 from kimi_vision_server.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
 from kimi_vision_server.patch_embed import make_patch_embed
-from kimi_vision_server.render_blocks import SERVING_DEFAULTS
-from kimi_vision_server.repository import RenderOptions, render_repository
+from kimi_vision_server.render.blocks import SERVING_DEFAULTS
+from kimi_vision_server.render.repository import RenderOptions, render_repository
 from kimi_vision_server.requests import decoded_from_inputs, images_from_input
 from kimi_vision_server.settings import Rendering, rendered_parameters
 from kimi_vision_server.tensors import input_array, output_tensor
@@ -1050,7 +1050,7 @@ def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> Non
         import sys
         from pathlib import Path
         from kimi_vision_server import launcher
-        from kimi_vision_server.repository import RenderOptions
+        from kimi_vision_server.render.repository import RenderOptions
         launcher.find_tritonserver = lambda: launcher.TritonInstall(Path({str(fake_server)!r}), None, {{}}, False)
         spec = launcher.LaunchSpec(
             launcher.Ports(18000, 18001, 18002), render=RenderOptions(instances=2), extra_args=["--log-verbose=1"]

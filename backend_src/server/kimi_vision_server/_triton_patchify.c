@@ -1,6 +1,6 @@
 /* kimi_patchify: a Triton backend (C API) that pads, normalises and patchifies decoded RGB images.
  *
- * The last step of the kimi_*_vision ensembles on CPU hosts (kimi_vision_server/repository.py renders it as
+ * The last step of the kimi_*_vision ensembles on CPU hosts (kimi_vision_server/render/repository.py renders it as
  * kimi_*_patchify). It runs inside tritonserver: no Python stub, so the decoded image is read
  * where the decode step's output lies and the pixels are written straight into the buffer Triton
  * hands out (the ensemble's, or the client's shared-memory region), where the Python preprocess

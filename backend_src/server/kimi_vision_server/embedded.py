@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .access import LOOPBACK_HOST
 from .launcher import Launched, LaunchSpec, Ports, launch
-from .render_blocks import RenderOptions
+from .render.blocks import RenderOptions
 from .triton_install import default_model_repository
 from .watch.watchdog import StubWatchdog
 

@@ -36,8 +36,8 @@ from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAUL
 from .access import LOOPBACK_HOST, AccessPolicy, access_args, generated_key, redacted, write_key_file
 from .allocator import describe_server_allocator
 from .host import cuda_device_count
-from .render_blocks import SERVING_DEFAULTS
-from .repository import RenderOptions, render_repository
+from .render.blocks import SERVING_DEFAULTS
+from .render.repository import RenderOptions, render_repository
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
 from .triton_install import TritonInstall, cache_root, default_model_repository, find_tritonserver, patchify_library
 from .watch.probes import ProbeServer

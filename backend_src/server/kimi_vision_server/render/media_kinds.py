@@ -18,7 +18,7 @@ from kimi_vision_common.wire import (
 )
 
 from . import pbtxt
-from .render_blocks import (
+from .blocks import (
     IMAGE_BYTES_INPUT,
     RAGGED,
     ModelFiles,

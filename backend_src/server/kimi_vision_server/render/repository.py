@@ -42,10 +42,11 @@ from kimi_vision_common.wire import (
     STORED_SIZES,
 )
 
+from ..host import HostLayout, host_layout
+from ..settings import setting
+from ..triton_install import PATCHIFY_BACKEND
 from . import pbtxt
-from .host import HostLayout, host_layout
-from .media_kinds import media_models
-from .render_blocks import (
+from .blocks import (
     HOST_INDEPENDENT,
     IMAGE_BYTES_INPUT,
     MODEL_VERSION,
@@ -64,8 +65,7 @@ from .render_blocks import (
     python_model,
     settings_block,
 )
-from .settings import setting
-from .triton_install import PATCHIFY_BACKEND
+from .media_kinds import media_models
 
 
 def preset_aliases(preset: Preset) -> list[str]:
