@@ -37,7 +37,7 @@ from kimi_vision_common.patches import normalize_table
 from kimi_vision_common.sizing import navit_patch_bound, navit_target_size
 from kimi_vision_prep import PRESETS, preprocess_bytes
 from kimi_vision_prep.normalize import patchify, write_patches
-from kimi_vision_server.config import DecoderSettings
+from kimi_vision_server.models.config import DecoderSettings
 from kimi_vision_server.render.repository import RenderOptions, repository_models
 from kimi_vision_server.triton_install import patchify_library
 

@@ -48,24 +48,25 @@ from kimi_vision_prep import (
 )
 from kimi_vision_prep.kernels import register_kernel, type_key
 from kimi_vision_prep.repeat_cache import RepeatCache
-from kimi_vision_server import components, embedded, launcher, tensors, triton_install
-from kimi_vision_server import requests as request_tensors
+from kimi_vision_server import embedded, launcher, triton_install
 from kimi_vision_server.access import AccessPolicy, access_args
-from kimi_vision_server.config import (
+from kimi_vision_server.models import components, tensors
+from kimi_vision_server.models import requests as request_tensors
+from kimi_vision_server.models.config import (
     DecoderSettings,
     buffer_caps,
     decoder_settings,
     model_parameters,
     numba_threads,
 )
-from kimi_vision_server.contract import ServingModel, TritonIO
-from kimi_vision_server.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
-from kimi_vision_server.patch_embed import make_patch_embed
+from kimi_vision_server.models.contract import ServingModel, TritonIO
+from kimi_vision_server.models.images import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
+from kimi_vision_server.models.patch_embed import make_patch_embed
+from kimi_vision_server.models.requests import decoded_from_inputs, images_from_input
+from kimi_vision_server.models.tensors import input_array, output_tensor
 from kimi_vision_server.render.blocks import SERVING_DEFAULTS
 from kimi_vision_server.render.repository import RenderOptions, render_repository
-from kimi_vision_server.requests import decoded_from_inputs, images_from_input
 from kimi_vision_server.settings import Rendering, rendered_parameters
-from kimi_vision_server.tensors import input_array, output_tensor
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 PRESET_KEYS = {"preset"} | {f.name for f in dataclasses.fields(Preset)} - {"name"}
@@ -1132,7 +1133,7 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import test_serving_units as t
         from kimi_vision_prep import normalize, resize_numba, video_decode
-        from kimi_vision_server.media_models import VideoChunkModel, VideoModel
+        from kimi_vision_server.models.media import VideoChunkModel, VideoModel
         from make_inputs import video_clips
         from types import SimpleNamespace
 

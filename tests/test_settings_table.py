@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kimi_vision_common.presets import KIMI_K3, KIMI_K25, Preset
 from kimi_vision_common.sizing import navit_patch_bound
-from kimi_vision_server.config import DecoderSettings, decoder_settings
+from kimi_vision_server.models.config import DecoderSettings, decoder_settings
 from kimi_vision_server.render.blocks import SERVING_DEFAULTS, RenderOptions
 from kimi_vision_server.render.settings_table import rendered_values, settings_table
 from kimi_vision_server.settings import SETTINGS, Rendering, rendered_parameters

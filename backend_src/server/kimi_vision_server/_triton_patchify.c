@@ -8,7 +8,7 @@
  * (BENCHMARKS.md, "patchify").
  *
  * Inputs (one request = one batch row, max_batch_size >= 1):
- *   IMAGE         uint8 [1, L]: K RGB images, flat (kimi_vision_server/requests.py: the decode step's layout)
+ *   IMAGE         uint8 [1, L]: K RGB images, flat (kimi_vision_server/models/requests.py: the decode step's layout)
  *   IMAGE_SHAPES  int64 [1, K, 4]: height, width, channels (3), offset into IMAGE; the K images
  *                 tile IMAGE in order without gaps or overlap (kimi_check_images), else the
  *                 request is refused before any output exists
@@ -480,7 +480,7 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
 }
 
 /* kimi_prep_stage_seconds_total{model, instance, stage="patchify"}: the family, name and help the
- * Python models use (kimi_vision_server/metrics.py), so Triton merges them into one family. The family is
+ * Python models use (kimi_vision_server/models/metrics.py), so Triton merges them into one family. The family is
  * never deleted here: the Python models' series live in it too. */
 static const char STAGE_FAMILY[] = "kimi_prep_stage_seconds_total";
 static const char STAGE_HELP[] = "Cumulative wall time per stage in seconds";
@@ -601,7 +601,7 @@ static int verdict(char *message, size_t capacity, int code, const char *format,
   return code;
 }
 
-/* The layout of one request (kimi_vision_server/requests.py, check_image_layout: the same rules and words,
+/* The layout of one request (kimi_vision_server/models/requests.py, check_image_layout: the same rules and words,
  * kimi_messages.h): K rows of
  * IMAGE_SHAPES (height, width, channels, offset) that tile an IMAGE of `length` bytes in order,
  * without gaps or overlap; RGB; each image within the preset's bounds, all of them within

@@ -24,7 +24,7 @@ IMAGE_BYTES, VIDEO_BYTES, FRAME_BYTES = "IMAGE_BYTES", "VIDEO_BYTES", "FRAME_BYT
 PIXEL_VALUES, PIXEL_PATCHES = "PIXEL_VALUES", "PIXEL_PATCHES"
 GRID_THW, NUM_TOKENS = "GRID_THW", "NUM_TOKENS"
 PROMPT, TIMESTAMP, FRAME_INDICES, PATCH_EMBEDS = "PROMPT", "TIMESTAMP", "FRAME_INDICES", "PATCH_EMBEDS"
-# What the decode step hands the step after it (kimi_vision_server/requests.py has the layout):
+# What the decode step hands the step after it (kimi_vision_server/models/requests.py has the layout):
 IMAGE, IMAGE_SHAPES, MODE, RESAMPLE = "IMAGE", "IMAGE_SHAPES", "MODE", "RESAMPLE"
 STORED_SIZES, DECODE_PATH = "STORED_SIZES", "DECODE_PATH"
 # What the decode step hands the preprocess step (both sides send these; a client of the preprocess
