@@ -52,8 +52,8 @@ from tritonclient.utils import InferenceServerException
 from kimi_vision_common.sizing import navit_target_size
 from kimi_vision_prep import KIMI_K3, preprocess_bytes
 from kimi_vision_prep.limits import PILLOW_MAX_PIXELS
-from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
+from kimi_vision_server.launch.embedded import EmbeddedServer
 from kimi_vision_server.render.blocks import SERVING_DEFAULTS
 from kimi_vision_server.render.repository import default_model_names, host_rendering
 

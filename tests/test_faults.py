@@ -39,8 +39,8 @@ from make_inputs import require_tritonserver
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_server import shm_regions
-from kimi_vision_server.embedded import EmbeddedServer, free_port
+from kimi_vision_server.launch import shm_regions
+from kimi_vision_server.launch.embedded import EmbeddedServer, free_port
 from kimi_vision_server.render.blocks import RenderOptions
 from kimi_vision_server.watch.stub_scan import StubProcess, parent_pid, signal_process, stub_processes, stubs_in_group
 from kimi_vision_server.watch.watchdog import StubWatchdog, watchdog_thread_name
@@ -515,7 +515,7 @@ def test_a_load_stuck_in_a_stubs_initialize_is_ended_and_retried(
     never returns (here: while a marker file exists). The load is ended after ``load_stall_s``, the
     stub's Python stacks in the log first, and tried again until one completes; the model serves.
     ``load_stall_s`` is 3 s here (120 s by default)."""
-    from kimi_vision_server import launcher
+    from kimi_vision_server.launch import launcher
 
     require_tritonserver()
     (tmp_path / "stalling" / "1").mkdir(parents=True)

@@ -39,7 +39,7 @@ from kimi_vision_common.errors import reason_for
 from kimi_vision_common.wire import ENSEMBLE_PREFIX, served_message
 from kimi_vision_prep import DecodeLimits, ImageDecoder, PreprocessError, preprocess_bytes
 from kimi_vision_prep.pipeline import with_index
-from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.launch.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.server
 

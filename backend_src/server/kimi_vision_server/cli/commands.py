@@ -134,7 +134,9 @@ def serve_options(args: argparse.Namespace) -> RenderOptions | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from kimi_vision_common.wire import operator_key
 
-    from ..launcher import LaunchSpec, Ports, serve
+    from ..launch.command import Ports
+    from ..launch.launcher import LaunchSpec
+    from ..launch.serve import serve
 
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.probe_port)
     try:
@@ -168,7 +170,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from kimi_vision_client.samples import sample_images
     from kimi_vision_prep.pipeline import preprocess_bytes
 
-    from ..embedded import EmbeddedServer
+    from ..launch.embedded import EmbeddedServer
 
     samples = sample_images()
     failed = 0
