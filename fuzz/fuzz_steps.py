@@ -45,7 +45,7 @@ I64 = ctypes.POINTER(ctypes.c_int64)
 
 
 class Limits(ctypes.Structure):
-    """``Limits`` of ``_triton_patchify.c``, in its order."""
+    """``Limits`` of the C step (``models/patchify/kimi_patchify.h``), in its order."""
 
     _fields_ = [(name, ctypes.c_int64) for name in (
         "patch_size", "factor", "side_limit", "image_patches", "max_images", "max_patches"

@@ -200,7 +200,7 @@ def patchify_model(served: ServedPreset) -> ModelFiles:
     name, batch = f"{prefix}_patchify", defaults.pixel_batch_size
     summary = (
         f"{name} ({title}): RGB pixels at their NaViT size (the decode step's) -> pad, normalise, patchify,\n"
-        f"in the C backend {PATCHIFY_BACKEND} (kimi_vision_server/_triton_patchify.c): no Python stub, the\n"
+        f"in the C backend {PATCHIFY_BACKEND} (kimi_vision_server/models/patchify/): no Python stub, the\n"
         "pixels read where the decode step left them and written into the buffer Triton hands out. It\n"
         "does not resize: an image beyond patch_limit_on_one_side patches a side, or max_patches_per_image\n"
         f"patches, is refused (ImageTooLargeError); other modes and sizes go to {prefix}_preprocess."
