@@ -108,6 +108,7 @@ def profile(images: list[BenchImage], preset_name: str, repeats: int) -> list[di
     return rows
 
 
+# Over 60 lines: the run's steps in order (images, timings, throughput, profile, report), each a call.
 def run(  # noqa: PLR0917
     preset_name: str = "kimi-k2.5",
     repeats: int = 5,
