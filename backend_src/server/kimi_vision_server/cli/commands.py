@@ -224,7 +224,7 @@ def with_codec_env(command: Callable[[argparse.Namespace], int]) -> Callable[[ar
     return run
 
 
-# Over 60 lines: the argparse declaration of every server command and flag, one after the other (the CLI's surface in one place).
+# Over 60 lines: the argparse declaration of every server command and flag (the CLI's surface in one place).
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add this package's subcommands to the ``kimi-prep`` parser (the entry point); building the
     parser changes nothing in the process."""

@@ -105,7 +105,7 @@ class Launched:
         return self.watchdog.process
 
 
-# Over 60 lines: the start sequence in its order; its two closures (start, start again) share the command line and the relays.
+# Over 60 lines: the start sequence in order; its two closures (start, start again) share the command line.
 def launch(stack: contextlib.ExitStack, spec: LaunchSpec) -> Launched:
     """Start a server as ``spec`` says; closing ``stack`` stops it and removes what it left."""
     install = find_tritonserver()
