@@ -43,7 +43,7 @@ PERF_VENV ?= .venv-perf
 HELM := .tools/helm
 LIBRARY_SOURCES := $(shell find backend_src/kimi_vision_prep client/common/kimi_vision_common -name '*.py' -o -name '*.c' -o -name '*.h')
 
-$(STAMP): $(PACKAGING) $(wildcard backend_src/kimi_vision_prep/decode/libjpeg/*.[ch]) backend_src/server/kimi_vision_server/_triton_patchify.c
+$(STAMP): $(PACKAGING) $(wildcard backend_src/kimi_vision_prep/decode/libjpeg/*.[ch]) $(wildcard backend_src/server/kimi_vision_server/models/patchify/*.[ch])
 	$(call say,installing the serving environment into $(VENV) (torch CPU, tritonserver, the packages editable))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip

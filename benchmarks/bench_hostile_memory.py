@@ -52,10 +52,10 @@ from tritonclient.utils import InferenceServerException
 from kimi_vision_common.sizing import navit_target_size
 from kimi_vision_prep import KIMI_K3, preprocess_bytes
 from kimi_vision_prep.limits import PILLOW_MAX_PIXELS
-from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
-from kimi_vision_server.render_blocks import SERVING_DEFAULTS
-from kimi_vision_server.repository import default_model_names, host_rendering
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.blocks import SERVING_DEFAULTS
+from kimi_vision_server.render.repository import default_model_names, host_rendering
 
 MODEL = "kimi_k3_vision"
 BOUND_MIB = 4096  # docs/security.md: the default serve on a 2-core, 24 GB host

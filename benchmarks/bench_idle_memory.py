@@ -22,9 +22,9 @@ from typing import Any
 
 from plots import saved_axes
 
-from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
-from kimi_vision_server.repository import RenderOptions, default_model_names
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.repository import RenderOptions, default_model_names
 
 KIB = 1024
 

@@ -52,9 +52,9 @@ from photos import benchmark_photos, corpus_photos
 from plots import saved_axes
 
 from kimi_vision_server.allocator import allocator_env
-from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
-from kimi_vision_server.repository import RenderOptions, default_model_names, host_rendering
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.repository import RenderOptions, default_model_names, host_rendering
 
 LOADED_MODEL = "kimi_k25_vision"
 SELECTIONS: dict[str, tuple[str, ...] | None] = {

@@ -167,7 +167,7 @@ def streaming_rss() -> dict[str, Any]:
 
 def served(repeats: int) -> dict[str, Any]:
     from kimi_vision_client.client import KimiVisionClient
-    from kimi_vision_server.embedded import EmbeddedServer
+    from kimi_vision_server.launch.embedded import EmbeddedServer
 
     data = clips()["h264_1920x1080_300f_30fps.mp4"]
     # Three photos whose 8 copies fit one request's patch budget (max_patches_per_request).

@@ -60,10 +60,10 @@ from kimi_vision_common.presets import get_preset
 from kimi_vision_prep import preprocess_batch
 from kimi_vision_prep.pipeline import PixelOutput
 from kimi_vision_server.cli import bench_local
-from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
-from kimi_vision_server.render_blocks import IMAGE_BYTES_INPUT, SERVING_DEFAULTS, pixel_outputs, python_model
-from kimi_vision_server.repository import (
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.blocks import IMAGE_BYTES_INPUT, SERVING_DEFAULTS, pixel_outputs, python_model
+from kimi_vision_server.render.repository import (
     RenderOptions,
     default_model_names,
     host_rendering,

@@ -52,10 +52,10 @@ from photos import CORPUS
 from plots import saved_axes
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_server.embedded import EmbeddedServer, free_port
-from kimi_vision_server.repository import RenderOptions, default_model_names, host_rendering
-from kimi_vision_server.stub_scan import stub_processes
-from kimi_vision_server.watchdog import SERVER_QUICK_EXIT_S
+from kimi_vision_server.launch.embedded import EmbeddedServer, free_port
+from kimi_vision_server.render.repository import RenderOptions, default_model_names, host_rendering
+from kimi_vision_server.watch.stub_scan import stub_processes
+from kimi_vision_server.watch.watchdog import SERVER_QUICK_EXIT_S
 
 MODEL = "kimi_k25_vision"
 KILLED = ("kimi_k25_decode", "kimi_k25_preprocess")

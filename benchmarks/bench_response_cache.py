@@ -53,9 +53,9 @@ from photos import camera_photos
 from plots import saved_axes
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_server.embedded import EmbeddedServer
-from kimi_vision_server.render_blocks import SERVING_DEFAULTS
-from kimi_vision_server.repository import host_rendering
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.blocks import SERVING_DEFAULTS
+from kimi_vision_server.render.repository import host_rendering
 
 MIB = 1 << 20
 # model -> (output compared, the in-process output it equals)

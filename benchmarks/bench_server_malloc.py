@@ -35,9 +35,9 @@ from plots import saved_axes
 from kimi_vision_client.cli.front import perf_input_data
 from kimi_vision_server.allocator import server_allocator_env
 from kimi_vision_server.cli import bench_local
-from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
-from kimi_vision_server.repository import host_rendering
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.repository import host_rendering
 
 SERVED = ("kimi_k25_vision", "kimi_k25_vision_u8")
 # (model, system shared memory, the in-process output it is compared with)

@@ -38,8 +38,8 @@ from photos import benchmark_photos
 from kimi_vision_client.cli import bench_server
 from kimi_vision_client.cli.arguments import positive_int_list
 from kimi_vision_server.cli import bench_local
-from kimi_vision_server.embedded import EmbeddedServer
-from kimi_vision_server.repository import RenderOptions
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.repository import RenderOptions
 
 MODEL, PRESET = "kimi_k25_vision", "kimi-k2.5"
 # The pixels' wire (and, for the fused model, the model kind) -> the model serving it (same preset,

@@ -37,10 +37,10 @@ from plots import saved_axes
 
 from kimi_vision_client.cli.front import perf_input_data
 from kimi_vision_server.cli import bench_local
-from kimi_vision_server.embedded import EmbeddedServer
 from kimi_vision_server.host import host_layout
-from kimi_vision_server.render_blocks import SERVING_DEFAULTS
-from kimi_vision_server.repository import host_rendering, render_repository
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.blocks import SERVING_DEFAULTS
+from kimi_vision_server.render.repository import host_rendering, render_repository
 from kimi_vision_server.settings import Rendering, setting
 
 SERVED = ("kimi_k25_vision", "kimi_k25_vision_u8")

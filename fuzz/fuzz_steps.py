@@ -35,8 +35,8 @@ import numpy as np
 from kimi_vision_common.errors import ImageTooLargeError, InvalidPresetError, InvalidRequestError, PreprocessError
 from kimi_vision_common.sizing import navit_patch_bound
 from kimi_vision_prep import PRESETS
-from kimi_vision_server.config import decoder_settings
-from kimi_vision_server.requests import check_request_size, decoded_from_inputs
+from kimi_vision_server.models.config import decoder_settings
+from kimi_vision_server.models.requests import check_request_size, decoded_from_inputs
 from kimi_vision_server.triton_install import patchify_library
 
 CHECK_CODES = {0: None, 1: InvalidRequestError, 2: ImageTooLargeError}
@@ -45,7 +45,7 @@ I64 = ctypes.POINTER(ctypes.c_int64)
 
 
 class Limits(ctypes.Structure):
-    """``Limits`` of ``_triton_patchify.c``, in its order."""
+    """``Limits`` of the C step (``models/patchify/kimi_patchify.h``), in its order."""
 
     _fields_ = [(name, ctypes.c_int64) for name in (
         "patch_size", "factor", "side_limit", "image_patches", "max_images", "max_patches"

@@ -1,5 +1,6 @@
-"""The built C step (``_triton_patchify.c``) loaded through ctypes, outside tritonserver (its Triton
-API symbols are weak), with the signatures of the functions it exports for the tests."""
+"""The built C step (``models/patchify/``, the extension ``_triton_patchify``) loaded through ctypes,
+outside tritonserver (its Triton API symbols are weak), with the signatures of the functions it
+exports for the tests."""
 
 from __future__ import annotations
 

@@ -44,11 +44,11 @@ def triton_server():
     1 instance per model; the checked-in repository (kind unset, the Python preprocess step) is
     served by test_faults.py.
 
-    Yields a :class:`kimi_vision_server.embedded.EmbeddedServer` (``.http_url``, ``.grpc_url``,
+    Yields a :class:`kimi_vision_server.launch.embedded.EmbeddedServer` (``.http_url``, ``.grpc_url``,
     ``.metrics_url``, ``.log_tail()``); stopped at the end of the session.
     """
-    from kimi_vision_server.embedded import EmbeddedServer
-    from kimi_vision_server.repository import RenderOptions
+    from kimi_vision_server.launch.embedded import EmbeddedServer
+    from kimi_vision_server.render.repository import RenderOptions
 
     require_tritonserver()
     server = EmbeddedServer(render=RenderOptions(kind="cpu"))

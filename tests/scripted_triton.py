@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from kimi_vision_server import stub_activity, stub_scan, watchdog
-from kimi_vision_server.stub_activity import Activity
-from kimi_vision_server.stub_scan import StubProcess
-from kimi_vision_server.triton_repository import READY
-from kimi_vision_server.watchdog import StubWatchdog
+from kimi_vision_server.watch import stub_activity, stub_scan, watchdog
+from kimi_vision_server.watch.stub_activity import Activity
+from kimi_vision_server.watch.stub_scan import StubProcess
+from kimi_vision_server.watch.triton_repository import READY
+from kimi_vision_server.watch.watchdog import StubWatchdog
 
 MODEL = "kimi_k25_decode"
 

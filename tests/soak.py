@@ -1,6 +1,6 @@
 """Soak test for ``make soak``: a real tritonserver under mixed good and bad images for a while.
 
-Starts an :class:`~kimi_vision_server.embedded.EmbeddedServer` (the checked-in repository), then
+Starts an :class:`~kimi_vision_server.launch.embedded.EmbeddedServer` (the checked-in repository), then
 keeps ``--concurrency`` gRPC requests in flight for ``--seconds`` against the four ensembles (float32
 and uint8 wire) and the two fused models, cycling through good images (corpus files Pillow accepts
 plus synthetic ones) and bad ones (rejected corpus files, truncated / random / text payloads).
@@ -36,7 +36,7 @@ from make_inputs import CORPUS, corpus_names, jpeg_rgb, png_mode
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import PreprocessError, pixel_values_from_patches, preprocess_bytes
-from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.launch.embedded import EmbeddedServer
 
 # Model -> (preset, pixel output): float32 PIXEL_VALUES, or uint8 PIXEL_PATCHES expanded here.
 ENSEMBLES = {

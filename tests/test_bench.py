@@ -62,7 +62,7 @@ def test_bench_u8_counts_the_bytes_received(
 
 
 def test_bench_reports_unavailable_server(tmp_path: Path) -> None:
-    from kimi_vision_server.embedded import free_port
+    from kimi_vision_server.launch.embedded import free_port
 
     argv = ["bench", "--url", f"127.0.0.1:{free_port()}", "--requests", "1", "--out-dir", str(tmp_path)]
     assert cli.main(argv) == cli.EXIT_UNAVAILABLE

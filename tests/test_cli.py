@@ -35,7 +35,7 @@ def tokens_serve_command() -> tuple[list[str], int]:
     """`kimi-prep serve --models kimi_k25_tokens` on free ports: (the command line, its HTTP port)."""
     import sys
 
-    from kimi_vision_server.embedded import free_port
+    from kimi_vision_server.launch.embedded import free_port
 
     ports = [free_port() for _ in range(3)]
     command = [sys.executable, "-m", "kimi_vision_client.cli", "serve", "--models", "kimi_k25_tokens"]
@@ -154,8 +154,8 @@ def test_directories_expand_to_their_image_files(corpus: Path, tmp_path: Path) -
 
 
 def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from kimi_vision_server import launcher
-    from kimi_vision_server.repository import RenderOptions
+    from kimi_vision_server.launch import command, serve
+    from kimi_vision_server.render.repository import RenderOptions
 
     calls: list[object] = []
 
@@ -163,14 +163,14 @@ def test_serve_forwards_its_options_to_the_launcher(monkeypatch: pytest.MonkeyPa
         calls.append(spec)
         return 7
 
-    monkeypatch.setattr(launcher, "serve", fake_serve)
+    monkeypatch.setattr(serve, "serve", fake_serve)
     ports = ["--http-port", "9000", "--grpc-port", "9001", "--metrics-port", "9002", "--probe-port", "9003"]
     assert cli.main(["serve", "--model-repository", str(tmp_path), *ports]) == 7
     assert cli.main(["serve", *ports, "--instances", "3", "--threads", "1", "--kind", "cpu"]) == 7
     assert cli.main(["serve", "--all", "--preset", "kimi-k2.6"]) == 7
     assert cli.main(["serve", "--models", "kimi_k3_tokens", "kimi_k25_vision_embed"]) == 7
     given, rendered, everything_k25, chosen = calls
-    assert given.ports == rendered.ports == launcher.Ports(9000, 9001, 9002, 9003)
+    assert given.ports == rendered.ports == command.Ports(9000, 9001, 9002, 9003)
     assert (given.model_repository, given.render, given.models) == (tmp_path, None, None)  # served as it is
     assert (rendered.model_repository, rendered.render) == (None, RenderOptions(3, 1, "cpu"))  # rendered afresh
     layout = host_layout()  # no flags: the host's layout
@@ -231,7 +231,7 @@ def test_a_containers_cpu_limit_is_read_from_its_cgroup(
 
 
 def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kimi_vision_server.repository import RenderOptions, repository_models
+    from kimi_vision_server.render.repository import RenderOptions, repository_models
 
     assert cli.main(["render-repository", "--out", str(tmp_path / "r"), "--instances", "2"]) == cli.EXIT_OK
     models = repository_models(RenderOptions(instances=2))
@@ -245,7 +245,7 @@ def test_render_repository_writes_the_rendering(tmp_path: Path, capsys: pytest.C
 def test_infer_without_a_server_fails_once_and_clearly(
     corpus: Path, capsys: pytest.CaptureFixture[str], protocol: str
 ) -> None:
-    from kimi_vision_server.embedded import free_port
+    from kimi_vision_server.launch.embedded import free_port
 
     url = f"127.0.0.1:{free_port()}"  # nothing listens there
     code = cli.main(["infer", "--url", url, "--protocol", protocol, str(corpus / GOOD[0])])

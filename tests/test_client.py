@@ -50,7 +50,7 @@ from kimi_vision_prep import (
     preprocess_bytes,
 )
 from kimi_vision_prep import preprocess_images as kvp_preprocess_images
-from kimi_vision_server.repository import model_presets
+from kimi_vision_server.render.repository import model_presets
 
 MODEL_PRESETS = model_presets()  # served image model -> its preset, derived from the presets
 

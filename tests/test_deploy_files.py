@@ -23,8 +23,8 @@ import yaml
 
 from kimi_vision_client.cli import build_parser
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, DEFAULT_PROBE_PORT
-from kimi_vision_server import launcher
 from kimi_vision_server.cli.commands import cmd_serve
+from kimi_vision_server.launch import command
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
@@ -157,7 +157,7 @@ def test_dockerignore_keeps_every_copied_path(cuda: str) -> None:
 
 
 def test_default_ports_match_launcher_and_cli() -> None:
-    defaults = inspect.signature(launcher.Ports).parameters
+    defaults = inspect.signature(command.Ports).parameters
     assert {name: defaults[name].default for name in PORTS} == PORTS
     serve_args = build_parser().parse_args(["serve"])
     assert {name: getattr(serve_args, f"{name}_port") for name in PORTS} == PORTS

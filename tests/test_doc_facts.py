@@ -9,8 +9,8 @@ from pathlib import Path
 from kimi_vision_common.models import PATCH_EMBED_MODEL
 from kimi_vision_common.wire import DEFAULT_PROBE_PORT
 from kimi_vision_prep.numba_runtime import IDLE_SPIN_SETTING, USER_WAIT_SETTINGS
-from kimi_vision_server.launcher import CPU_ONLY_NOISE
-from kimi_vision_server.repository import RenderOptions, repository_models
+from kimi_vision_server.launch.command import CPU_ONLY_NOISE
+from kimi_vision_server.render.repository import RenderOptions, repository_models
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -43,7 +43,7 @@ def test_serve_all_counts_models_and_python_stubs() -> None:
 
 def test_the_relay_drops_the_patterns_the_docs_list() -> None:
     text = one_line("serving.md")
-    stated = re.search(r"(\d+) patterns in `launcher.CPU_ONLY_NOISE`", text)
+    stated = re.search(r"(\d+) patterns in `launch.command.CPU_ONLY_NOISE`", text)
     assert stated is not None and int(stated[1]) == len(CPU_ONLY_NOISE)
     for quoted in ("CudaDriverHelper has not been initialized", "failed to allocate pinned system memory"):
         assert quoted in text and any(quoted in pattern.pattern for pattern in CPU_ONLY_NOISE)
@@ -68,7 +68,7 @@ def test_batch_sizes_are_the_rendered_ones() -> None:
 def test_the_request_limits_the_readme_and_docs_give() -> None:
     from kimi_vision_common.presets import KIMI_K3, KIMI_K25
     from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST
-    from kimi_vision_server.render_blocks import ServingDefaults
+    from kimi_vision_server.render.blocks import ServingDefaults
 
     words = {2: "two", 3: "three", 4: "four"}
     readme = " ".join((DOCS.parent / "README.md").read_text().split())
@@ -98,9 +98,9 @@ def test_the_ports_the_readme_gives_are_the_defaults() -> None:
 def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     import inspect
 
-    from kimi_vision_server.launcher import PINNED_ONLY_AFTER_S
-    from kimi_vision_server.probes import METRIC_FAMILIES
-    from kimi_vision_server.watchdog import SERVER_QUICK_EXIT_S, StubWatchdog
+    from kimi_vision_server.launch.process import PINNED_ONLY_AFTER_S
+    from kimi_vision_server.watch.probes import METRIC_FAMILIES
+    from kimi_vision_server.watch.watchdog import SERVER_QUICK_EXIT_S, StubWatchdog
 
     defaults = {name: p.default for name, p in inspect.signature(StubWatchdog).parameters.items()}
     text = one_line("faults.md")
@@ -112,9 +112,9 @@ def test_the_watchdog_timings_faults_md_gives_are_its_defaults() -> None:
     assert f"has not completed in {defaults['load_stall_s']:g} s;" in text
     assert f"has not grown for {defaults['stuck_after_s']:g} s (`stuck_after_s`," in text
     assert f"has not run for {defaults['stuck_after_s']:.1f} s ..." in text
-    assert f"within {SERVER_QUICK_EXIT_S:g} s of its start (`watchdog.SERVER_QUICK_EXIT_S`)" in text
+    assert f"within {SERVER_QUICK_EXIT_S:g} s of its start (`watch.watchdog.SERVER_QUICK_EXIT_S`)" in text
     assert defaults["initial_backoff_s"] == 1.0
-    assert f"has run no stub for {PINNED_ONLY_AFTER_S:g} s (`launcher.PINNED_ONLY_AFTER_S`:" in text
+    assert f"has run no stub for {PINNED_ONLY_AFTER_S:g} s (`launch.process.PINNED_ONLY_AFTER_S`:" in text
     for key, (name, _) in METRIC_FAMILIES.items():
         assert f"`{name}`" in text if key == "server_restarts" else f"`{name}{{model}}`" in text
 

@@ -1,7 +1,7 @@
 """Every file, module and symbol the documents cite exists; the README and BENCHMARKS.md stay short.
 
 Checked in README.md, BENCHMARKS.md, docs/*.md and the other READMEs: each code span (backticks)
-that names a file of the checkout (``kimi_vision_server/requests.py``, ``docs/benchmarks/x.{json,png}``), a
+that names a file of the checkout (``kimi_vision_server/models/requests.py``, ``docs/benchmarks/x.{json,png}``), a
 module or an attribute of ours (``kimi_vision_prep.resized_decoded``, ``resample.vertical_pass_first``)
 or calls a function (``configure_buffers(...)``) must resolve.
 """

@@ -39,11 +39,11 @@ from make_inputs import require_tritonserver
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_server import shm_regions
-from kimi_vision_server.embedded import EmbeddedServer, free_port
-from kimi_vision_server.render_blocks import RenderOptions
-from kimi_vision_server.stub_scan import StubProcess, parent_pid, signal_process, stub_processes, stubs_in_group
-from kimi_vision_server.watchdog import StubWatchdog, watchdog_thread_name
+from kimi_vision_server.launch import shm_regions
+from kimi_vision_server.launch.embedded import EmbeddedServer, free_port
+from kimi_vision_server.render.blocks import RenderOptions
+from kimi_vision_server.watch.stub_scan import StubProcess, parent_pid, signal_process, stub_processes, stubs_in_group
+from kimi_vision_server.watch.watchdog import StubWatchdog, watchdog_thread_name
 
 pytestmark = pytest.mark.server
 
@@ -454,7 +454,7 @@ def test_readyz_follows_an_operators_explicit_unload_and_load() -> None:
 
 def test_the_watchdog_says_why_a_stub_died() -> None:
     """A zombie's wait status (a signal or an exit code), or gone once reaped: what the watchdog logs."""
-    from kimi_vision_server.stub_scan import death_cause
+    from kimi_vision_server.watch.stub_scan import death_cause
 
     killed = subprocess.Popen(["sleep", "30"])
     os.kill(killed.pid, signal.SIGKILL)
@@ -515,7 +515,7 @@ def test_a_load_stuck_in_a_stubs_initialize_is_ended_and_retried(
     never returns (here: while a marker file exists). The load is ended after ``load_stall_s``, the
     stub's Python stacks in the log first, and tried again until one completes; the model serves.
     ``load_stall_s`` is 3 s here (120 s by default)."""
-    from kimi_vision_server import launcher
+    from kimi_vision_server.launch import launcher
 
     require_tritonserver()
     (tmp_path / "stalling" / "1").mkdir(parents=True)
@@ -716,7 +716,7 @@ def test_a_stub_frozen_while_no_request_comes_is_left_alone_and_serves_after(
     """docs/faults.md step 6: a stub frozen in its cgroup past ``stuck_after_s`` has not run, but
     only waits: the watchdog logs it waiting, neither counts it stuck nor ends it, and, thawed
     another ``stuck_after_s`` later, the same stub answers."""
-    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watchdog")
+    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watch.watchdog")
     with serving_busy(tmp_path) as (server, stub):
         with cgroup_holds.hold(stub.pid, way):
             frozen_at = time.monotonic()
@@ -821,7 +821,7 @@ def test_a_frozen_stub_is_left_alone_while_its_models_other_instance_refuses_and
     out (Triton's statistics count them failed). None reached the frozen stub: it is left alone,
     and runs on after the thaw; no reload."""
     require_tritonserver()
-    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watchdog")
+    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watch.watchdog")
     (tmp_path / "pair" / "1").mkdir(parents=True)
     (tmp_path / "pair" / "config.pbtxt").write_text(PAIR_CONFIG)
     (tmp_path / "pair" / "1" / "model.py").write_text(PAIR_MODEL)

@@ -19,8 +19,8 @@ from kimi_vision_common.messages import c_message_header
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = REPO / "fuzz" / "fuzz_steps.py"
 # The C step's sources, as backend_src/server/setup.py builds them.
-STEP = REPO / "backend_src" / "server" / "kimi_vision_server"
-SOURCES = [str(STEP / "_triton_patchify.c"), str(STEP / "kimi_json.c")]
+STEP = REPO / "backend_src" / "server" / "kimi_vision_server" / "models" / "patchify"
+SOURCES = [str(STEP / f"{name}.c") for name in ("backend", "execute", "kernels", "kimi_json")]
 CC = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 

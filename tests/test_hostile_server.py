@@ -39,7 +39,7 @@ from kimi_vision_common.errors import reason_for
 from kimi_vision_common.wire import ENSEMBLE_PREFIX, served_message
 from kimi_vision_prep import DecodeLimits, ImageDecoder, PreprocessError, preprocess_bytes
 from kimi_vision_prep.pipeline import with_index
-from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.launch.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.server
 
@@ -435,7 +435,7 @@ def test_malformed_requests_are_invalid_arg(
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     """The repository with a queue of one per model and ``max_encoded_bytes`` 20000 (vision ensembles only)."""
-    from kimi_vision_server.repository import render_repository
+    from kimi_vision_server.render.repository import render_repository
 
     repository = render_repository(tmp_path_factory.mktemp("tight") / "model_repository", names=sorted(ENSEMBLES))
     for config in repository.glob("*/config.pbtxt"):

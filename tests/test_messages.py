@@ -27,7 +27,7 @@ from kimi_vision_client.cli import front as cli
 from kimi_vision_client.client import KimiVisionClient
 from kimi_vision_common.errors import InvalidImageError, InvalidRequestError, ModelNotServedError
 from kimi_vision_server import triton_install
-from kimi_vision_server.embedded import EmbeddedServer, free_port
+from kimi_vision_server.launch.embedded import EmbeddedServer, free_port
 
 HOPPER = "pil__hopper.jpg"
 READY_LINE_WAIT_S = 600  # a guard against a hang, not a bound on the start

@@ -1,4 +1,4 @@
-"""The C backend ``kimi_patchify`` (``_triton_patchify.c``): its kernels against the library's numba
+"""The C backend ``kimi_patchify`` (``models/patchify/``): its kernels against the library's numba
 ones (through ctypes, no server), its size bound against the NaViT rule, and the model in a real
 tritonserver (the session server serves the CPU rendering, where the vision ensembles end in it).
 
@@ -37,8 +37,8 @@ from kimi_vision_common.patches import normalize_table
 from kimi_vision_common.sizing import navit_patch_bound, navit_target_size
 from kimi_vision_prep import PRESETS, preprocess_bytes
 from kimi_vision_prep.patchify.normalize import patchify, write_patches
-from kimi_vision_server.config import DecoderSettings
-from kimi_vision_server.repository import RenderOptions, repository_models
+from kimi_vision_server.models.config import DecoderSettings
+from kimi_vision_server.render.repository import RenderOptions, repository_models
 from kimi_vision_server.triton_install import patchify_library
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
@@ -284,12 +284,13 @@ def test_the_c_step_counts_its_seconds_with_the_python_steps(triton_server: Any,
 
 # -- a server that lacks a function ----------------------------------------------------------------
 
-C_SOURCE = Path(__file__).resolve().parents[1] / "backend_src" / "server" / "kimi_vision_server" / "_triton_patchify.c"
+C_STEP = Path(__file__).resolve().parents[1] / "backend_src" / "server" / "kimi_vision_server" / "models" / "patchify"
+C_DECLARATIONS, C_LIFECYCLE = C_STEP / "triton_api.h", C_STEP / "backend.c"  # the weak declarations; the check table
 
 
 def declared_api() -> list[str]:
     """The Triton functions the C step declares (weak) and calls."""
-    return re.findall(r"^WEAK [^;]*?\b(TRITON\w+)\(", C_SOURCE.read_text(), re.M | re.S)
+    return re.findall(r"^WEAK [^;]*?\b(TRITON\w+)\(", C_DECLARATIONS.read_text(), re.M | re.S)
 
 
 def fake_server(tmp_path: Path, missing: str | None) -> Path:
@@ -334,7 +335,7 @@ def initialize_against(tmp_path: Path, missing: str | None) -> str:
 
 def test_the_check_table_names_every_declared_function() -> None:
     declared = declared_api()
-    checked = re.findall(r"^\s+API\((\w+)\),$", C_SOURCE.read_text(), re.M)
+    checked = re.findall(r"^\s+API\((\w+)\),$", C_LIFECYCLE.read_text(), re.M)
     assert len(declared) >= 36 and sorted(checked) == sorted(declared)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from make_inputs import CORPUS, kimi_prep_serve, require_tritonserver
 
-from kimi_vision_server.embedded import free_port
+from kimi_vision_server.launch.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = ["pil__hopper.jpg", "sklearn__china.jpg", "sklearn__flower.jpg"]

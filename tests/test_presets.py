@@ -174,7 +174,7 @@ def test_all_public_errors_are_preprocess_errors() -> None:
 def test_the_client_knows_every_model_name_a_rendering_has() -> None:
     """kimi_vision_common.models (what a client knows) names exactly the models of the renderings."""
     from kimi_vision_common.models import PRESET_MODEL_KINDS, SERVED_PRESETS, is_project_model, model_prefix
-    from kimi_vision_server.repository import RenderOptions, repository_models
+    from kimi_vision_server.render.repository import RenderOptions, repository_models
 
     rendered = {m.name for kind in (None, "cpu", "gpu") for m in repository_models(RenderOptions(kind=kind))}
     assert all(is_project_model(name) for name in rendered)

@@ -15,7 +15,7 @@ import pytest
 from make_inputs import require_tritonserver
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_server.embedded import EmbeddedServer
+from kimi_vision_server.launch.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.server

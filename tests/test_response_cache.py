@@ -19,11 +19,13 @@ from make_inputs import jpeg_rgb, with_comment
 from tritonclient.utils import InferenceServerException
 
 from kimi_vision_prep import preprocess_bytes
-from kimi_vision_server.access import AccessPolicy
-from kimi_vision_server.embedded import EmbeddedServer
-from kimi_vision_server.launcher import LaunchSpec, Ports, find_tritonserver, server_args
-from kimi_vision_server.render_blocks import SERVING_DEFAULTS
-from kimi_vision_server.repository import RenderOptions, repository_models
+from kimi_vision_server.launch.access import AccessPolicy
+from kimi_vision_server.launch.command import Ports, server_args
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.launch.launcher import LaunchSpec
+from kimi_vision_server.render.blocks import SERVING_DEFAULTS
+from kimi_vision_server.render.repository import RenderOptions, repository_models
+from kimi_vision_server.triton_install import find_tritonserver
 
 MODEL = "kimi_k25_vision_u8"
 CACHE_BYTES = 64 << 20

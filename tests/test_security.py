@@ -34,7 +34,7 @@ from kimi_vision_common.errors import ImageTooLargeError, InvalidRequestError
 from kimi_vision_common.sizing import navit_target_size
 from kimi_vision_common.wire import ADMIN_HEADER, admin_headers, checked_key, operator_key
 from kimi_vision_prep import PRESETS, preprocess_bytes
-from kimi_vision_server.access import (
+from kimi_vision_server.launch.access import (
     ADMIN_APIS,
     SHARED_MEMORY_API,
     AccessPolicy,
@@ -42,8 +42,8 @@ from kimi_vision_server.access import (
     generated_key,
     write_key_file,
 )
-from kimi_vision_server.embedded import EmbeddedServer
-from kimi_vision_server.render_blocks import SERVING_DEFAULTS
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.blocks import SERVING_DEFAULTS
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 INVALID_ARG = ("400", "StatusCode.INVALID_ARGUMENT")

@@ -48,24 +48,26 @@ from kimi_vision_prep import (
 )
 from kimi_vision_prep.kernels import register_kernel, type_key
 from kimi_vision_prep.repeat_cache import RepeatCache
-from kimi_vision_server import components, embedded, launcher, tensors, triton_install
-from kimi_vision_server import requests as request_tensors
-from kimi_vision_server.access import AccessPolicy, access_args
-from kimi_vision_server.config import (
+from kimi_vision_server import triton_install
+from kimi_vision_server.launch import command, embedded
+from kimi_vision_server.launch.access import AccessPolicy, access_args
+from kimi_vision_server.models import components, tensors
+from kimi_vision_server.models import requests as request_tensors
+from kimi_vision_server.models.config import (
     DecoderSettings,
     buffer_caps,
     decoder_settings,
     model_parameters,
     numba_threads,
 )
-from kimi_vision_server.contract import ServingModel, TritonIO
-from kimi_vision_server.models import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
-from kimi_vision_server.patch_embed import make_patch_embed
-from kimi_vision_server.render_blocks import SERVING_DEFAULTS
-from kimi_vision_server.repository import RenderOptions, render_repository
-from kimi_vision_server.requests import decoded_from_inputs, images_from_input
+from kimi_vision_server.models.contract import ServingModel, TritonIO
+from kimi_vision_server.models.images import DecodeModel, FusedVisionModel, PatchEmbedModel, PreprocessModel
+from kimi_vision_server.models.patch_embed import make_patch_embed
+from kimi_vision_server.models.requests import decoded_from_inputs, images_from_input
+from kimi_vision_server.models.tensors import input_array, output_tensor
+from kimi_vision_server.render.blocks import SERVING_DEFAULTS
+from kimi_vision_server.render.repository import RenderOptions, render_repository
 from kimi_vision_server.settings import Rendering, rendered_parameters
-from kimi_vision_server.tensors import input_array, output_tensor
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 PRESET_KEYS = {"preset"} | {f.name for f in dataclasses.fields(Preset)} - {"name"}
@@ -1007,16 +1009,16 @@ def test_server_args_and_embedded_layout(monkeypatch: pytest.MonkeyPatch, tmp_pa
     )
     assert install.env["NUMBA_CACHE_DIR"].startswith(str(tmp_path))  # the stubs' numba cache, set by the launcher
     access = AccessPolicy("k" * 24)
-    args = launcher.server_args(install, tmp_path, launcher.Ports(1, 2, 3), access)
+    args = command.server_args(install, tmp_path, command.Ports(1, 2, 3), access)
     assert set(access_args(access)) <= set(args)  # loopback listeners, restricted admin APIs
     assert "--model-control-mode=explicit" in args and "--load-model=*" in args
     assert "--disable-auto-complete-config" in args  # no config-completing stub on every (re)load
     assert f"--backend-directory={install.backend_directory}" in args
     shm = next(a for a in args if "shm-default-byte-size" in a)
     assert int(shm.rsplit("=", 1)[1]) > 24 << 20  # a 1920x1080 PIXEL_VALUES (~25 MiB) fits the first region
-    ours = f"--grpc-infer-allocation-pool-size={launcher.GRPC_INFER_POOL_SIZE}"
+    ours = f"--grpc-infer-allocation-pool-size={command.GRPC_INFER_POOL_SIZE}"
     operators = "--grpc-infer-allocation-pool-size=8"
-    overridden = launcher.server_args(install, tmp_path, launcher.Ports(1, 2, 3), access, extra_args=[operators])
+    overridden = command.server_args(install, tmp_path, command.Ports(1, 2, 3), access, extra_args=[operators])
     assert overridden.index(ours) < overridden.index(operators)  # the operator's comes last: it wins
 
 
@@ -1029,7 +1031,7 @@ def test_a_repository_path_no_stub_can_start_from_is_refused_at_once(tmp_path: P
     with pytest.raises(ValueError, match="cannot start a stub"), server:
         pass
     assert server.process is None  # no tritonserver was started
-    assert launcher.checked_repository_path(tmp_path / "plain_name-1.0") == tmp_path / "plain_name-1.0"
+    assert command.checked_repository_path(tmp_path / "plain_name-1.0") == tmp_path / "plain_name-1.0"
 
 
 def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> None:
@@ -1049,13 +1051,14 @@ def test_serve_forwards_sigterm_and_returns_the_exit_code(tmp_path: Path) -> Non
     script = textwrap.dedent(f"""\
         import sys
         from pathlib import Path
-        from kimi_vision_server import launcher
-        from kimi_vision_server.repository import RenderOptions
-        launcher.find_tritonserver = lambda: launcher.TritonInstall(Path({str(fake_server)!r}), None, {{}}, False)
+        from kimi_vision_server.launch import command, launcher, serve
+        from kimi_vision_server.render.repository import RenderOptions
+        from kimi_vision_server.triton_install import TritonInstall
+        launcher.find_tritonserver = lambda: TritonInstall(Path({str(fake_server)!r}), None, {{}}, False)
         spec = launcher.LaunchSpec(
-            launcher.Ports(18000, 18001, 18002), render=RenderOptions(instances=2), extra_args=["--log-verbose=1"]
+            command.Ports(18000, 18001, 18002), render=RenderOptions(instances=2), extra_args=["--log-verbose=1"]
         )
-        sys.exit(launcher.serve(spec))
+        sys.exit(serve.serve(spec))
     """)
     process = subprocess.Popen([sys.executable, "-c", script])
     args_file = tmp_path / "args"
@@ -1084,17 +1087,17 @@ def server_ignoring_sigint() -> subprocess.Popen[bytes]:
 def test_a_stopping_server_left_only_with_a_pinned_version_is_ended_as_stopped() -> None:
     """Asked to stop, running no stub and waiting only for a version a crashed stub pinned: ended,
     and that counts as a clean stop (0), not tritonserver's exit-timeout failure."""
-    from kimi_vision_server import launcher
+    from kimi_vision_server.launch import process as server_process
 
     process = server_ignoring_sigint()
-    assert launcher.stop_process(process, timeout_s=600, pinned=lambda: ["kimi_k25_decode"]) == 0
+    assert server_process.stop_process(process, timeout_s=600, pinned=lambda: ["kimi_k25_decode"]) == 0
     assert process.returncode == -signal.SIGKILL
 
 
 def test_a_stopping_server_is_waited_for_while_it_runs_a_stub(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a pinned version, a server that still runs a stub (a request in flight, a model not yet
     unloaded) is waited for; it is ended only after it has run none for PINNED_ONLY_AFTER_S."""
-    from kimi_vision_server import launcher
+    from kimi_vision_server.launch import process as server_process
 
     scans: list[float] = []
 
@@ -1102,17 +1105,17 @@ def test_a_stopping_server_is_waited_for_while_it_runs_a_stub(monkeypatch: pytes
         scans.append(time.monotonic())
         return ["a stub"] if len(scans) <= 8 else []
 
-    monkeypatch.setattr(launcher, "stub_processes", stubs)
+    monkeypatch.setattr(server_process, "stub_processes", stubs)
     process = server_ignoring_sigint()
-    assert launcher.stop_process(process, timeout_s=600, pinned=lambda: ["kimi_k25_decode"]) == 0
-    assert len(scans) > 8 and scans[-1] - scans[8] >= launcher.PINNED_ONLY_AFTER_S
+    assert server_process.stop_process(process, timeout_s=600, pinned=lambda: ["kimi_k25_decode"]) == 0
+    assert len(scans) > 8 and scans[-1] - scans[8] >= server_process.PINNED_ONLY_AFTER_S
 
 
 def test_without_a_pinned_version_a_server_that_does_not_stop_is_killed_at_the_timeout() -> None:
-    from kimi_vision_server import launcher
+    from kimi_vision_server.launch import process as server_process
 
     process = server_ignoring_sigint()
-    assert launcher.stop_process(process, timeout_s=1.0) == -signal.SIGKILL
+    assert server_process.stop_process(process, timeout_s=1.0) == -signal.SIGKILL
 
 
 @pytest.mark.parametrize("kind", ["decode+preprocess", "fused", "video", "video_chunk"])
@@ -1134,7 +1137,7 @@ def test_warmup_leaves_nothing_to_compile(corpus: Path, kind: str) -> None:
         from kimi_vision_prep.patchify import normalize
         from kimi_vision_prep.resize import resize_numba
         from kimi_vision_prep.video import digest
-        from kimi_vision_server.media_models import VideoChunkModel, VideoModel
+        from kimi_vision_server.models.media import VideoChunkModel, VideoModel
         from make_inputs import video_clips
         from types import SimpleNamespace
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 from kimi_vision_common.presets import KIMI_K3, KIMI_K25, Preset
 from kimi_vision_common.sizing import navit_patch_bound
-from kimi_vision_server.config import DecoderSettings, decoder_settings
-from kimi_vision_server.render_blocks import SERVING_DEFAULTS, RenderOptions
+from kimi_vision_server.models.config import DecoderSettings, decoder_settings
+from kimi_vision_server.render.blocks import SERVING_DEFAULTS, RenderOptions
+from kimi_vision_server.render.settings_table import rendered_values, settings_table
 from kimi_vision_server.settings import SETTINGS, Rendering, rendered_parameters
-from kimi_vision_server.settings_table import rendered_values, settings_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "serving.md"
 
 
 def test_docs_hold_the_generated_settings_table() -> None:
-    command = "python -m kimi_vision_server.settings_table --write docs/serving.md"
+    command = "python -m kimi_vision_server.render.settings_table --write docs/serving.md"
     assert settings_table() in DOC.read_text(), f"run: {command}"
 
 

@@ -15,7 +15,7 @@ import pytest
 from kimi_vision_common import messages
 from kimi_vision_common.errors import ImageTooLargeError, InvalidRequestError, PreprocessError
 from kimi_vision_prep.tokens import check_image_count, check_patch_total
-from kimi_vision_server.requests import check_image_layout
+from kimi_vision_server.models.requests import check_image_layout
 from kimi_vision_server.triton_install import patchify_library
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))

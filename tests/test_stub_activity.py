@@ -1,4 +1,4 @@
-"""The stub watchdog's rule, stuck or waiting (kimi_vision_server.stub_activity), and what ``/proc``
+"""The stub watchdog's rule, stuck or waiting (kimi_vision_server.watch.stub_activity), and what ``/proc``
 tells of real processes held the ways the kernel holds a stub: stopped (SIGSTOP), frozen in a
 cgroup (v2 and v1), throttled by a CPU quota (tests/cgroup_holds.py).
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import cgroup_holds
 import pytest
 
-from kimi_vision_server import stub_activity
-from kimi_vision_server.stub_activity import Activity
+from kimi_vision_server.watch import stub_activity
+from kimi_vision_server.watch.stub_activity import Activity
 
 # Threads that are not put on a CPU and will not be by themselves (stub_activity's rule).
 STOPPED_OR_DEADLOCKED = {

@@ -1,7 +1,7 @@
 """The stub watchdog's judgement of stubs that stop running, one scripted scan at a time
 (tests/scripted_triton.py): stopped or deadlocked stubs are ended and replaced, waiting ones are
 left to run again unless the Python backend failed a request of their model meanwhile
-(kimi_vision_server.stub_activity).
+(kimi_vision_server.watch.stub_activity).
 
 tests/test_faults.py stops and freezes stubs of a real tritonserver.
 """
@@ -17,8 +17,8 @@ import pytest
 from scripted_triton import MODEL, STUCK_AFTER_S, ScriptedServer, counts, scripted_pair, stuck
 from test_stub_activity import STOPPED_OR_DEADLOCKED, WAITING
 
-from kimi_vision_server.triton_repository import RepositoryError
-from kimi_vision_server.watchdog import StubWatchdog
+from kimi_vision_server.watch.triton_repository import RepositoryError
+from kimi_vision_server.watch.watchdog import StubWatchdog
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ from scripted_triton import (
     watched,
 )
 
-from kimi_vision_server import recovery, triton_repository
-from kimi_vision_server.triton_repository import RepositoryError
-from kimi_vision_server.watchdog import StubWatchdog
+from kimi_vision_server.watch import recovery, triton_repository
+from kimi_vision_server.watch.triton_repository import RepositoryError
+from kimi_vision_server.watch.watchdog import StubWatchdog
 
 
 @pytest.fixture

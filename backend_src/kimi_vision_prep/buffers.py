@@ -13,7 +13,7 @@ reused, in two bounded ways:
   frame, whose buffers the next requests of the enclosing scope reuse. Outside a scope
   :func:`scratch` is :func:`empty_output`: a public op never returns arena memory (pixels that
   leave a call reuse recycled blocks instead while the recycle cap allows). A served model's
-  execute is one scope (``kimi_vision_server/contract.py``): its outputs may be arena memory there, as the
+  execute is one scope (``kimi_vision_server/models/contract.py``): its outputs may be arena memory there, as the
   stub copies them into its shared memory before it executes again.
 * **Outputs** (:func:`empty_output`): arrays handed to the caller are the caller's, but a large
   one's block goes back to a process-wide free list when the array and every view of it are gone,

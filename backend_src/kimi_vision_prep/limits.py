@@ -1,7 +1,7 @@
 """The library's input limits and its decoder's defaults, each defined here once.
 
-A served model reads the same fields from its ``parameters`` (``kimi_vision_server/config.py``); where the
-served default differs, ``kimi_vision_server/render_blocks.py`` says why (docs/serving.md has the table).
+A served model reads the same fields from its ``parameters`` (``kimi_vision_server/models/config.py``); where the
+served default differs, ``kimi_vision_server/render/blocks.py`` says why (docs/serving.md has the table).
 """
 
 from __future__ import annotations

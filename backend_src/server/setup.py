@@ -12,6 +12,8 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+# The C step's sources (models/patchify/README.md): one extension, kimi_vision_server._triton_patchify.
+PATCHIFY = "kimi_vision_server/models/patchify"
 
 
 def common_module(name: str):
@@ -48,8 +50,8 @@ setup(
     ext_modules=[
         Extension(
             "kimi_vision_server._triton_patchify",
-            sources=["kimi_vision_server/_triton_patchify.c", "kimi_vision_server/kimi_json.c"],
-            depends=["kimi_vision_server/kimi_json.h"],
+            sources=[f"{PATCHIFY}/{name}.c" for name in ("backend", "execute", "kernels", "kimi_json")],
+            depends=[f"{PATCHIFY}/{name}.h" for name in ("kimi_patchify", "triton_api", "kimi_json")],
             extra_compile_args=["-O3", "-Wall", "-Wextra"],
             optional=True,
         )

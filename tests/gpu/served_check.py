@@ -45,8 +45,8 @@ import numpy as np
 from PIL import Image
 
 from kimi_vision_prep import DecodedImage, get_preset, navit_target_size, preprocess_decoded
-from kimi_vision_server.embedded import EmbeddedServer
-from kimi_vision_server.repository import RenderOptions, render_repository
+from kimi_vision_server.launch.embedded import EmbeddedServer
+from kimi_vision_server.render.repository import RenderOptions, render_repository
 
 MODEL, DECODE = "kimi_k25_vision", "kimi_k25_decode"
 PRESET = get_preset("kimi-k2.5")

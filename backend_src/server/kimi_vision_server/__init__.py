@@ -2,17 +2,12 @@
 by job (its own distribution, ``backend_src/server/``; the library, ``kimi_vision_prep``, knows
 nothing of it).
 
-- :mod:`.repository` (with :mod:`.render_blocks`, :mod:`.media_kinds`, :mod:`.pbtxt`): the model
-  repository rendered from the presets.
-- :mod:`.settings`: every served setting, declared once; :mod:`.config`: model-config parameters
-  -> preset, decoder, video settings.
-- :mod:`.tensors`: tensors in and out, the DLPack hand-off; :mod:`.requests`: request validation
-  and the image models' tensors; :mod:`.warmup`: warm-up inputs.
-- :mod:`.contract`: the execute contract (and its streaming form), the ``pb_utils`` adapter.
-- :mod:`.components`, :mod:`.models`, :mod:`.media_models`: the models, by composition;
-  :mod:`.patch_embed`: the chaining example's Conv2d; :mod:`.metrics`: custom counters.
-- :mod:`.launcher` (with :mod:`.triton_install`, :mod:`.shm_regions`): one start path for
-  ``kimi-prep serve`` and :class:`~.embedded.EmbeddedServer` (tests, benchmarks, the demo);
-  :mod:`.watchdog`, :mod:`.probes`.
+- root: :mod:`.settings` (every served setting, declared once), :mod:`.host` (the host's layout),
+  :mod:`.allocator` (malloc settings), :mod:`.triton_install` (finding tritonserver, laying out the
+  C step); they import no folder of the package.
+- :mod:`.render`: the model repository rendered from the presets.
+- :mod:`.models`: the Triton Python models, their parts, and the C step (``models/patchify/``).
+- :mod:`.launch`: one start path for ``kimi-prep serve`` and :class:`~.launch.embedded.EmbeddedServer`.
+- :mod:`.watch`: the stub watchdog, its recovery, the probes.
 - :mod:`.cli`: the CLI layer (the server's ``kimi-prep`` commands, ``bench-local``).
 """

@@ -5,7 +5,7 @@ wheel ``nvidia-pytriton`` ships tritonserver 2.51 with the Python backend (it ru
 backend directory is laid out once in a cache dir (``$XDG_CACHE_HOME/kimi_vision_prep/triton`` or
 ``~/.cache/kimi_vision_prep/triton``) with the Python stub matching the running interpreter, and
 the environment is set so that stub loads this interpreter's libpython and this venv's packages.
-The C backend ``kimi_patchify`` (``_triton_patchify.c``, built with the package) is laid out
+The C backend ``kimi_patchify`` (``models/patchify/``, built with the package) is laid out
 next to it (:func:`patchify_library`). There tritonserver runs with jemalloc where the host has
 it (``allocator.server_allocator_env``), and the stubs start through :data:`STUB_WRAPPER`, which
 keeps it out of them.

@@ -3,7 +3,7 @@
 Every error a caller can see derives from :class:`PreprocessError`. ``triton_code`` is the name
 of the Triton error code a served model returns for it; these class attributes are the only
 place where that mapping lives (:mod:`.wire` carries the class over the network). The C step
-(``_triton_patchify.c``, no Python at run time) gets the tags and codes of the classes it raises
+(``models/patchify/`` of the server, no Python at run time) gets the tags and codes of the classes it raises
 from ``kimi_errors.h``, which the build writes from these classes (:func:`c_error_header`).
 """
 

@@ -1,7 +1,7 @@
 """The served models' names, part of the contract between the model repository and its clients.
 
 Each served preset gets the models ``<prefix>_<kind>`` (``kimi-k2.5`` -> ``kimi_k25_vision``, ...);
-the repository renderer (``kimi_vision_server.repository``) builds them from these names, and
+the repository renderer (``kimi_vision_server.render.repository``) builds them from these names, and
 a client can tell a model this project renders from a name it has never heard of.
 """
 

@@ -1,9 +1,9 @@
-"""Triton Python model kimi_k3_preprocess: kimi_vision_server.models.PreprocessModel.
+"""Triton Python model kimi_k3_preprocess: kimi_vision_server.models.images.PreprocessModel.
 
 Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.
 """
 
-from kimi_vision_server.contract import triton_python_model
-from kimi_vision_server.models import PreprocessModel
+from kimi_vision_server.models.contract import triton_python_model
+from kimi_vision_server.models.images import PreprocessModel
 
 TritonPythonModel = triton_python_model(PreprocessModel)

@@ -1,9 +1,9 @@
-"""Triton Python model kimi_k3_video: kimi_vision_server.media_models.VideoModel.
+"""Triton Python model kimi_k3_video: kimi_vision_server.models.media.VideoModel.
 
 Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.
 """
 
-from kimi_vision_server.contract import triton_python_model
-from kimi_vision_server.media_models import VideoModel
+from kimi_vision_server.models.contract import triton_python_model
+from kimi_vision_server.models.media import VideoModel
 
 TritonPythonModel = triton_python_model(VideoModel)

@@ -1,9 +1,9 @@
-"""Triton Python model kimi_k3_vision_fused: kimi_vision_server.models.FusedVisionModel.
+"""Triton Python model kimi_k3_vision_fused: kimi_vision_server.models.images.FusedVisionModel.
 
 Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.
 """
 
-from kimi_vision_server.contract import triton_python_model
-from kimi_vision_server.models import FusedVisionModel
+from kimi_vision_server.models.contract import triton_python_model
+from kimi_vision_server.models.images import FusedVisionModel
 
 TritonPythonModel = triton_python_model(FusedVisionModel)

@@ -36,8 +36,8 @@ from kimi_vision_common.media import looks_like_video
 from kimi_vision_common.presets import PRESETS
 from kimi_vision_common.wire import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT
 
-from ..render_blocks import SERVING_DEFAULTS
-from ..repository import RenderOptions, model_presets
+from ..render.blocks import SERVING_DEFAULTS
+from ..render.repository import RenderOptions, model_presets
 
 
 def set_codec_env() -> None:
@@ -78,7 +78,7 @@ def render_options(args: argparse.Namespace) -> RenderOptions | None:
 
 def cmd_render_repository(args: argparse.Namespace) -> int:
     """Write the model repository rendered from the presets."""
-    from ..repository import render_repository
+    from ..render.repository import render_repository
 
     out = render_repository(args.out, render_options(args) or RenderOptions())
     print(f"rendered {len(list(out.glob('*/config.pbtxt')))} models into {out}")
@@ -88,7 +88,7 @@ def cmd_render_repository(args: argparse.Namespace) -> int:
 def served_models(args: argparse.Namespace, options: RenderOptions | None) -> tuple[str, ...] | None:
     """The models ``serve`` renders with ``options``: the default set (the image ensembles and their
     steps), ``--all`` or ``--models``, narrowed by ``--preset``; None when a repository is given as is."""
-    from ..repository import default_model_names, repository_models, select_models
+    from ..render.repository import default_model_names, repository_models, select_models
 
     if args.model_repository is not None:
         if args.all or args.models or args.preset:
@@ -108,7 +108,7 @@ def served_models(args: argparse.Namespace, options: RenderOptions | None) -> tu
 
 def needs_torch_model(name: str, config: str) -> bool:
     """The chaining example's patch embedding (a torch Conv2d) and the ensembles through it."""
-    from ..repository import PATCH_EMBED_MODEL
+    from ..render.repository import PATCH_EMBED_MODEL
 
     return name == PATCH_EMBED_MODEL or f'model_name: "{PATCH_EMBED_MODEL}"' in config
 
@@ -134,7 +134,9 @@ def serve_options(args: argparse.Namespace) -> RenderOptions | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from kimi_vision_common.wire import operator_key
 
-    from ..launcher import LaunchSpec, Ports, serve
+    from ..launch.command import Ports
+    from ..launch.launcher import LaunchSpec
+    from ..launch.serve import serve
 
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.probe_port)
     try:
@@ -168,7 +170,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from kimi_vision_client.cli.samples import sample_images
     from kimi_vision_prep.pipeline import preprocess_bytes
 
-    from ..embedded import EmbeddedServer
+    from ..launch.embedded import EmbeddedServer
 
     samples = sample_images()
     failed = 0
@@ -222,6 +224,7 @@ def with_codec_env(command: Callable[[argparse.Namespace], int]) -> Callable[[ar
     return run
 
 
+# Over 60 lines: the argparse declaration of every server command and flag (the CLI's surface in one place).
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add this package's subcommands to the ``kimi-prep`` parser (the entry point); building the
     parser changes nothing in the process."""

@@ -5,7 +5,7 @@ writes into the models' configs (read back from :func:`~.repository.repository_m
 table cannot drift from the renderer) and why a served value differs from the library's. The
 preset's own fields are the preset table's (docs/presets.md). ``tests/test_settings_table.py`` checks that
 docs/serving.md holds this table;
-``python -m kimi_vision_server.settings_table --write docs/serving.md`` rewrites it there.
+``python -m kimi_vision_server.render.settings_table --write docs/serving.md`` rewrites it there.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 from kimi_vision_common.models import SERVED_PRESETS, model_prefix
 from kimi_vision_common.presets import Preset
 
-from .render_blocks import RenderOptions
+from ..settings import SETTINGS
+from .blocks import RenderOptions
 from .repository import repository_models
-from .settings import SETTINGS
 
 BEGIN, END = "<!-- settings-table: begin -->", "<!-- settings-table: end -->"
 PARAMETER = re.compile(r'parameters \{ key: "(?P<key>[^"]+)" value: \{ string_value: "(?P<value>[^"]*)" \} \}')

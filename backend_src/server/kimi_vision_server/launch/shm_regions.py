@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from .stub_scan import process_start_ticks
+from ..watch.stub_scan import process_start_ticks
 
 SHM_DIR = Path("/dev/shm")
 SHM_REGION_PREFIX = "kimi_prep_"

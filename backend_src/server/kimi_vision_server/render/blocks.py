@@ -23,8 +23,8 @@ from kimi_vision_common.wire import (
     PIXEL_VALUES,
 )
 
+from ..settings import Rendering, rendered_parameters, setting
 from . import pbtxt
-from .settings import Rendering, rendered_parameters, setting
 
 InstanceKind = Literal["cpu", "gpu"]
 

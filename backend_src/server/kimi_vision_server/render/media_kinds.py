@@ -18,7 +18,7 @@ from kimi_vision_common.wire import (
 )
 
 from . import pbtxt
-from .render_blocks import (
+from .blocks import (
     IMAGE_BYTES_INPUT,
     RAGGED,
     ModelFiles,
@@ -57,7 +57,7 @@ def video_model(served: ServedPreset) -> ModelFiles:
         ("the chunk's start as the prompt writes it", pbtxt.tensor(TIMESTAMP, "TYPE_STRING", (1,))),
         ("int64 (T,): decoded-frame indices of the chunk", pbtxt.tensor(FRAME_INDICES, "TYPE_INT64", (-1,))),
     ]
-    blocks, cls = [preset_block(preset, prefix)], "media_models.VideoModel"
+    blocks, cls = [preset_block(preset, prefix)], "models.media.VideoModel"
     return python_model(name, summary, inputs, outputs, blocks, cls, options, defaults, "video", preset, decoupled=True)
 
 
@@ -69,7 +69,7 @@ def video_chunk_model(served: ServedPreset) -> ModelFiles:
         "first frame's target under the per-frame budget, patchified T-major)."
     )
     inputs = [("T encoded frames (JPEG, PNG, ...)", pbtxt.tensor(FRAME_BYTES, "TYPE_STRING", (-1,), RAGGED))]
-    blocks, cls = [preset_block(preset, prefix)], "media_models.VideoChunkModel"
+    blocks, cls = [preset_block(preset, prefix)], "models.media.VideoChunkModel"
     outputs = _chunk_outputs(preset)
     return python_model(name, summary, inputs, outputs, blocks, cls, options, defaults, "video_chunk", preset)
 
@@ -86,7 +86,7 @@ def tokens_model(served: ServedPreset) -> ModelFiles:
         ("int32 (K,)", pbtxt.tensor(NUM_TOKENS, NUM_TOKENS_TRITON_TYPE, (-1,))),
         ("the image placeholder of each image", pbtxt.tensor(PROMPT, "TYPE_STRING", (-1,))),
     ]
-    blocks, cls = [preset_block(preset, prefix)], "media_models.TokensModel"
+    blocks, cls = [preset_block(preset, prefix)], "models.media.TokensModel"
     return python_model(name, summary, IMAGE_BYTES_INPUT, outputs, blocks, cls, options, defaults, "tokens", preset)
 
 

@@ -11,21 +11,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kimi_vision_common.presets import preset_from_parameters
-from kimi_vision_common.wire import IMAGE, PATCH_EMBEDS, PIXEL_VALUES
+from kimi_vision_common.wire import IMAGE, OPTIONAL_PREPROCESS_INPUT, PATCH_EMBEDS, PIXEL_VALUES, PREPROCESS_INPUTS
 from kimi_vision_prep.pipeline import resized_decoded
 
+from ..settings import parse_int, setting
 from .components import ImageDecoding, ImagePreprocessing, apply_numba_threads
 from .config import decoder_settings
 from .contract import Result, ServingModel
-from .requests import (
-    OPTIONAL_PREPROCESS_INPUT,
-    PREPROCESS_INPUTS,
-    check_request_size,
-    decode_outputs,
-    decoded_from_inputs,
-    pixel_values_from_input,
-)
-from .settings import parse_int, setting
+from .requests import check_request_size, decode_outputs, decoded_from_inputs, pixel_values_from_input
 from .tensors import cuda_device
 from .warmup import warmup_decoded
 

@@ -88,11 +88,6 @@ RESAMPLE_NAMES: dict[int, str] = {code: name for name, code in RESAMPLE_CODES.it
 ARRAY_MODES: dict[str, int] = {"RGB": 3, "RGBA": 4}  # MODE -> channels of a pixel array
 
 Outputs = dict[str, Any]  # output name -> numpy array or torch tensor (with the batch dim of 1)
-# What the decode step hands the preprocess step (the layout above); a client of the preprocess
-# model may leave out STORED_SIZES (its images are then at their stored size).
-PREPROCESS_INPUTS = (IMAGE, IMAGE_SHAPES, MODE, RESAMPLE)
-OPTIONAL_PREPROCESS_INPUT = STORED_SIZES
-DECODED_TENSORS = (*PREPROCESS_INPUTS, OPTIONAL_PREPROCESS_INPUT)
 PREPROCESS_OUTPUTS = (PIXEL_VALUES, PIXEL_PATCHES, GRID_THW, NUM_TOKENS)
 # The pixel-output selections a request can make; each runs its own kernel combination (fused
 # float32, uint8 patchify, patchify + expand), so each is warmed up.

@@ -1,5 +1,5 @@
 /* The model config's parameters, read with a strict JSON reader (kimi_json.h). No Triton, no state:
- * the C step (_triton_patchify.c) asks it for each parameter it needs, and the tests and the fuzzer
+ * the C step (backend.c) asks it for each parameter it needs, and the tests and the fuzzer
  * call it through ctypes. */
 
 #include "kimi_json.h"

@@ -28,6 +28,7 @@ from kimi_vision_common.models import PATCH_EMBED_MODEL, SERVED_PRESETS, default
 from kimi_vision_common.presets import PRESETS, Preset
 from kimi_vision_common.wire import (
     DECODE_PATH,
+    DECODED_TENSORS,
     GRID_THW,
     IMAGE,
     IMAGE_BYTES,
@@ -41,10 +42,11 @@ from kimi_vision_common.wire import (
     STORED_SIZES,
 )
 
+from ..host import HostLayout, host_layout
+from ..settings import setting
+from ..triton_install import PATCHIFY_BACKEND
 from . import pbtxt
-from .host import HostLayout, host_layout
-from .media_kinds import media_models
-from .render_blocks import (
+from .blocks import (
     HOST_INDEPENDENT,
     IMAGE_BYTES_INPUT,
     MODEL_VERSION,
@@ -63,9 +65,7 @@ from .render_blocks import (
     python_model,
     settings_block,
 )
-from .requests import DECODED_TENSORS
-from .settings import setting
-from .triton_install import PATCHIFY_BACKEND
+from .media_kinds import media_models
 
 
 def preset_aliases(preset: Preset) -> list[str]:
@@ -131,8 +131,8 @@ def decode_model(served: ServedPreset) -> ModelFiles:
     # returns: one request an execute bounds a decode stub's working set (docs/security.md).
     batch = defaults.pixel_batch_size if options.kind == "cpu" else defaults.max_batch_size
     return python_model(
-        name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.DecodeModel", options, defaults, "decode", preset,
-        batch=batch,
+        name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.images.DecodeModel", options, defaults, "decode",
+        preset, batch=batch,
     )  # fmt: skip
 
 
@@ -156,7 +156,7 @@ def preprocess_model(served: ServedPreset) -> ModelFiles:
     )
     outputs = pixel_outputs(preset.patch_size).values()
     blocks = [preset_block(preset, prefix)]
-    python_class, batch = "models.PreprocessModel", defaults.pixel_batch_size
+    python_class, batch = "models.images.PreprocessModel", defaults.pixel_batch_size
     return python_model(
         name, summary, inputs, outputs, blocks, python_class, options, defaults, "preprocess", preset, batch=batch
     )
@@ -185,7 +185,7 @@ def fused_models(served: ServedPreset) -> list[ModelFiles]:
         )
         outputs = [tensors[pixels], tensors[GRID_THW], tensors[NUM_TOKENS]]
         model = python_model(
-            name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.FusedVisionModel", options, defaults,
+            name, summary, IMAGE_BYTES_INPUT, outputs, blocks, "models.images.FusedVisionModel", options, defaults,
             f"vision_fused{wire}", preset, batch=defaults.pixel_batch_size,
         )  # fmt: skip
         models.append(model)
@@ -200,7 +200,7 @@ def patchify_model(served: ServedPreset) -> ModelFiles:
     name, batch = f"{prefix}_patchify", defaults.pixel_batch_size
     summary = (
         f"{name} ({title}): RGB pixels at their NaViT size (the decode step's) -> pad, normalise, patchify,\n"
-        f"in the C backend {PATCHIFY_BACKEND} (kimi_vision_server/_triton_patchify.c): no Python stub, the\n"
+        f"in the C backend {PATCHIFY_BACKEND} (kimi_vision_server/models/patchify/): no Python stub, the\n"
         "pixels read where the decode step left them and written into the buffer Triton hands out. It\n"
         "does not resize: an image beyond patch_limit_on_one_side patches a side, or max_patches_per_image\n"
         f"patches, is refused (ImageTooLargeError); other modes and sizes go to {prefix}_preprocess."
@@ -276,7 +276,7 @@ def patch_embed_model(preset: Preset, options: RenderOptions, defaults: ServingD
         + settings_block("patch_embed", options, defaults, None)
         + pbtxt.parameters({"patch_size": p}, "The patches' side (the preset's patch_size).")
     )
-    return ModelFiles(PATCH_EMBED_MODEL, config, "models.PatchEmbedModel")
+    return ModelFiles(PATCH_EMBED_MODEL, config, "models.images.PatchEmbedModel")
 
 
 def embed_ensemble(served: ServedPreset) -> ModelFiles:
@@ -364,12 +364,13 @@ def model_presets(defaults: ServingDefaults = SERVING_DEFAULTS) -> dict[str, str
 
 
 def model_py(name: str, python_class: str) -> str:
-    """The two-line ``model.py`` of a Python model (``python_class``: ``module.Class``)."""
-    module, cls = python_class.split(".")
+    """The two-line ``model.py`` of a Python model (``python_class``: ``module.Class``, the module
+    dotted under ``kimi_vision_server``)."""
+    module, cls = python_class.rsplit(".", 1)
     return (
         f'"""Triton Python model {name}: kimi_vision_server.{module}.{cls}.\n\n'
         'Rendered by `kimi-prep render-repository`; config.pbtxt parameters select the preset and knobs.\n"""\n\n'
-        "from kimi_vision_server.contract import triton_python_model\n"
+        "from kimi_vision_server.models.contract import triton_python_model\n"
         f"from kimi_vision_server.{module} import {cls}\n\n"
         f"TritonPythonModel = triton_python_model({cls})\n"
     )

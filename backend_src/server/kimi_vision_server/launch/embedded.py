@@ -14,11 +14,12 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..render.blocks import RenderOptions
+from ..triton_install import default_model_repository
+from ..watch.watchdog import StubWatchdog
 from .access import LOOPBACK_HOST
-from .launcher import Launched, LaunchSpec, Ports, launch
-from .render_blocks import RenderOptions
-from .triton_install import default_model_repository
-from .watchdog import StubWatchdog
+from .command import Ports
+from .launcher import Launched, LaunchSpec, launch
 
 
 def free_port() -> int:

@@ -15,10 +15,10 @@ from kimi_vision_prep.pipeline import resized_decoded, with_index
 from kimi_vision_prep.repeat_cache import RepeatCache, RepeatKey, repeat_key
 from kimi_vision_prep.tokens import check_patch_budget
 
+from ..settings import setting
 from .config import DecoderSettings, decoder_settings, numba_threads
 from .contract import ServingModel
 from .requests import PIXEL_SELECTIONS, Outputs, images_from_input, preprocess_outputs
-from .settings import setting
 from .warmup import warmup_images
 
 

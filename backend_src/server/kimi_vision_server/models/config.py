@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from kimi_vision_prep.limits import DecodeLimits, VideoLimits
 
-from .settings import default_of, setting
+from ..settings import default_of, setting
 
 View = TypeVar("View")
 
