@@ -4,8 +4,13 @@ functions and under ``TYPE_CHECKING`` alike.
     kimi_vision_common  <-  kimi_vision_prep (core)  <-  kimi_vision_server  <-  CLI
     kimi_vision_common  <-  kimi_vision_client
 
-The CLI layer is ``kimi_vision_server.cli.commands`` and ``kimi_vision_server.cli.bench_local`` (they use the
-client's front); the client needs neither the library nor the server.
+The CLI layer is ``kimi_vision_server.cli`` (its commands and ``bench_local/`` use the client's
+front); the client needs neither the library nor the server.
+
+Inside a package, its folders (:data:`UNIT_RULES`, :data:`IMPORTED_ONLY_BY`): a library stage
+(decode, resize, patchify, video) imports no other stage, only the root foundations; the server's
+render, models and watch import no other job (launch renders and starts the watchdog); the client
+builds up from transport to its processors; the CLIs and the engine folders are nobody's dependency.
 """
 
 from __future__ import annotations
@@ -164,12 +169,25 @@ LIBRARY_STAGES = ("decode", "resize", "patchify", "video")
 # What the stages hand each other and share (the root modules a stage may import); every other root
 # module (pipeline, video_pipeline, processor, ...) is where the stages meet and may import any.
 LIBRARY_FOUNDATIONS = frozenset({"kernels", "limits", "buffers", "numba_runtime", "extras", "pixels"})
+# The server's root modules, shared by all its jobs (settings, the host's layout, the Triton install
+# and its malloc): they import no folder of the server.
+SERVER_ROOT = frozenset({"settings", "host", "triton_install", "allocator"})
 UNIT_RULES: dict[str, dict[str, frozenset[str]]] = {
     "kimi_vision_prep": {
         # A stage imports no other stage and no meeting module; decode binds the _libjpeg extension.
         **{stage: LIBRARY_FOUNDATIONS | {stage} for stage in LIBRARY_STAGES},
         "decode": LIBRARY_FOUNDATIONS | {"decode", "_libjpeg"},
         **dict.fromkeys(LIBRARY_FOUNDATIONS, LIBRARY_FOUNDATIONS),
+    },
+    # The server's jobs: rendering the repository, the Triton models, launching tritonserver and
+    # watching its stubs, each a folder on the root modules every job shares; launch renders and
+    # starts the watchdog; the CLI (cli/) is above them all.
+    "kimi_vision_server": {
+        **dict.fromkeys(SERVER_ROOT, SERVER_ROOT),
+        "render": SERVER_ROOT | {"render"},
+        "models": SERVER_ROOT | {"models"},
+        "watch": frozenset({"watch"}),
+        "launch": SERVER_ROOT | {"launch", "render", "watch"},
     },
     # The client from the wire up: transport <- request <- servers <- the client's front <- the
     # processors engines build; the CLI (cli/) above all of them.
@@ -189,6 +207,7 @@ UNIT_RULES: dict[str, dict[str, frozenset[str]]] = {
 # folders of the shared package are no other module's dependency, and nothing of the client
 # depends on its CLI.
 IMPORTED_ONLY_BY: dict[str, dict[str, frozenset[str]]] = {
+    "kimi_vision_server": {"cli": frozenset({"cli"})},
     "kimi_vision_common": {
         "vllm_plugin": frozenset({"vllm_plugin"}),
         "sglang_processors": frozenset({"sglang_processors"}),
