@@ -16,6 +16,7 @@ builds up from transport to its processors; the CLIs and the engine folders are 
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -336,3 +337,25 @@ def test_library_wheel_imports_no_client_or_server_and_reads_no_checkout_file(li
         assert not foreign, f"{name} imports {sorted(foreign)}"
         own_location = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "__file__"]
         assert not own_location, f"{name} uses __file__ on lines {own_location}"
+
+
+def layout_section(package: str) -> str:
+    """docs/layout.md's section of ``package`` (from its heading to the next)."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    return re.search(rf"^## `[^`]*{package}/`.*?(?=^## |\Z)", text, flags=re.S | re.M)[0]
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_the_layout_doc_lists_each_folder_of_a_package(package: str) -> None:
+    """The first column of docs/layout.md's tables names every folder of the package, no other."""
+    listed = set(re.findall(r"^\| `(\w+)/` \|", layout_section(package), flags=re.M))
+    folders = {p.parent.name for p in PACKAGES[package].glob("*/__init__.py")}
+    assert listed == folders
+
+
+def test_the_layout_doc_names_the_root_modules_the_folder_rules_use() -> None:
+    """The library's foundations and the server's root modules, as docs/layout.md states them."""
+    foundations = re.search(r"^\| foundations \|[^\n]*", layout_section("kimi_vision_prep"), flags=re.M)[0]
+    assert set(re.findall(r"`(\w+)\.py`", foundations)) == LIBRARY_FOUNDATIONS
+    server_root = re.search(r"Root modules, .*?\n\n", layout_section("kimi_vision_server"), flags=re.S)[0]
+    assert set(re.findall(r"`(\w+)\.py`", server_root)) == SERVER_ROOT
