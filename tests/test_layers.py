@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,20 +50,29 @@ def module_names() -> dict[str, Path]:
 MODULES = module_names()
 
 
-def imports_of(module: str) -> set[str]:
-    """The absolute names ``module`` imports anywhere in its source (``from . import x`` -> ``pkg.x``)."""
+def import_nodes(module: str) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
+    """Each import statement of ``module`` anywhere in its source, with the absolute name it imports
+    from (``from . import x`` in ``pkg.mod`` -> ``pkg``; a plain ``import`` -> "")."""
     path = MODULES[module]
     is_package = path.name == "__init__.py"
-    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            yield node, ""
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = module.split(".")[: len(module.split(".")) - node.level + is_package]
-                stem = ".".join([*base, node.module] if node.module else base)
+                yield node, ".".join([*base, node.module] if node.module else base)
             else:
-                stem = node.module or ""
+                yield node, node.module or ""
+
+
+def imports_of(module: str) -> set[str]:
+    """The absolute names ``module`` imports anywhere in its source (``from . import x`` -> ``pkg.x``)."""
+    names: set[str] = set()
+    for node, stem in import_nodes(module):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        else:
             names.add(stem)
             names.update(f"{stem}.{alias.name}" for alias in node.names if f"{stem}.{alias.name}" in MODULES)
     return names
@@ -226,27 +236,19 @@ def unit_of(module: str) -> tuple[str, str]:
 def imported_units(module: str) -> set[tuple[str, str]]:
     """The (package, unit) pairs ``module`` imports anywhere in its source; ``from pkg import name``
     counts as the unit ``name`` where it is a module or folder of ``pkg``, else as ``pkg``'s ``__init__``."""
-    path = MODULES[module]
-    is_package = path.name == "__init__.py"
     units: set[tuple[str, str]] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node, stem in import_nodes(module):
         if isinstance(node, ast.Import):
             units.update(unit_of(alias.name) for alias in node.names if alias.name.split(".")[0] in PACKAGES)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".")[: len(module.split(".")) - node.level + is_package]
-                stem = ".".join([*base, node.module] if node.module else base)
-            else:
-                stem = node.module or ""
-            if stem.split(".")[0] not in PACKAGES:
-                continue
-            if "." in stem:
-                units.add(unit_of(stem))
-                continue
+        elif stem.split(".")[0] not in PACKAGES:
+            continue
+        elif "." in stem:
+            units.add(unit_of(stem))
+        else:
             for alias in node.names:
                 child = f"{stem}.{alias.name}"
                 is_unit = child in MODULES or PACKAGES[stem].joinpath(alias.name).is_dir()
-                is_extension = any(PACKAGES[stem].glob(f"{alias.name}.*.so")) or alias.name.startswith("_")
+                is_extension = alias.name.startswith("_")  # from pkg import _libjpeg: a C extension
                 units.add(unit_of(child) if is_unit or is_extension else (stem, "__init__"))
     return units
 
