@@ -16,7 +16,7 @@ counts the reason.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from kimi_vision_common.errors import PreprocessError
 
@@ -26,9 +26,6 @@ from .jpeg_kernels import decode_coefficients
 from .pool import DecodePool
 from .routes import DecodedImage, DecodePath, Plan
 
-GpuRoute = Literal["exact", "nvimgcodec"]
-# Which route a ``cuda`` decoder's clean JPEGs take, the default first (exactness first).
-GPU_ROUTES: tuple[GpuRoute, ...] = ("exact", "nvimgcodec")
 COEFFICIENTS_PATH: DecodePath = "coefficients-cuda"
 WRONG_SIZE = "kernels: pixels of another size than the header's"
 

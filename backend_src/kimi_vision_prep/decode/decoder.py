@@ -50,10 +50,10 @@ from kimi_vision_common.pillow_open import open_with_pillow
 from kimi_vision_common.presets import Preset
 
 from ..extras import require_torch
-from ..limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits
+from ..limits import DEFAULT_DECODER_POOL_SIZE, GPU_ROUTES, DecodeLimits, GpuRoute
 from ..pixels import host_to_device
 from . import coefficient_route, jpeg_bands
-from .coefficient_route import GPU_ROUTES, GpuRoute, KernelSlot
+from .coefficient_route import KernelSlot
 from .jpeg_scan import scan_jpeg
 from .pillow_io import pillow_pixels
 from .pool import DecodePool
