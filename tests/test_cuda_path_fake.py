@@ -1,8 +1,10 @@
 """The CUDA decode path of ``ImageDecoder`` against a fake nvImageCodec (no GPU on CI).
 
-What is faked is only what needs CUDA: the nvImageCodec module (``tests/fakes/nvimgcodec.py``)
-and the ``torch.cuda`` calls ``decode/decoder.py`` makes (``tests/fakes/torch_cuda.py``). Pillow, the
-routing, the pool and ``torch.from_dlpack`` run for real. ``tests/gpu`` runs the same path on a GPU.
+These run the nvImageCodec route (``gpu_route="nvimgcodec"``); the default exact route is in
+``tests/test_gpu_route_fake.py``. What is faked is only what needs CUDA: the nvImageCodec module
+(``tests/fakes/nvimgcodec.py``) and the ``torch.cuda`` calls ``decode/decoder.py`` makes
+(``tests/fakes/torch_cuda.py``). Pillow, the routing, the pool and ``torch.from_dlpack`` run for
+real. ``tests/gpu`` runs the same path on a GPU.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def pillow_rgb(data: bytes) -> np.ndarray:
 def test_decoder_built_for_the_device_with_gpu_backends_and_fancy_upsampling(
     corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
-    ImageDecoder("cuda:3", codec_threads=5).decode(read(corpus, BASELINE_JPEG), K25)
+    ImageDecoder("cuda:3", gpu_route="nvimgcodec", codec_threads=5).decode(read(corpus, BASELINE_JPEG), K25)
 
     [decoder] = codec.decoders
     assert decoder.device_id == 3
@@ -64,14 +66,14 @@ def test_decoder_built_for_the_device_with_gpu_backends_and_fancy_upsampling(
 
 
 def test_plain_cuda_means_device_zero(corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda) -> None:
-    ImageDecoder("cuda").decode(read(corpus, BASELINE_JPEG), K25)
+    ImageDecoder("cuda", gpu_route="nvimgcodec").decode(read(corpus, BASELINE_JPEG), K25)
 
     assert codec.decoders[0].device_id == 0
     assert cuda.entered == [0]
 
 
 def test_exif_orientation_is_not_applied(corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda) -> None:
-    decoded = ImageDecoder("cuda:0").decode(read(corpus, EXIF_ROTATED_JPEG), K25)
+    decoded = ImageDecoder("cuda:0", gpu_route="nvimgcodec").decode(read(corpus, EXIF_ROTATED_JPEG), K25)
 
     [call] = codec.calls
     assert call.params.apply_exif_orientation is False
@@ -83,7 +85,7 @@ def test_exif_orientation_is_not_applied(corpus: Path, codec: FakeNvImgCodec, cu
 def test_decodes_on_the_current_stream_of_the_decoder_device(
     corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
-    ImageDecoder("cuda:2").decode(read(corpus, BASELINE_JPEG), K25)
+    ImageDecoder("cuda:2", gpu_route="nvimgcodec").decode(read(corpus, BASELINE_JPEG), K25)
 
     [call] = codec.calls
     assert cuda.entered == [2]
@@ -95,7 +97,7 @@ def test_pixels_are_handed_over_through_dlpack_without_a_copy(
     corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
     data = read(corpus, BASELINE_JPEG)
-    decoded = ImageDecoder("cuda:0").decode(data, K25)
+    decoded = ImageDecoder("cuda:0", gpu_route="nvimgcodec").decode(data, K25)
 
     [image] = codec.calls[0].images
     assert isinstance(decoded.pixels, torch.Tensor)
@@ -114,7 +116,7 @@ def test_batch_decodes_fast_items_in_one_call_and_moves_pillow_items_to_the_devi
     corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
     items = [read(corpus, BASELINE_JPEG), read(corpus, PNG), read(corpus, EXIF_ROTATED_JPEG)]
-    results = ImageDecoder("cuda:1").decode_batch(items, K25)
+    results = ImageDecoder("cuda:1", gpu_route="nvimgcodec").decode_batch(items, K25)
 
     [call] = codec.calls
     assert [s.data for s in call.streams] == [items[0], items[2]]
@@ -128,7 +130,7 @@ def test_batch_decodes_fast_items_in_one_call_and_moves_pillow_items_to_the_devi
 def test_one_decoder_is_reused_across_sequential_calls(
     corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
-    decoder = ImageDecoder("cuda:0", pool_size=2)
+    decoder = ImageDecoder("cuda:0", gpu_route="nvimgcodec", pool_size=2)
     for _ in range(3):
         decoder.decode(read(corpus, BASELINE_JPEG), K25)
 
@@ -140,7 +142,7 @@ def test_one_decoder_is_reused_across_sequential_calls(
 def test_a_decoder_that_raised_is_discarded_and_the_image_falls_back_to_pillow(
     corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
-    decoder = ImageDecoder("cuda:0")
+    decoder = ImageDecoder("cuda:0", gpu_route="nvimgcodec")
     data = read(corpus, BASELINE_JPEG)
     codec.outcome = "raise"
     failed = decoder.decode(data, K25)
@@ -162,7 +164,7 @@ def test_a_decoder_that_raised_is_discarded_and_the_image_falls_back_to_pillow(
 def test_no_image_from_the_decoder_falls_back_to_pillow_with_the_reason(
     corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
-    decoder = ImageDecoder("cuda:0")
+    decoder = ImageDecoder("cuda:0", gpu_route="nvimgcodec")
     data = read(corpus, BASELINE_JPEG)
     codec.outcome = "none"
     decoded = decoder.decode(data, K25)
@@ -180,7 +182,7 @@ def test_strict_decoder_raises_instead_of_falling_back(
 ) -> None:
     codec.outcome = "none"
     with pytest.raises(FallbackError, match=r"nvimgcodec-cuda.*returned no image"):
-        ImageDecoder("cuda:0", strict=True).decode(read(corpus, BASELINE_JPEG), K25)
+        ImageDecoder("cuda:0", gpu_route="nvimgcodec", strict=True).decode(read(corpus, BASELINE_JPEG), K25)
 
 
 @pytest.mark.parametrize("name", [ARITHMETIC_JPEG, RGB_CODED_JPEG, NO_DHT_JPEG, DC_ONLY_JPEG])
@@ -188,7 +190,7 @@ def test_what_nvjpeg_decodes_otherwise_than_libjpeg_is_planned_to_pillow_on_cuda
     name: str, corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda
 ) -> None:
     data = read(corpus, name)
-    on_cuda = ImageDecoder("cuda:0").decode(data, K25)
+    on_cuda = ImageDecoder("cuda:0", gpu_route="nvimgcodec").decode(data, K25)
 
     assert (on_cuda.decode_path, on_cuda.fallback_reason) == ("pillow", None)
     assert codec.decoders == []
@@ -214,7 +216,7 @@ def test_a_source_mode_image_is_resized_on_the_host_and_its_pixel_values_land_on
 ) -> None:
     k3 = get_preset("kimi-k3")
     data = read(corpus, SOURCE_MODE_JPEG)
-    decoded = ImageDecoder("cuda:2").decode(data, k3)
+    decoded = ImageDecoder("cuda:2", gpu_route="nvimgcodec").decode(data, k3)
 
     assert isinstance(decoded.pixels, Image.Image) and decoded.pixels.mode == "CMYK"
     assert (decoded.device, cuda.moves) == ("cuda:2", [])

@@ -32,7 +32,7 @@ from reference import k25_rgb, ref_size
 from tritonclient.grpc import model_config_pb2
 
 from kimi_vision_client.cli import build_parser
-from kimi_vision_common.errors import InvalidRequestError
+from kimi_vision_common.errors import InvalidPresetError, InvalidRequestError
 from kimi_vision_common.wire import served_message
 from kimi_vision_prep import (
     KIMI_K3,
@@ -187,6 +187,20 @@ def test_every_config_parses_and_is_consistent() -> None:
 def test_decoder_settings_from_the_shipped_config() -> None:
     settings = decoder_settings(model_parameters(config_dict("kimi_k25_decode")))
     assert settings.decoder_pool_size >= 1 and settings.max_pixels == 178956970 and not settings.strict_decode
+    assert settings.gpu_route == "exact"
+
+
+@pytest.mark.parametrize(("raw", "route", "path"), [(None, "exact", "coefficients-cuda"),
+                                                    (" NVImgCodec ", "nvimgcodec", "nvimgcodec-cuda")])
+def test_the_gpu_route_setting_reaches_a_models_decoder(raw: str | None, route: str, path: str) -> None:
+    """A GPU decode model's decoder takes the exact route unless ``gpu_route`` says nvimgcodec (the
+    served stub in a worktree imports /work/main's packages, so this is checked here, on the unit)."""
+    settings = decoder_settings({} if raw is None else {"gpu_route": raw})
+    decoder = components.settings_decoder(settings, "cuda:1")
+    assert (settings.gpu_route, decoder.gpu_route, decoder.fast_path) == (route, route, path)
+    assert components.settings_decoder(settings, "cpu").fast_path == "nvimgcodec-cpu"  # a CPU instance ignores it
+    with pytest.raises(InvalidPresetError, match="gpu_route='fast' must be one of exact, nvimgcodec"):
+        decoder_settings({"gpu_route": "fast"})
 
 
 # -- a fake pb_utils ------------------------------------------------------------------------------

@@ -7,12 +7,18 @@ served default differs, ``kimi_vision_server/render/blocks.py`` says why (docs/s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from kimi_vision_common.pillow_open import PILLOW_MAX_PIXELS
 
 DEFAULT_MAX_ENCODED_BYTES = 64 << 20
 # nvImageCodec decoders a process keeps per device: two callers decode at once without waiting.
 DEFAULT_DECODER_POOL_SIZE = 2
+# Which route a GPU decoder's clean JPEGs take (``ImageDecoder(gpu_route=...)``), the default first:
+# "exact" (coefficients read on the CPU, libjpeg's integer arithmetic in device kernels: Pillow's
+# pixels bit for bit) or "nvimgcodec" (nvImageCodec: its IDCT is not libjpeg's, up to 3 levels off).
+GpuRoute = Literal["exact", "nvimgcodec"]
+GPU_ROUTES: tuple[GpuRoute, ...] = ("exact", "nvimgcodec")
 
 
 @dataclass(frozen=True)

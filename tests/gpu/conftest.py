@@ -25,7 +25,7 @@ def cuda_device() -> str:
 
     device = f"cuda:{torch.cuda.current_device()}"
     try:  # the decoder the library builds (its backends and options): a probe of its own could differ
-        ImageDecoder(device)._make_decoder()
+        ImageDecoder(device, gpu_route="nvimgcodec")._make_decoder()
     except Exception as exc:
         pytest.skip(f"nvImageCodec cannot build a CUDA decoder: {type(exc).__name__}: {exc}")
     return device

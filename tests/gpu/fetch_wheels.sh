@@ -9,6 +9,10 @@
 #   nvidia-nvjpeg           nvJPEG for CUDA 13, 13.0.x to match the machine's CUDA 13.0 driver
 #   pillow==13.0.0          the reference build (the machine's Pillow may be another version)
 #   simplejpeg==1.9.0       the CPU fast route decode/routes.py imports
+#   _libjpeg.cpython-312-x86_64-linux-gnu.so  the library's libjpeg extension built here for CPython 3.12
+#                           (setup.py's sources and flags; it binds Pillow's libjpeg at run time): the
+#                           exact GPU route reads coefficients with it, and the machine has no compiler
+#                           headers for it (PYTHON312: a 3.12 interpreter here, for its headers)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -22,7 +26,18 @@ rm -rf "$DEST"/*.whl
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${PLATFORMS[@]/#/--platform=}" -d "$DEST" "${WHEELS[@]}"
 
-du -h "$DEST"/*.whl | sed 's/^/  /'
+PY312=${PYTHON312:-}
+for candidate in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12; do
+    [ -z "$PY312" ] && "$candidate" -c '' 2>/dev/null && PY312=$candidate
+done
+[ -n "$PY312" ] || { echo "FAIL: no python3.12 here to build the libjpeg extension for the machine" >&2; exit 1; }
+rm -f "$DEST"/_libjpeg.*.so
+SRC=backend_src/kimi_vision_prep/decode/libjpeg
+gcc -shared -fPIC -O2 -std=c11 -I"$("$PY312" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+    "$SRC"/{module,binding,decode,bands,restart,coefficients}.c -ldl -lpthread \
+    -o "$DEST/_libjpeg.cpython-312-x86_64-linux-gnu.so"
+
+du -h "$DEST"/*.whl "$DEST"/*.so | sed 's/^/  /'
 # A device run carries at most 64 MiB: the work tree (the test corpus included) and this folder.
 tree_bytes=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 carry_bytes=$(du -sb "$DEST" | cut -f1)

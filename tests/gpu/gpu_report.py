@@ -6,6 +6,10 @@ Sections (each one is caught on its own, and the JSON is rewritten after each, s
 timeout keeps what was measured before it):
 
 - ``environment``: versions, GPU, CPU count.
+- ``exact_route``: the exact GPU route (a ``cuda`` decoder's default, :mod:`exact_report`): the
+  kernels on the device vs on the CPU vs Pillow per corpus JPEG, images/s and CPU time per image
+  against nvImageCodec and the CPU route, device memory per decoder. Second, so a timeout later
+  keeps it.
 - ``accuracy``: per accepted corpus JPEG, the library's decode path and its difference from Pillow,
   and the same for raw nvImageCodec decoders: the library's configuration with
   ``:fancy_upsampling=0`` (the default this project must avoid), GPU-only and hybrid backends
@@ -43,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import exact_report
 import numpy as np
 import torch
 from gpu_common import (
@@ -214,7 +219,7 @@ def accuracy(ctx: Context) -> dict[str, Any]:
             decoders[name] = (variant[0], raw_decoder(ctx.codec, *variant))
         except Exception as exc:
             unbuilt[name] = f"{type(exc).__name__}: {exc}"
-    library = ImageDecoder(ctx.device)
+    library = ImageDecoder(ctx.device, gpu_route="nvimgcodec")
     preset = get_preset("kimi-k2.5")
     rows = []
     for item in (f for f in ctx.files if f.is_jpeg):
@@ -266,7 +271,7 @@ def dlpack(ctx: Context) -> dict[str, Any]:
         )
         return tensor
 
-    decoder = ImageDecoder(ctx.device)
+    decoder = ImageDecoder(ctx.device, gpu_route="nvimgcodec")
     torch.from_dlpack = spy
     try:
         decoded = decoder.decode(data, get_preset("kimi-k2.5"))
@@ -289,7 +294,7 @@ def dlpack(ctx: Context) -> dict[str, Any]:
 
 
 def patchify(ctx: Context) -> dict[str, Any]:
-    decoder = ImageDecoder(ctx.device)
+    decoder = ImageDecoder(ctx.device, gpu_route="nvimgcodec")
     mismatches = []
     checked = 0
     for preset_name in PRESETS:
@@ -339,7 +344,7 @@ def resize_check(ctx: Context) -> dict[str, Any]:
 
 def throughput(ctx: Context) -> dict[str, Any]:
     preset = get_preset("kimi-k2.5")
-    library = ImageDecoder(ctx.device)
+    library = ImageDecoder(ctx.device, gpu_route="nvimgcodec")
     on_cpu = ImageDecoder("cpu")
     fast = [f for f in ctx.files if f.is_jpeg and library.decode(ctx.read(f), preset).decode_path != "pillow"]
     sets = {"corpus_fast_jpegs": [ctx.read(f) for f in fast]}
@@ -426,8 +431,15 @@ def memory(ctx: Context) -> dict[str, Any]:
     }
 
 
+def exact_route(ctx: Context) -> dict[str, Any]:
+    photos = {"synthetic_1080p": [synthetic_photo(1920, 1080, seed) for seed in range(8)]}
+    photos["synthetic_12mp"] = [synthetic_photo(4000, 3000, seed) for seed in range(4)]
+    return exact_report.exact_route(ctx.device, ctx.corpus, ctx.files, min(ctx.repeats, 3), photos)
+
+
 SECTIONS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "environment": environment,
+    "exact_route": exact_route,
     "accuracy": accuracy,
     "dlpack": dlpack,
     "patchify": patchify,

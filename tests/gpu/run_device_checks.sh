@@ -86,6 +86,10 @@ fi
 rm -rf "$SITE"
 timeout 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$CARRY"/*.whl \
     || { echo "pip install of the carried wheels failed" >&2; exit 3; }
+# The libjpeg extension built for 3.12 by fetch_wheels.sh (the exact GPU route reads coefficients
+# with it): into this machine's copy of the package.
+cp "$CARRY"/_libjpeg.cpython-312-*.so backend_src/kimi_vision_prep/ 2>/dev/null \
+    || echo "no libjpeg extension in $CARRY: the exact GPU route sends every file to Pillow" >&2
 export PYTHONPATH="$SITE:$PWD/backend_src:$PWD/client/common"
 export NUMBA_CACHE_DIR=/tmp/kimi-numba-cache
 timeout 60 "$PY" -c 'import PIL, nvidia.nvimgcodec as c; print("pillow", PIL.__version__, "nvimgcodec", c.__version__,

@@ -79,13 +79,13 @@ def by_preset() -> list[object]:
 @pytest.fixture(scope="module")
 def cuda_decoder(cuda_device: str) -> ImageDecoder:
     """strict: a fallback from the planned path is a failure here, not a silent Pillow decode."""
-    return ImageDecoder(cuda_device, strict=True)
+    return ImageDecoder(cuda_device, strict=True, gpu_route="nvimgcodec")
 
 
 @pytest.fixture(scope="module")
 def lenient_cuda_decoder(cuda_device: str) -> ImageDecoder:
     """For the checks after the decode: a fallback there is reported by the decode test alone."""
-    return ImageDecoder(cuda_device)
+    return ImageDecoder(cuda_device, gpu_route="nvimgcodec")
 
 
 def assert_on_device(pixels: object, device: str) -> None:
@@ -273,7 +273,7 @@ def test_batch_decode_keeps_order_and_errors_per_item(
 
 
 def test_sequential_decodes_reuse_one_cuda_decoder(gpu_corpus: Path, cuda_device: str) -> None:
-    decoder = ImageDecoder(cuda_device, pool_size=2)
+    decoder = ImageDecoder(cuda_device, pool_size=2, gpu_route="nvimgcodec")
     data = (gpu_corpus / SMALL_JPEG).read_bytes()
     first = decoder.decode(data, PRESETS[0]).pixels
     for _ in range(3):
@@ -283,7 +283,7 @@ def test_sequential_decodes_reuse_one_cuda_decoder(gpu_corpus: Path, cuda_device
 
 
 def test_concurrent_callers_get_their_own_decoders_and_the_same_pixels(gpu_corpus: Path, cuda_device: str) -> None:
-    decoder = ImageDecoder(cuda_device, pool_size=2)
+    decoder = ImageDecoder(cuda_device, pool_size=2, gpu_route="nvimgcodec")
     items = [(gpu_corpus / f.name).read_bytes() for f in JPEGS]
 
     def decode_all() -> list[torch.Tensor]:

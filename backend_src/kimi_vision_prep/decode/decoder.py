@@ -12,8 +12,11 @@ Routing (spec section 2; "Pillow's verdict, Pillow's pixels"):
    3 with SIMD, the same accurate integer IDCT and fancy upsampling, one thread; the route where
    the ``libjpeg`` extension was not built), both in strict mode (a file libjpeg would only warn
    about raises and goes on), then nvImageCodec's CPU backend (``nvimgcodec-cpu``, exact) for
-   what they refused. On a GPU it is nvImageCodec with ``:fancy_upsampling=1`` and no
-   EXIF rotation (``nvimgcodec-cuda``: a CUDA tensor via DLPack; near-exact, different IDCT).
+   what they refused. On a GPU it is by default the exact coefficient route (``coefficients-cuda``,
+   :mod:`.coefficient_route`: coefficients read on the CPU, libjpeg's integer arithmetic in device
+   kernels, Pillow's pixels bit for bit), or with ``gpu_route="nvimgcodec"`` nvImageCodec with
+   ``:fancy_upsampling=1`` and no EXIF rotation (``nvimgcodec-cuda``: a CUDA tensor via DLPack;
+   near-exact, different IDCT).
    The routes themselves are registered by name in :mod:`.routes`; this module plans,
    pools and threads them.
 4. Everything else (CMYK/YCCK, lossless, 12-bit, damaged streams, PNG/GIF/WebP/BMP/TIFF) takes the
@@ -31,6 +34,7 @@ transparency key, ...), which the resize step resizes with Pillow in that mode.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import weakref
@@ -46,9 +50,10 @@ from kimi_vision_common.pillow_open import open_with_pillow
 from kimi_vision_common.presets import Preset
 
 from ..extras import require_torch
-from ..limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits
+from ..limits import DEFAULT_DECODER_POOL_SIZE, GPU_ROUTES, DecodeLimits, GpuRoute
 from ..pixels import host_to_device
-from . import jpeg_bands
+from . import coefficient_route, jpeg_bands
+from .coefficient_route import KernelSlot
 from .jpeg_scan import scan_jpeg
 from .pillow_io import pillow_pixels
 from .pool import DecodePool
@@ -90,7 +95,9 @@ class ImageDecoder:
     ``kimi_vision_prep.decode`` logger). ``cpu_routes``: the fast CPU decoders a clean JPEG may
     take, in order (default all: libjpeg, simplejpeg, then nvImageCodec for what they refuse; the
     benchmark and the exactness tests run each alone), every one exact; ``libjpeg`` is left out,
-    with a warning logged once, where its extension was not built.
+    with a warning logged once, where its extension was not built. ``gpu_route`` (``cuda`` only):
+    ``"exact"`` (default, :mod:`.coefficient_route`; ``pool_size`` then caps the images whose
+    kernels run on the device at once) or ``"nvimgcodec"`` (near-exact).
     """
 
     def __init__(
@@ -105,9 +112,13 @@ class ImageDecoder:
         cpu_decode_threads: int = 0,
         stats: DecodeStats | None = None,
         cpu_routes: Sequence[DecodePath] = CPU_ROUTES,
+        gpu_route: GpuRoute = GPU_ROUTES[0],
     ) -> None:
         if unknown := set(cpu_routes) - set(CPU_ROUTES):
             raise ValueError(f"cpu_routes must be among {CPU_ROUTES}, got {sorted(unknown)}")
+        if gpu_route not in GPU_ROUTES:
+            raise ValueError(f"gpu_route must be one of {GPU_ROUTES}, got {gpu_route!r}")
+        self.gpu_route = gpu_route
         self.cpu_routes = available_routes(tuple(cpu_routes))
         self.device = device
         self.device_kind, self.device_index = _parse_device(device)
@@ -130,8 +141,12 @@ class ImageDecoder:
         released (``os.register_at_fork``, below). The thread pool and the nvImageCodec decoders
         are made on first use."""
         self._codec_lock = threading.Lock()
+        exact = self._exact_on_device
         self.pool: DecodePool[Any] = DecodePool(
-            self._make_decoder, cap=pool_size, timeout_s=pool_timeout_s, name=f"nvImageCodec decoder ({self.device})"
+            KernelSlot if exact else self._make_decoder,
+            cap=pool_size,
+            timeout_s=pool_timeout_s,
+            name=f"{'kernel slot' if exact else 'nvImageCodec decoder'} ({self.device})",
         )
         self._thread_pool: ThreadPoolExecutor | None = None  # made on first use (_threads)
         self._thread_pool_lock = threading.Lock()
@@ -165,7 +180,14 @@ class ImageDecoder:
         return "cpu" if self.device_kind == "cpu" else f"cuda:{self.device_index}"
 
     @property
+    def _exact_on_device(self) -> bool:
+        """Whether clean JPEGs take the exact coefficient route (a ``cuda`` decoder, ``gpu_route="exact"``)."""
+        return self.device_kind == "cuda" and self.gpu_route == "exact"
+
+    @property
     def fast_path(self) -> DecodePath:
+        if self._exact_on_device:
+            return coefficient_route.COEFFICIENTS_PATH
         return "nvimgcodec-cuda" if self.device_kind == "cuda" else "nvimgcodec-cpu"
 
     def _nvimgcodec(self) -> Any:
@@ -217,14 +239,15 @@ class ImageDecoder:
         fast = (
             scan.fast_decodable
             # What nvJPEG would decode otherwise than libjpeg is planned to Pillow on the GPU.
-            and (self.device_kind == "cpu" or scan.nvjpeg_decodable)
+            and (self.device_kind == "cpu" or self._exact_on_device or scan.nvjpeg_decodable)
         )
         return Plan(data, image, scan, fast, damaged=self._conceals_damage and scan.conceals_damage)
 
     def _decode_fast(self, plans: list[Plan], rows_for: RowsFor | None) -> None:
         """Decode the fast-route plans: on the CPU each by libjpeg or else simplejpeg (the first of
         them in ``cpu_routes``), the ones it refuses in one nvImageCodec batch call (each as far as
-        ``cpu_routes`` allows: what none may take is planned to Pillow); mark failures for fallback."""
+        ``cpu_routes`` allows: what none may take is planned to Pillow); on a GPU each by the exact
+        coefficient route, or all in one nvImageCodec call; mark failures for fallback."""
         if self.device_kind == "cpu":
             if self._libjpeg_turbo_route is not None:
                 self._map_cpu(CPU_DECODERS[self._libjpeg_turbo_route], plans, rows_for)
@@ -234,6 +257,12 @@ class ImageDecoder:
                     plan.fast = False
                 return
         if not plans:
+            return
+        if self._exact_on_device:  # a lone plan on this thread, several on up to cpu_workers threads
+            decode = functools.partial(
+                coefficient_route.decode_plan, device=self.torch_device, limits=self.limits, pool=self.pool
+            )
+            list((self._threads().map if len(plans) > 1 and self.cpu_workers > 1 else map)(decode, plans))
             return
         codec = self._nvimgcodec()
         if codec is None:

@@ -2,7 +2,8 @@
 the per-image CPU routes that a clean JPEG may take, in order (:data:`CPU_ROUTES`; ``libjpeg``:
 Pillow's own libjpeg-turbo in row bands, ``simplejpeg``: libjpeg-turbo through simplejpeg), then
 nvImageCodec (``nvimgcodec-cpu`` / ``nvimgcodec-cuda``, a batch call through the decoder pool,
-:class:`~.decoder.ImageDecoder`), and Pillow for everything else. Every route is strict: a file it
+:class:`~.decoder.ImageDecoder`) or, on a GPU by default, the exact coefficient route
+(``coefficients-cuda``, :mod:`.coefficient_route`), and Pillow for everything else. Every route is strict: a file it
 cannot decode exactly is left for the next (``plan.result`` stays None). ``libjpeg`` also takes a
 stream damaged where libjpeg conceals it (``Plan.damaged``), tolerant as Pillow is.
 
@@ -31,7 +32,7 @@ log = logging.getLogger("kimi_vision_prep.decode")
 
 FANCY_UPSAMPLING_OPTIONS = ":fancy_upsampling=1"
 
-DecodePath = Literal["libjpeg", "simplejpeg", "nvimgcodec-cpu", "nvimgcodec-cuda", "pillow"]
+DecodePath = Literal["libjpeg", "simplejpeg", "nvimgcodec-cpu", "nvimgcodec-cuda", "coefficients-cuda", "pillow"]
 CPU_ROUTES: tuple[DecodePath, ...] = ("libjpeg", "simplejpeg", "nvimgcodec-cpu")
 # A consumer of a lone image's rows as they are decoded, by its stored (width, height), or None
 # when it wants none of that image (:meth:`ImageDecoder.decode`).

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from kimi_vision_common.errors import InvalidPresetError
 from kimi_vision_common.wire import DEFAULT_MAX_IMAGES_PER_REQUEST
 from kimi_vision_prep.buffers import DEFAULT_RECYCLE_CAP_BYTES, DEFAULT_SCRATCH_CAP_BYTES
-from kimi_vision_prep.limits import DEFAULT_DECODER_POOL_SIZE, DecodeLimits, VideoLimits
+from kimi_vision_prep.limits import DEFAULT_DECODER_POOL_SIZE, GPU_ROUTES, DecodeLimits, VideoLimits
 
-Value = int | bool | None
+Value = int | bool | str | None
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -32,6 +32,13 @@ def parse_bool(key: str, raw: str) -> bool:
     if value in _FALSE:
         return False
     raise InvalidPresetError(f"parameter {key}={raw!r} is not a boolean (yes/no, true/false, 1/0)")
+
+
+def parse_choice(key: str, raw: str, choices: tuple[str, ...]) -> str:
+    value = raw.strip().lower()
+    if value not in choices:
+        raise InvalidPresetError(f"parameter {key}={raw!r} must be one of {', '.join(choices)}")
+    return value
 
 
 def parse_int(key: str, raw: str, minimum: int) -> int:
@@ -72,7 +79,8 @@ class Setting:
     """One served setting. ``default``: the library's (None: no limit), or, where the library has no
     such knob (``library=False``), the value every rendering writes; ``served``: the value a
     rendering writes instead, and ``why`` it differs; ``models``: the kinds whose configs carry it
-    (the parser of another kind ignores it)."""
+    (the parser of another kind ignores it); ``choices``: a string setting's values (else an integer
+    or, ``boolean``, a yes/no)."""
 
     name: str
     meaning: str
@@ -80,6 +88,7 @@ class Setting:
     default: Value
     minimum: int = 0
     boolean: bool = False
+    choices: tuple[str, ...] = ()
     library: bool = True
     served: Callable[[Rendering], Value] | None = None
     why: str = ""
@@ -89,6 +98,8 @@ class Setting:
         raw = parameters.get(self.name)
         if raw is None:
             return self.default
+        if self.choices:
+            return parse_choice(self.name, raw, self.choices)
         return parse_bool(self.name, raw) if self.boolean else parse_int(self.name, raw, self.minimum)
 
     def rendered(self, rendering: Rendering) -> Value:
@@ -124,9 +135,15 @@ SETTINGS: tuple[Setting, ...] = (
         "strict_decode", "a failed fast decode is an error, not a Pillow fallback", DECODERS, False, boolean=True
     ),
     Setting(
-        "decoder_pool_size", "nvImageCodec decoders kept per instance", DECODERS, DEFAULT_DECODER_POOL_SIZE,
-        minimum=1, served=lambda r: 1,
-        why="an instance runs one execute at a time (its images share one batch call), so a second decoder "
+        "gpu_route", "what a GPU instance decodes clean JPEGs with: exact (coefficients read on the CPU, libjpeg's "
+        "integer IDCT, upsampling and colour in device kernels: Pillow's pixels) or nvimgcodec (its IDCT is not "
+        "libjpeg's: up to 3 levels off); a CPU instance ignores it", DECODERS, GPU_ROUTES[0], choices=GPU_ROUTES,
+    ),
+    Setting(
+        "decoder_pool_size", "GPU decodes at once (exact route) or nvImageCodec decoders kept, per instance", DECODERS,
+        DEFAULT_DECODER_POOL_SIZE, minimum=1, served=lambda r: 1,
+        why="an instance runs one execute at a time (its images share one nvImageCodec batch call, or on the exact "
+        "route take the device one after another while the others' coefficients are read), so a second decoder "
         "would only hold scratch memory (device memory on a GPU)",
     ),
     Setting(

@@ -125,6 +125,7 @@ def settings_decoder(settings: DecoderSettings, device: str, stats: DecodeStats 
         codec_threads=settings.codec_threads,
         cpu_decode_threads=settings.cpu_decode_threads,
         stats=stats,
+        gpu_route=settings.gpu_route,
     )
 
 

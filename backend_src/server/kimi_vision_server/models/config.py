@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kimi_vision_prep.limits import DecodeLimits, VideoLimits
+from kimi_vision_prep.limits import DecodeLimits, GpuRoute, VideoLimits
 
 from ..settings import default_of, setting
 
@@ -46,6 +46,7 @@ class DecoderSettings:
     max_encoded_bytes: int = default_of("max_encoded_bytes")  # type: ignore[assignment]
     max_pixels: int = default_of("max_pixels")  # type: ignore[assignment]
     strict_decode: bool = default_of("strict_decode")  # type: ignore[assignment]
+    gpu_route: GpuRoute = default_of("gpu_route")  # type: ignore[assignment]  # noqa: RUF009 - a str
     max_patches_per_request: int | None = default_of("max_patches_per_request")  # type: ignore[assignment]
 
     @property

@@ -8,7 +8,8 @@ one's feet when either unloads).
 
 Exposed on the metrics endpoint (``:8002/metrics``):
 
-- ``kimi_prep_decodes_total{path}``: images decoded, by decode path (libjpeg, simplejpeg, nvimgcodec-cpu/-cuda, pillow).
+- ``kimi_prep_decodes_total{path}``: images decoded, by decode path (libjpeg, simplejpeg,
+  nvimgcodec-cpu/-cuda, coefficients-cuda, pillow).
 - ``kimi_prep_decode_fallbacks_total{reason}``: planned fast decodes that fell back to Pillow.
 - ``kimi_prep_errors_total{reason}``: failed requests, by :func:`~kimi_vision_common.errors.reason_for`.
 - ``kimi_prep_video_frames_decoded_total``: frames the video models decoded (a cancelled stream

@@ -112,7 +112,7 @@ def decode_model(served: ServedPreset) -> ModelFiles:
         ),
         ("int64 (K, 2): stored height, width (no EXIF rotation)", pbtxt.tensor(STORED_SIZES, "TYPE_INT64", (-1, 2))),
         (
-            "libjpeg, simplejpeg, nvimgcodec-cpu, nvimgcodec-cuda or pillow",
+            "libjpeg, simplejpeg, nvimgcodec-cpu, nvimgcodec-cuda, coefficients-cuda or pillow",
             pbtxt.tensor(DECODE_PATH, "TYPE_STRING", (-1,)),
         ),
     ]
