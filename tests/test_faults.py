@@ -716,7 +716,7 @@ def test_a_stub_frozen_while_no_request_comes_is_left_alone_and_serves_after(
     """docs/faults.md step 6: a stub frozen in its cgroup past ``stuck_after_s`` has not run, but
     only waits: the watchdog logs it waiting, neither counts it stuck nor ends it, and, thawed
     another ``stuck_after_s`` later, the same stub answers."""
-    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watch.watchdog")
+    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watchdog")
     with serving_busy(tmp_path) as (server, stub):
         with cgroup_holds.hold(stub.pid, way):
             frozen_at = time.monotonic()
@@ -821,7 +821,7 @@ def test_a_frozen_stub_is_left_alone_while_its_models_other_instance_refuses_and
     out (Triton's statistics count them failed). None reached the frozen stub: it is left alone,
     and runs on after the thaw; no reload."""
     require_tritonserver()
-    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watch.watchdog")
+    caplog.set_level(logging.WARNING, logger="kimi_vision_server.watchdog")
     (tmp_path / "pair" / "1").mkdir(parents=True)
     (tmp_path / "pair" / "config.pbtxt").write_text(PAIR_CONFIG)
     (tmp_path / "pair" / "1" / "model.py").write_text(PAIR_MODEL)

@@ -190,8 +190,9 @@ def test_decoder_settings_from_the_shipped_config() -> None:
     assert settings.gpu_route == "exact"
 
 
-@pytest.mark.parametrize(("raw", "route", "path"), [(None, "exact", "coefficients-cuda"),
-                                                    (" NVImgCodec ", "nvimgcodec", "nvimgcodec-cuda")])
+@pytest.mark.parametrize(
+    ("raw", "route", "path"), [(None, "exact", "coefficients-cuda"), (" NVImgCodec ", "nvimgcodec", "nvimgcodec-cuda")]
+)
 def test_the_gpu_route_setting_reaches_a_models_decoder(raw: str | None, route: str, path: str) -> None:
     """A GPU decode model's decoder takes the exact route unless ``gpu_route`` says nvimgcodec (the
     served stub in a worktree imports /work/main's packages, so this is checked here, on the unit)."""
@@ -956,6 +957,42 @@ def test_checked_in_repository_is_a_fresh_rendering(tmp_path: Path) -> None:
         names = {line.removeprefix("model_repository/") for line in tracked.stdout.splitlines()}
         assert names == set(rendered), "run `make repository`"
     assert rendered == rendered_files(REPOSITORY), "model_repository/ differs from a fresh rendering: `make repository`"
+
+
+# The import lines of the model.py files a repository rendered before the server's models/ folder
+# holds (an operator's own rendering, a KServe volume): they must keep loading the same classes.
+RENDERED_BEFORE_MODELS_FOLDER = (
+    "from kimi_vision_server.contract import triton_python_model",
+    "from kimi_vision_server.models import DecodeModel",
+    "from kimi_vision_server.models import PreprocessModel",
+    "from kimi_vision_server.models import FusedVisionModel",
+    "from kimi_vision_server.models import PatchEmbedModel",
+    "from kimi_vision_server.media_models import TokensModel",
+    "from kimi_vision_server.media_models import VideoChunkModel",
+    "from kimi_vision_server.media_models import VideoModel",
+)
+
+
+@pytest.mark.parametrize("line", RENDERED_BEFORE_MODELS_FOLDER)
+def test_a_repository_rendered_before_the_models_folder_still_loads(line: str) -> None:
+    """Each old import line gives the very class (or function) today's rendering names."""
+    name = line.rsplit(" ", 1)[1]
+    today = {
+        "triton_python_model": "kimi_vision_server.models.contract",
+        "TokensModel": "kimi_vision_server.models.media",
+        "VideoChunkModel": "kimi_vision_server.models.media",
+        "VideoModel": "kimi_vision_server.models.media",
+    }.get(name, "kimi_vision_server.models.images")
+    rendered_today = "\n".join(
+        (REPOSITORY / model / "1" / "model.py").read_text()
+        for model in all_models()
+        if (REPOSITORY / model / "1" / "model.py").is_file()
+    )
+    assert f"from {today} import {name}" in rendered_today
+    old, new = {}, {}
+    exec(line, old)
+    exec(f"from {today} import {name}", new)
+    assert old[name] is new[name]
 
 
 def test_rendering_is_derived_from_the_presets(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from .command import CPU_ONLY_NOISE, Ports, admin_key_path, checked_repository_p
 from .process import ServerStop, end_left_in_group, server_process_setup
 from .shm_regions import remove_shm_regions, remove_stale_shm_regions, shm_region_prefix
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kimi_vision_server.launcher")  # fixed: log lines and logging configs key on it
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from ..watch.stub_scan import StubProcess, end_process, stub_processes, stubs_in
 from ..watch.watchdog import StubWatchdog
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-log = logging.getLogger(__name__)
+log = logging.getLogger("kimi_vision_server.launcher")  # fixed: log lines and logging configs key on it
 
 
 @dataclass

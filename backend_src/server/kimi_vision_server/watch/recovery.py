@@ -48,7 +48,7 @@ from . import stub_scan
 from .triton_repository import READY, RepositoryError, TritonRepository, mark_changed, version_folders
 from .watchdog_state import ReplacedStub, WatchdogState
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kimi_vision_server.recovery")  # fixed: log lines and logging configs key on it
 
 # CPU a replaced stub may use in one scan and still count as idle: its health thread wakes every
 # 300 ms, and a clock tick (10 ms) is charged now and then to whatever runs when it fires.

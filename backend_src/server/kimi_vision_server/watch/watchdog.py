@@ -61,7 +61,7 @@ from .stub_scan import StubProcess, death_cause, describe_exit
 from .triton_repository import READY, UNLOADED, RepositoryError, TritonRepository
 from .watchdog_state import PendingRecovery, WatchdogState
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kimi_vision_server.watchdog")  # fixed: log lines and logging configs key on it
 
 # A tritonserver that exits this soon after its start, and the last one did too, is started again
 # after a backoff (the watchdog's initial_backoff_s, doubling up to max_backoff_s), not at once.
