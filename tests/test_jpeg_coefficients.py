@@ -9,8 +9,11 @@ decoded to other pixels. The kernels run on torch CPU tensors here; the same cod
 from __future__ import annotations
 
 import io
+import re
 from collections import Counter
+from pathlib import Path
 
+import make_inputs
 import numpy as np
 import pytest
 from jpeg_matrix import as_ycck, cjpeg, first_scans, pillow_jpeg, quant_table_count, with_quant_tables
@@ -28,6 +31,7 @@ needs_cjpeg = pytest.mark.skipif(CJPEG is None, reason="cjpeg not on PATH (Debia
 from kimi_vision_prep.decode import idct, jpeg_kernels  # noqa: E402  (after the torch skip)
 
 SIZES = range(1, 18)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def outcome(data: bytes) -> str:
@@ -60,7 +64,20 @@ def tally(cases: dict[str, bytes]) -> Counter[str]:
 def test_corpus_taken_files_equal_pillow() -> None:
     names = sorted(p.name for p in CORPUS.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".mpo"))
     counts = tally({name: (CORPUS / name).read_bytes() for name in names})
-    assert counts["equal"] >= 50, counts
+    # docs/exactness.md states the table; a guard that starts sending more files to Pillow (or
+    # fewer) changes it, and the document with it.
+    stated = re.search(
+        r"\((\d+) of (\d+); the rest: (\d+) libjpeg\s+refusals.*?(\d+) not 8-bit, (\d+) over the limits, "
+        r"(\d+) smoothed progression\)",
+        (ROOT / "docs" / "exactness.md").read_text(),
+        flags=re.S,
+    )
+    equal, total, refused, precision, too_large, smoothed = map(int, stated.groups())
+    assert len(names) == total
+    assert counts == {
+        "equal": equal, coef.LIBJPEG_REFUSED: refused, coef.PRECISION: precision, coef.TOO_LARGE: too_large,
+        coef.SMOOTHING: smoothed,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -213,8 +230,10 @@ def test_idct_int32_intermediates_fit() -> None:
     even = (1 << 15 << f.CONST_BITS) + 32768 * max(f.F_0_541 + f.F_0_765 + f.F_0_541, f.F_0_541 + f.F_1_847 - f.F_0_541)
     z = 32768 * max(abs(f.F_1_175 - f.F_1_961) + f.F_1_175, f.F_1_175 + f.F_1_175 - f.F_0_390)
     odd = z + 32768 * max(
-        abs(f.F_0_298 - f.F_0_899) + f.F_0_899, abs(f.F_2_053 - f.F_2_562) + f.F_2_562,
-        f.F_2_562 + f.F_3_072 - f.F_2_562, f.F_0_899 + f.F_1_501 - f.F_0_899,
+        abs(f.F_0_298 - f.F_0_899) + f.F_0_899,
+        abs(f.F_2_053 - f.F_2_562) + f.F_2_562,
+        f.F_2_562 + f.F_3_072 - f.F_2_562,
+        f.F_0_899 + f.F_1_501 - f.F_0_899,
     )
     assert even + odd + (1 << 17) < 2**31 - 1
 
@@ -229,10 +248,23 @@ def test_outcomes_are_recorded_with_their_reasons() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the kernels are proven on CPU tensors here")
 def test_cuda_equals_cpu_on_the_corpus() -> None:
     """Where a device is present: the same kernels on CUDA tensors give the CPU's pixels and flags."""
-    for path in sorted(CORPUS.glob("*.jpg")):
+    for path in sorted(p for p in CORPUS.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".mpo")):
         coefs = coef.read_coefficients(path.read_bytes())
         if isinstance(coefs, str):
             continue
         cpu, cpu_flag = jpeg_kernels.decode_coefficients(coefs, "cpu")
         cuda, cuda_flag = jpeg_kernels.decode_coefficients(coefs, "cuda")
         assert bool(cpu_flag) == bool(cuda_flag) and torch.equal(cpu, cuda.cpu()), path.name
+
+
+def test_damaged_streams_are_refused_or_equal_pillow() -> None:
+    """Damage at a restart marker (junk, a garbled or cut interval) and the damage libjpeg decodes
+    past with a warning (a stray marker, an interval missing or repeated, junk between segments):
+    each file is either refused (libjpeg's warning; a garbled interval's values may also leave the
+    C/SIMD range) or taken and equal to Pillow's concealment."""
+    cases = {f"restart {d}": make_inputs.jpeg_damaged_at_a_restart(d) for d in ("junk", "garbled", "cut")}
+    for damage in make_inputs.CONCEALED_DAMAGE:
+        for mode in ("RGB", "L"):
+            cases[f"{damage} {mode}"] = make_inputs.jpeg_with_concealed_damage(damage, mode=mode)
+    counts = tally(cases)  # a taken file differing from Pillow fails here; a refusal is any of REFUSALS
+    assert counts[coef.LIBJPEG_REFUSED] > 0  # the warning path is met, not only clean files
