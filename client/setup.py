@@ -12,7 +12,7 @@ setup(
         f"kimi-vision-common @ {COMMON.as_uri()}",
         "numpy>=1.26",
         "tritonclient[http,grpc]>=2.41",
-        # tritonclient.http's own event loop: its calls are bounded by gevent timeouts (transport.py).
+        # tritonclient.http's own event loop: its calls are bounded by gevent timeouts (transport/adapters.py).
         "gevent",
         "tqdm",
         # Image sizes for shared-memory regions and the generated sample images; any Pillow.

@@ -155,6 +155,19 @@ def test_transport_errors_are_a_lost_connection() -> None:
     assert type(error) is ConnectionLostError and "connection refused" in str(error)
 
 
+def test_output_bytes_received_can_be_reset_between_measurements() -> None:
+    """A plain attribute a caller may set (a benchmark zeroes it between rounds); the count the
+    client keeps is the one set."""
+    client = KimiVisionClient("127.0.0.1:1", "grpc")
+    try:
+        client.output_bytes_received = 5
+        assert client.output_bytes_received == 5
+        client.output_bytes_received = 0
+        assert client.output_bytes_received == 0
+    finally:
+        client.close()
+
+
 def test_output_byte_sizes_match_the_arrays_preprocessing_produces(corpus: Path) -> None:
     images = [*read(corpus, GOOD), *sample_images().values()]
     for preset_name in ("kimi-k2.5", "kimi-k3"):

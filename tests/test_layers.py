@@ -361,3 +361,13 @@ def test_the_layout_doc_names_the_root_modules_the_folder_rules_use() -> None:
     assert set(re.findall(r"`(\w+)\.py`", foundations)) == LIBRARY_FOUNDATIONS
     server_root = re.search(r"Root modules, .*?\n\n", layout_section("kimi_vision_server"), flags=re.S)[0]
     assert set(re.findall(r"`(\w+)\.py`", server_root)) == SERVER_ROOT
+
+
+def test_the_decode_modules_names_import_from_the_decode_folder() -> None:
+    """``from kimi_vision_prep.decode import ImageDecoder`` (the module ``decode`` before it was a
+    folder) gives the classes the folder's modules define."""
+    from kimi_vision_prep import decode
+    from kimi_vision_prep.decode import decoder, routes, stats
+
+    assert decode.ImageDecoder is decoder.ImageDecoder and decode.default_decoder is decoder.default_decoder
+    assert decode.DecodedImage is routes.DecodedImage and decode.DecodeStats is stats.DecodeStats

@@ -176,6 +176,10 @@ class KimiVisionClient:
         """The output bytes received so far (over the wire or through shared memory)."""
         return self._sender.output_bytes_received
 
+    @output_bytes_received.setter
+    def output_bytes_received(self, value: int) -> None:
+        self._sender.output_bytes_received = value
+
     @property
     def wire(self) -> Wire:
         """How ``model`` returns its pixels and under which preset (:meth:`wire_of`)."""
