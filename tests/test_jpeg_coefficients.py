@@ -158,6 +158,11 @@ def test_unsupported_streams_go_to_pillow_with_their_reason() -> None:
     assert outcome(truncated) == coef.LIBJPEG_REFUSED
     assert outcome(b"\xff\xd8\xff\xd9") == coef.LIBJPEG_REFUSED
     assert coef.read_coefficients(pillow_jpeg(64, 48), coef.DecodeLimits(max_pixels=64 * 48 - 1)) == coef.TOO_LARGE
+    # A 1-pixel-wide column pads each block row to 8 coefficients a row (libjpeg keeps them too):
+    # within the pixel budget, over it in coefficients.
+    column = pillow_jpeg(1, 64, subsampling=0)
+    assert coef.read_coefficients(column, coef.DecodeLimits(max_pixels=100)) == coef.TOO_LARGE
+    assert not isinstance(coef.read_coefficients(column, coef.DecodeLimits(max_pixels=8 * 64)), str)
     assert not coef.supported_sampling([(3, 1), (2, 1), (1, 1)])
     assert coef.supported_sampling([(4, 2), (1, 1), (2, 1)])
 

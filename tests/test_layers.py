@@ -371,3 +371,5 @@ def test_the_decode_modules_names_import_from_the_decode_folder() -> None:
 
     assert decode.ImageDecoder is decoder.ImageDecoder and decode.default_decoder is decoder.default_decoder
     assert decode.DecodedImage is routes.DecodedImage and decode.DecodeStats is stats.DecodeStats
+    for name in ("DecodePath", "CPU_ROUTES", "FANCY_UPSAMPLING_OPTIONS", "import_nvimgcodec"):
+        assert getattr(decode, name) is getattr(routes, name)

@@ -14,7 +14,9 @@ from typing import Any
 # defining each (``from kimi_vision_prep.decode import ImageDecoder`` keeps working).
 _EXPORTS = {
     **dict.fromkeys(("ImageDecoder", "default_decoder"), ".decoder"),
-    "DecodedImage": ".routes",
+    **dict.fromkeys(
+        ("DecodedImage", "DecodePath", "CPU_ROUTES", "FANCY_UPSAMPLING_OPTIONS", "import_nvimgcodec"), ".routes"
+    ),
     "DecodeStats": ".stats",
 }
 

@@ -5,17 +5,19 @@
 default (``gpu_route="exact"``); ``gpu_route="nvimgcodec"`` keeps nvImageCodec (near-exact: its IDCT
 is not libjpeg's).
 
-The kernel run of each image holds a slot of the decoder's pool (:class:`~.pool.DecodePool`): at
-most ``pool_size`` images are on the device at once, each with its own temporaries (the
-coefficients, int32 planes and the output), so the pool caps the device memory of decodes as it
-caps nvImageCodec's decoders. Reading the coefficients needs no slot (CPU work, the GIL released).
-A file the route refuses keeps ``plan.result`` None with ``plan.fallback_reason`` set (one of
-:data:`~.coefficients.REFUSALS`, or the kernels' exception): the decoder gives it to Pillow and
-counts the reason.
+Each image's decode holds a slot of the decoder's pool (:class:`~.pool.DecodePool`) from the
+coefficient read to the end of its kernels: at most ``pool_size`` images are being read or run at
+once, so the pool caps the host memory of the reads (the blocks and libjpeg's own copy) and the
+device temporaries of the kernels (the coefficients, int32 planes) as it caps nvImageCodec's
+decoders. The decoded pixels outlive the slot: they are the caller's, as nvImageCodec's are. A file
+the route refuses keeps ``plan.result`` None with ``plan.fallback_reason`` set (one of
+:data:`~.coefficients.REFUSALS`, or the kernels' exception, logged with its traceback the first
+time): the decoder gives it to Pillow and counts the reason.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from kimi_vision_common.errors import PreprocessError
@@ -28,6 +30,7 @@ from .routes import DecodedImage, DecodePath, Plan
 
 COEFFICIENTS_PATH: DecodePath = "coefficients-cuda"
 WRONG_SIZE = "kernels: pixels of another size than the header's"
+log = logging.getLogger("kimi_vision_prep.decode")
 
 
 class KernelSlot:
@@ -52,20 +55,26 @@ def decode_plan(plan: Plan, device: str, limits: DecodeLimits, pool: DecodePool[
     """Decode ``plan`` (a JPEG planned to the fast route, mode L or RGB) on ``device``: sets
     ``plan.result`` (uint8 ``(H, W, 3)`` tensor on ``device``), or ``plan.fallback_reason``.
     Raises only :class:`PreprocessError` (the pool's :class:`DecoderBusyError`)."""
-    coefs = read_coefficients(plan.data, limits)
-    if isinstance(coefs, str):
-        plan.fallback_reason = coefs
-        return
-    try:
-        with pool.borrow():
-            pixels, flag = decode_coefficients(coefs, device)
-            pixels = as_rgb(pixels)
-            out_of_range = bool(flag)  # the one host sync: the kernels are done when it returns
-    except PreprocessError:
-        raise
-    except Exception as exc:  # a device error (out of memory, ...): Pillow decodes it
-        plan.fallback_reason = kernels_raised(exc)
-        return
+    import torch
+
+    with pool.borrow():
+        coefs = read_coefficients(plan.data, limits)
+        if isinstance(coefs, str):
+            plan.fallback_reason = coefs
+            return
+        try:
+            with torch.cuda.device(torch.device(device).index or 0):
+                pixels, flag = decode_coefficients(coefs, device)
+                pixels = as_rgb(pixels)
+                out_of_range = bool(flag)  # the one host sync: the kernels are done when it returns
+        except PreprocessError:
+            raise
+        except Exception as exc:  # a device error (out of memory, ...): Pillow decodes it
+            # Caught inside the slot: the traceback, which holds the kernels' temporaries, is gone
+            # before the slot is lent again.
+            plan.fallback_reason = kernels_raised(exc)
+            _log_first(plan.fallback_reason, exc)
+            return
     if out_of_range:
         plan.fallback_reason = OUT_OF_RANGE
         return
@@ -74,3 +83,15 @@ def decode_plan(plan: Plan, device: str, limits: DecodeLimits, pool: DecodePool[
         plan.fallback_reason = WRONG_SIZE
         return
     plan.result = DecodedImage(pixels, width, height, "bicubic", COEFFICIENTS_PATH, device=device)
+
+
+_LOGGED_REASONS: set[str] = set()  # bounded: a reason per exception type, at most _MOST_LOGGED
+_MOST_LOGGED = 32
+
+
+def _log_first(reason: str, exc: BaseException) -> None:
+    """The first exception of each kind with its traceback (DecodeStats counts them all, by kind)."""
+    if reason in _LOGGED_REASONS or len(_LOGGED_REASONS) >= _MOST_LOGGED:
+        return
+    _LOGGED_REASONS.add(reason)
+    log.warning("%s: %s (such files go to Pillow)", reason, exc, exc_info=exc)

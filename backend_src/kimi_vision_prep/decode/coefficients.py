@@ -104,10 +104,11 @@ def read_coefficients(data: bytes, limits: DecodeLimits | None = None) -> Coeffi
     if not supported_sampling([(h, v) for h, v, *_ in parts]):
         return SAMPLING
     counts = [wb * hb for _, _, wb, hb, _, _ in parts]
-    # The blocks (ours and libjpeg's own whole-image arrays, 2 bytes a coefficient each) padded to
-    # whole MCUs: a narrow or short header pads far past its pixels, so the coefficients are held to
-    # the pixel budget itself, one per pixel of each component.
-    if sum(counts) * 64 > limits.max_pixels * len(parts):
+    # libjpeg's own whole-image arrays (2 bytes a coefficient, as ours) pad each component's blocks
+    # to its sampling factors: a narrow or short header pads far past its pixels, so the padded
+    # coefficients are held to the pixel budget itself, one per pixel of each component.
+    padded = [-(-wb // h) * h * -(-hb // v) * v for h, v, wb, hb, _, _ in parts]
+    if sum(padded) * 64 > limits.max_pixels * len(parts):
         return TOO_LARGE
     blocks = scratch((sum(counts), 8, 8), np.int16)  # arena memory in a scratch scope: no page faults
     quant = np.empty((len(parts), 8, 8), dtype=np.uint16)

@@ -40,7 +40,7 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -96,8 +96,8 @@ class ImageDecoder:
     take, in order (default all: libjpeg, simplejpeg, then nvImageCodec for what they refuse; the
     benchmark and the exactness tests run each alone), every one exact; ``libjpeg`` is left out,
     with a warning logged once, where its extension was not built. ``gpu_route`` (``cuda`` only):
-    ``"exact"`` (default, :mod:`.coefficient_route`; ``pool_size`` then caps the images whose
-    kernels run on the device at once) or ``"nvimgcodec"`` (near-exact).
+    ``"exact"`` (default, :mod:`.coefficient_route`; ``pool_size`` then caps the images being read
+    and run on the device at once) or ``"nvimgcodec"`` (near-exact).
     """
 
     def __init__(
@@ -262,7 +262,14 @@ class ImageDecoder:
             decode = functools.partial(
                 coefficient_route.decode_plan, device=self.torch_device, limits=self.limits, pool=self.pool
             )
-            list((self._threads().map if len(plans) > 1 and self.cpu_workers > 1 else map)(decode, plans))
+            if len(plans) == 1 or self.cpu_workers == 1:
+                for plan in plans:
+                    decode(plan)
+                return
+            futures = [self._threads().submit(decode, plan) for plan in plans]
+            wait(futures)  # every sibling done (its slot back) before a DecoderBusyError leaves the call
+            for future in futures:
+                future.result()
             return
         codec = self._nvimgcodec()
         if codec is None:
