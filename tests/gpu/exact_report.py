@@ -54,7 +54,7 @@ def equality(device: str, corpus: Path, files: list[CorpusFile]) -> dict[str, An
         on_cpu, cpu_reason = decode_jpeg(data, "cpu")
         counts["files"] += 1
         if reason is not None or cpu_reason is not None:
-            refused[reason or "taken on the CPU only"] += 1
+            refused[reason if reason is not None else "taken on the device only"] += 1  # refused by the CPU
             if reason != cpu_reason:
                 differ.append(f"{item.name}: refused {reason!r} on the device, {cpu_reason!r} on the CPU")
             continue

@@ -10,7 +10,10 @@ the same kernels is ``tests/test_jpeg_coefficients.py``, the routing ``tests/tes
 
 from __future__ import annotations
 
+import contextlib
 import io
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -90,23 +93,48 @@ def test_the_default_cuda_decoder_gives_the_cpu_decoders_pixels(
     assert decoder.stats.snapshot()["paths"] == {on_gpu.decode_path: 1}
 
 
-def test_concurrent_callers_stay_within_the_pool_and_get_the_same_pixels(device: str) -> None:
+def test_concurrent_callers_stay_within_the_pool_and_get_the_same_pixels(
+    device: str, record_property: pytest.RecordProperty
+) -> None:
+    """The exact route holds a pool slot per image being read and run: counted from the route's side
+    (every borrow it makes), at most ``pool_size`` at once however many callers."""
     decoder = ImageDecoder(device, pool_size=2)
     items = [(CORPUS / f.name).read_bytes() for f in JPEGS]
+    lock, holding = threading.Lock(), {"now": 0, "peak": 0, "borrows": 0}
+    borrow = decoder.pool.borrow
+
+    @contextlib.contextmanager
+    def counted_borrow() -> Iterator[object]:
+        with borrow() as slot:
+            with lock:
+                holding["now"] += 1
+                holding["borrows"] += 1
+                holding["peak"] = max(holding["peak"], holding["now"])
+            try:
+                yield slot
+            finally:
+                with lock:
+                    holding["now"] -= 1
+
+    decoder.pool.borrow = counted_borrow  # type: ignore[method-assign]  # the instance the route is given
 
     def decode_all() -> list[object]:
-        pixels = [r.pixels for r in decoder.decode_batch(items, PRESETS[0])]
+        results = decoder.decode_batch(items, PRESETS[0])
         torch.cuda.current_stream().synchronize()
-        return pixels
+        return [r.pixels for r in results]
 
     expected = decode_all()
+    exact = decoder.stats.snapshot()["paths"].get("coefficients-cuda", 0)
     with ThreadPoolExecutor(max_workers=4) as workers:
         rounds = [workers.submit(decode_all) for _ in range(4)]
         for r in rounds:
             for a, b in zip(r.result(), expected, strict=True):
-                assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else a.tobytes() == b.tobytes())
+                assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a.tobytes() == b.tobytes()
 
-    assert decoder.pool.created <= 2 and decoder.pool.discarded == 0
+    record_property("peak_slots_held", holding["peak"])
+    assert exact > 0 and holding["borrows"] >= 5 * exact  # every exact decode went through the pool
+    assert 1 <= holding["peak"] <= 2 and holding["now"] == 0
+    assert decoder.pool.discarded == 0
 
 
 def test_a_decode_holds_device_memory_only_while_it_runs(device: str) -> None:
