@@ -11,7 +11,13 @@ check once both are unpacked); each run must fit on its own:
   from their cp312 wheels and trimmed: numpy 1.26 (the 2.51 stub needs numpy < 2, so it goes
   first on the stubs' and the check's path), nvImageCodec cu13 (this interpreter's binding, the
   nvJPEG and libjpeg-turbo extensions only), nvJPEG, Pillow 13 (without AVIF and FreeType),
-  simplejpeg, tritonclient (pure Python; its gRPC needs the machine's grpcio and protobuf).
+  simplejpeg, tritonclient (pure Python; its gRPC needs the machine's grpcio and protobuf), and
+  ``kimi_libjpeg/_libjpeg.cpython-312-x86_64-linux-gnu.so``: the library's libjpeg extension built
+  here for CPython 3.12 (gcc and a 3.12 interpreter's headers; the machine has neither libjpeg's
+  headers nor this build), which ``run_device_checks.sh`` copies into the machine's
+  ``backend_src/kimi_vision_prep/``: the exact GPU route (``coefficients-cuda``) reads coefficients
+  with it, and without it every JPEG goes to Pillow. The library checks (``run_device_checks.sh
+  library``) carry the same tarball and drop its numpy (they use the machine's numpy 2).
 * ``tritonserver.tar.xz``: ``nvidia-pytriton``'s
   tritonserver laid out as the launcher expects it (``pytriton/tritonserver/bin``, the Python
   backend, the 3.12 stub, ``nvidia_pytriton.libs`` without libpython 3.13), an empty
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import lzma
+import os
 import shutil
 import subprocess
 import sys
@@ -49,6 +56,7 @@ SITE_WHEELS = (
 PURE_WHEELS = ("tritonclient==2.51.0",)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 STUB_PYTHON = "3.12"
+LIBJPEG_EXTENSION = "_libjpeg.cpython-312-x86_64-linux-gnu.so"  # under kimi_libjpeg/ in site.tar.xz
 # nvImageCodec parts the served check does not load: other interpreters' bindings, codecs it never meets.
 NVIMGCODEC_UNUSED = ("nvimgcodec_impl.cpython-", "libopencv_ext", "libnvjpeg2k_ext", "libnvtiff_ext", "libtiff_ext")
 # Pillow parts nothing here loads: AVIF and FreeType (with the libraries only they need; the
@@ -82,6 +90,34 @@ def unpack_site(wheels: list[Path], site: Path) -> None:
     unused_dirs = [*site.glob("*.dist-info"), *site.rglob("__pycache__"), *(site / "numpy").rglob("tests")]
     for path in unused_dirs:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def python312() -> str:
+    """A CPython 3.12 here (``PYTHON312``, ``python3.12`` or pyenv's), for its headers."""
+    candidates = [os.environ.get("PYTHON312", ""), "python3.12"]
+    pyenv = shutil.which("pyenv") and subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
+    if pyenv and pyenv.returncode == 0:
+        candidates += sorted(str(p) for p in Path(pyenv.stdout.strip()).glob("versions/3.12*/bin/python3.12"))
+    for candidate in filter(None, candidates):
+        probe = [candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"]
+        if shutil.which(candidate) and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+            return candidate
+    raise SystemExit("no CPython 3.12 here (set PYTHON312): the libjpeg extension for the machine needs its headers")
+
+
+def build_libjpeg(dest: Path) -> Path:
+    """The library's ``_libjpeg`` extension for CPython 3.12 (setup.py's C files; it binds Pillow's
+    libjpeg at run time, so no libjpeg headers or library are needed) as ``dest/kimi_libjpeg/``."""
+    include = subprocess.run(
+        [python312(), "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    sources = sorted(str(p) for p in (ROOT / "backend_src/kimi_vision_prep/decode/libjpeg").glob("*.c"))
+    target = dest / "kimi_libjpeg" / LIBJPEG_EXTENSION
+    target.parent.mkdir(parents=True, exist_ok=True)
+    command = ["gcc", "-shared", "-fPIC", "-O2", "-std=c11", f"-I{include}", *sources, "-ldl", "-lpthread"]
+    subprocess.run([*command, "-o", str(target)], check=True)
+    return target
 
 
 def layout_tritonserver(dest: Path) -> None:
@@ -140,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         downloads, site, server = Path(tmp) / "wheels", Path(tmp) / "site", Path(tmp) / "tritonserver"
         wheels = download(SITE_WHEELS, downloads, pure=False) + download(PURE_WHEELS, downloads, pure=True)
         unpack_site(wheels, site)
+        build_libjpeg(site)
         layout_tritonserver(server)
         sizes = {name: compress(folder, args.out / name, args.preset)
                  for name, folder in (("site.tar.xz", site), ("tritonserver.tar.xz", server))}  # fmt: skip

@@ -7,9 +7,13 @@ time box (``--budget-s``) has too little left for it:
 
 1. ``outputs``: per image, ``kimi_k25_vision``'s ``PIXEL_VALUES`` / ``GRID_THW`` over HTTP (raw
    KServe v2 with the binary-data extension: the device has no ``tritonclient.http`` stack) and
-   over gRPC equal, bit for bit, the CPU pipeline run on the pixels ``kimi_k25_decode`` returns
-   (decoded and resized to their NaViT size on the device); those pixels are within
-   :data:`DECODE_BOUNDS` of Pillow's decode and resize (exact on the CPU).
+   over gRPC equal, bit for bit, the CPU pipeline run in this process on the same bytes; the pixels
+   ``kimi_k25_decode`` returns (decoded and resized to their NaViT size on the device) equal
+   Pillow's decode and resize exactly, and its ``DECODE_PATH`` is the expected one: on ``--kind
+   gpu`` the exact route's ``coefficients-cuda`` for every image the CPU pipeline takes on a fast
+   route (the default ``gpu_route="exact"``; a missing libjpeg extension would send them to
+   Pillow), otherwise the CPU pipeline's own path. nvImageCodec's route (``gpu_route="nvimgcodec"``,
+   near-exact) is not served here: ``tests/gpu/test_gpu_decode.py`` bounds it.
 2. ``zero_copy``: the preprocess model counted its IMAGE inputs in device memory
    (``kimi_prep_image_inputs_total{device="cuda:0"}``) and logged the first one's data pointer;
    on the CPU the same counter says ``cpu``.
@@ -44,13 +48,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from kimi_vision_prep import DecodedImage, get_preset, navit_target_size, preprocess_decoded
+from kimi_vision_prep import DecodedImage, ImageDecoder, get_preset, navit_target_size, preprocess_decoded
 from kimi_vision_server.launch.embedded import EmbeddedServer
 from kimi_vision_server.render.repository import RenderOptions, render_repository
 
 MODEL, DECODE = "kimi_k25_vision", "kimi_k25_decode"
 PRESET = get_preset("kimi-k2.5")
-DECODE_BOUNDS = {"mean": 0.5, "max": 12}  # nvJPEG's IDCT vs Pillow's (tests/gpu/README.md)
+EXACT_GPU_PATH = "coefficients-cuda"  # the exact route, a KIND_GPU decode's default (gpu_route="exact")
 CUDA_POOL_BYTES = 512 << 20  # a 4200-token image's float32 output and its decoded 12 MP source fit
 STEP_COST_S = {"outputs": 60, "zero_copy": 5, "hbm": 150, "throughput": 45}
 HTTP_DTYPES = {"FP32": np.float32, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8}
@@ -144,15 +148,27 @@ def served_decoded(client: Any, data: bytes) -> tuple[DecodedImage, str]:
     return decoded, path
 
 
-def step_outputs(server: EmbeddedServer, images: dict[str, bytes]) -> dict[str, Any]:
+def expected_decode_path(kind: str, cpu_path: str) -> str:
+    """What ``kimi_k25_decode`` must say for an image the CPU pipeline decodes by ``cpu_path``: on
+    a GPU the exact route for what the CPU takes on a fast route (Pillow's stays Pillow's)."""
+    return EXACT_GPU_PATH if kind == "gpu" and cpu_path != "pillow" else cpu_path
+
+
+def step_outputs(server: EmbeddedServer, images: dict[str, bytes], kind: str) -> dict[str, Any]:
     client, rows, ok = grpc_client(server), [], True
+    cpu_decoder = ImageDecoder("cpu")  # the CPU pipeline, in this process
     for name, data in images.items():
         decoded, path = served_decoded(client, data)
-        expected = preprocess_decoded(decoded, PRESET)
+        reference = cpu_decoder.decode(data, PRESET)
+        expected = preprocess_decoded(reference, PRESET)
         diff = np.abs(decoded.pixels.astype(np.int16) - pillow_resized_rgb(data).astype(np.int16))
-        row: dict[str, Any] = {"image": name, "decode_path": path, "decode_vs_pillow": {
-            "mean": float(diff.mean()), "max": int(diff.max())}}  # fmt: skip
-        row["decode_within_bounds"] = bool(diff.mean() <= DECODE_BOUNDS["mean"] and diff.max() <= DECODE_BOUNDS["max"])
+        row: dict[str, Any] = {
+            "image": name, "decode_path": path, "cpu_decode_path": reference.decode_path,
+            "expected_decode_path": expected_decode_path(kind, reference.decode_path),
+            "decode_vs_pillow": {"mean": float(diff.mean()), "max": int(diff.max())},
+        }  # fmt: skip
+        row["decode_path_ok"] = path == row["expected_decode_path"]
+        row["decode_equal_pillow"] = int(diff.max()) == 0
         for protocol in ("http", "grpc"):
             if protocol == "http":
                 served = http_infer(server.http_url, MODEL, data, ["PIXEL_VALUES", "GRID_THW"])
@@ -162,7 +178,8 @@ def step_outputs(server: EmbeddedServer, images: dict[str, bytes]) -> dict[str, 
                 np.array_equal(served["PIXEL_VALUES"][0], expected.pixel_values)
                 and np.array_equal(served["GRID_THW"].reshape(-1), expected.grid_thw)
             )
-        ok &= row["decode_within_bounds"] and row["http_equal_cpu_pipeline"] and row["grpc_equal_cpu_pipeline"]
+        checks = ("decode_path_ok", "decode_equal_pillow", "http_equal_cpu_pipeline", "grpc_equal_cpu_pipeline")
+        ok &= all(row[check] for check in checks)
         rows.append(row)
     return {"passed": bool(ok), "images": rows}
 
@@ -291,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             try:
                 if step == "outputs":
-                    result = step_outputs(server, images)
+                    result = step_outputs(server, images, args.kind)
                 elif step == "zero_copy":
                     result = step_zero_copy(server, args.kind)
                 elif step == "hbm":
