@@ -9,18 +9,19 @@ real. ``tests/gpu`` runs the same path on a GPU.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from fakes import torch_cuda
+from fakes import cuda_fixtures, torch_cuda
+from fakes.cuda_fixtures import pillow_rgb, read
 from fakes.nvimgcodec import BackendKind, FakeNvImgCodec
 from PIL import Image
 
 from kimi_vision_prep import FallbackError, ImageDecoder, get_preset, preprocess_decoded
-from kimi_vision_prep.decode import decoder as decode_module
+
+codec, cuda = cuda_fixtures.codec, cuda_fixtures.cuda  # the fixtures these tests take
 
 K25 = get_preset("kimi-k2.5")
 BASELINE_JPEG = "pil__hopper.jpg"
@@ -31,26 +32,6 @@ NO_DHT_JPEG = "imagers__mjpeg.jpg"  # MJPEG frame on the default Huffman tables,
 DC_ONLY_JPEG = "imagers__progressive-missing-ac.jpg"  # progressive, DC scans only: nvJPEG refuses it
 SOURCE_MODE_JPEG = "imagers__jpg-cmyk-2.jpg"  # K3 resizes CMYK in its own mode, with Pillow
 PNG = "pilx__hopper.png"
-
-
-@pytest.fixture
-def codec(monkeypatch: pytest.MonkeyPatch) -> FakeNvImgCodec:
-    fake = FakeNvImgCodec()
-    monkeypatch.setattr(decode_module, "import_nvimgcodec", lambda: fake)
-    return fake
-
-
-@pytest.fixture
-def cuda(monkeypatch: pytest.MonkeyPatch) -> torch_cuda.FakeCuda:
-    return torch_cuda.install(monkeypatch)
-
-
-def read(corpus: Path, name: str) -> bytes:
-    return (corpus / name).read_bytes()
-
-
-def pillow_rgb(data: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
 def test_decoder_built_for_the_device_with_gpu_backends_and_fancy_upsampling(

@@ -9,7 +9,6 @@ so the pixels are compared with Pillow's. ``tests/gpu`` runs the same route on a
 
 from __future__ import annotations
 
-import io
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,14 +16,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fakes import torch_cuda
+from fakes import cuda_fixtures, torch_cuda
+from fakes.cuda_fixtures import pillow_rgb, read
 from fakes.nvimgcodec import FakeNvImgCodec
-from PIL import Image
 
 from kimi_vision_prep import FallbackError, ImageDecoder, get_preset
 from kimi_vision_prep.decode import coefficient_route
-from kimi_vision_prep.decode import decoder as decode_module
 from kimi_vision_prep.decode.coefficients import LIBJPEG_REFUSED, OUT_OF_RANGE, SMOOTHING
+
+codec, cuda = cuda_fixtures.codec, cuda_fixtures.cuda  # the fixtures these tests take
 
 K25 = get_preset("kimi-k2.5")
 BASELINE_JPEG = "pil__hopper.jpg"
@@ -35,26 +35,6 @@ SMOOTHING_JPEG = "imagers__progressive-missing-ac.jpg"  # DC scans only: libjpeg
 REFUSED_JPEG = "imagers__subtract-with-overflow.jpg"  # a libjpeg warning while reading coefficients
 CMYK_JPEG = "imagers__jpg-cmyk-2.jpg"
 EVENT_WAIT_S = 60.0  # a hang guard only: every wait below is released by an event, not a clock
-
-
-@pytest.fixture
-def codec(monkeypatch: pytest.MonkeyPatch) -> FakeNvImgCodec:
-    fake = FakeNvImgCodec()
-    monkeypatch.setattr(decode_module, "import_nvimgcodec", lambda: fake)
-    return fake
-
-
-@pytest.fixture
-def cuda(monkeypatch: pytest.MonkeyPatch) -> torch_cuda.FakeCuda:
-    return torch_cuda.install(monkeypatch)
-
-
-def read(corpus: Path, name: str) -> bytes:
-    return (corpus / name).read_bytes()
-
-
-def pillow_rgb(data: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
 @pytest.mark.parametrize("name", [BASELINE_JPEG, GREY_JPEG, *NOT_FOR_NVJPEG])
