@@ -87,7 +87,11 @@ def test_an_out_of_range_stream_flagged_by_the_kernels_goes_to_pillow(
 
 
 def test_kernels_that_raise_fall_back_to_pillow_and_free_their_slot(
-    corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda, monkeypatch: pytest.MonkeyPatch
+    corpus: Path,
+    codec: FakeNvImgCodec,
+    cuda: torch_cuda.FakeCuda,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     def out_of_memory(coefs: Any, device: str) -> Any:
         raise torch.OutOfMemoryError("CUDA out of memory (fake)")
@@ -100,6 +104,9 @@ def test_kernels_that_raise_fall_back_to_pillow_and_free_their_slot(
         assert (decoded.decode_path, decoded.fallback_reason) == ("pillow", "kernels raised OutOfMemoryError")
         np.testing.assert_array_equal(decoded.pixels.numpy(), pillow_rgb(data))
     assert decoder.stats.fallbacks == {"kernels raised OutOfMemoryError": 2}
+    # The reason's first use is logged with the exception's traceback, once.
+    logged = [r.getMessage() for r in caplog.records if "kernels raised OutOfMemoryError" in r.getMessage()]
+    assert len(logged) == 1 and "CUDA out of memory (fake)" in logged[0] and "Traceback" in logged[0]
     # The error is caught inside the slot (its traceback freed first); the slot, which holds no
     # state, goes back to the pool and serves the second decode.
     assert (decoder.pool.created, decoder.pool.discarded, decoder.pool.idle) == (1, 0, 1)

@@ -11,13 +11,12 @@ once, so the pool caps the host memory of the reads (the blocks and libjpeg's ow
 device temporaries of the kernels (the coefficients, int32 planes) as it caps nvImageCodec's
 decoders. The decoded pixels outlive the slot: they are the caller's, as nvImageCodec's are. A file
 the route refuses keeps ``plan.result`` None with ``plan.fallback_reason`` set (one of
-:data:`~.coefficients.REFUSALS`, or the kernels' exception, logged with its traceback the first
-time): the decoder gives it to Pillow and counts the reason.
+:data:`~.coefficients.REFUSALS`, or the kernels' exception with its traceback in
+``plan.fallback_cause`` for the log): the decoder gives it to Pillow and counts the reason.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from kimi_vision_common.errors import PreprocessError
@@ -27,10 +26,10 @@ from .coefficients import OUT_OF_RANGE, read_coefficients
 from .jpeg_kernels import decode_coefficients
 from .pool import DecodePool
 from .routes import DecodedImage, DecodePath, Plan
+from .stats import cause_of
 
 COEFFICIENTS_PATH: DecodePath = "coefficients-cuda"
 WRONG_SIZE = "kernels: pixels of another size than the header's"
-log = logging.getLogger("kimi_vision_prep.decode")
 
 
 class KernelSlot:
@@ -72,8 +71,7 @@ def decode_plan(plan: Plan, device: str, limits: DecodeLimits, pool: DecodePool[
         except Exception as exc:  # a device error (out of memory, ...): Pillow decodes it
             # Caught inside the slot: the traceback, which holds the kernels' temporaries, is gone
             # before the slot is lent again.
-            plan.fallback_reason = kernels_raised(exc)
-            _log_first(plan.fallback_reason, exc)
+            plan.fallback_reason, plan.fallback_cause = kernels_raised(exc), cause_of(exc)
             return
     if out_of_range:
         plan.fallback_reason = OUT_OF_RANGE
@@ -83,15 +81,3 @@ def decode_plan(plan: Plan, device: str, limits: DecodeLimits, pool: DecodePool[
         plan.fallback_reason = WRONG_SIZE
         return
     plan.result = DecodedImage(pixels, width, height, "bicubic", COEFFICIENTS_PATH, device=device)
-
-
-_LOGGED_REASONS: set[str] = set()  # bounded: a reason per exception type, at most _MOST_LOGGED
-_MOST_LOGGED = 32
-
-
-def _log_first(reason: str, exc: BaseException) -> None:
-    """The first exception of each kind with its traceback (DecodeStats counts them all, by kind)."""
-    if reason in _LOGGED_REASONS or len(_LOGGED_REASONS) >= _MOST_LOGGED:
-        return
-    _LOGGED_REASONS.add(reason)
-    log.warning("%s: %s (such files go to Pillow)", reason, exc, exc_info=exc)

@@ -69,7 +69,7 @@ from .routes import (
     available_routes,
     import_nvimgcodec,
 )
-from .stats import DecodeStats
+from .stats import DecodeStats, cause_of
 
 
 def _parse_device(device: str) -> tuple[str, int]:
@@ -292,9 +292,9 @@ class ImageDecoder:
         except PreprocessError:
             raise
         except Exception as exc:
-            reason = f"nvImageCodec raised {type(exc).__name__}"
+            reason, cause = f"nvImageCodec raised {type(exc).__name__}", cause_of(exc)
             for plan in plans:
-                plan.fallback_reason = reason
+                plan.fallback_reason, plan.fallback_cause = reason, cause
             return
         for plan, pixels in zip(plans, tensors, strict=True):
             if pixels is None or tuple(pixels.shape) != (plan.image.height, plan.image.width, 3):
@@ -411,7 +411,7 @@ class ImageDecoder:
                 except PreprocessError as exc:
                     results.append(detached(exc))
                     continue
-                self.stats.record(result.decode_path, result.fallback_reason)
+                self.stats.record(result.decode_path, result.fallback_reason, plan.fallback_cause)
                 results.append(result)
         finally:
             # The pixels are copies by now; free Pillow's decoder state and any half-loaded image

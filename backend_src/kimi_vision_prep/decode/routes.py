@@ -75,6 +75,8 @@ class Plan:
     scan: JpegScan | None
     fast: bool
     fallback_reason: str | None = None
+    # The traceback behind ``fallback_reason`` (:func:`~.stats.cause_of`), logged with its first use.
+    fallback_cause: str | None = None
     result: DecodedImage | None = None
     # Damage libjpeg conceals (:attr:`~.jpeg_scan.JpegScan.conceals_damage`), for the libjpeg route
     # tolerant (a CPU decoder's); else, or where it refuses, the Pillow route.

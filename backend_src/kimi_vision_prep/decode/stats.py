@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import traceback
 from collections import Counter
 from collections.abc import Callable
 
 log = logging.getLogger("kimi_vision_prep.decode")
+
+
+def cause_of(exc: BaseException) -> str:
+    """The traceback of an exception a route fell back on, as text (the exception itself would keep
+    its frames, a device route's temporaries among them, alive until it is logged)."""
+    return "".join(traceback.format_exception(exc))
 
 
 class DecodeStats:
@@ -27,7 +34,8 @@ class DecodeStats:
         self.paths: Counter[str] = Counter()
         self.fallbacks: Counter[str] = Counter()
 
-    def record(self, path: str, fallback_reason: str | None) -> None:
+    def record(self, path: str, fallback_reason: str | None, cause: str | None = None) -> None:
+        """Count a decode; ``cause``: the traceback behind the reason, logged with its first use."""
         with self._lock:
             self.paths[path] += 1
             first = fallback_reason is not None and fallback_reason not in self.fallbacks
@@ -36,7 +44,8 @@ class DecodeStats:
         if self._on_decode is not None:
             self._on_decode(path, fallback_reason)
         if first:
-            self._warn(f"decoder fallback to Pillow (logged once per reason): {fallback_reason}")
+            detail = f"\n{cause}" if cause else ""
+            self._warn(f"decoder fallback to Pillow (logged once per reason): {fallback_reason}{detail}")
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         with self._lock:
