@@ -21,7 +21,7 @@ from fakes.cuda_fixtures import pillow_rgb, read
 from fakes.nvimgcodec import FakeNvImgCodec
 
 from kimi_vision_prep import FallbackError, ImageDecoder, get_preset
-from kimi_vision_prep.decode import coefficient_route
+from kimi_vision_prep.decode import jpeg_kernels
 from kimi_vision_prep.decode.coefficients import LIBJPEG_REFUSED, OUT_OF_RANGE, SMOOTHING
 
 codec, cuda = cuda_fixtures.codec, cuda_fixtures.cuda  # the fixtures these tests take
@@ -71,12 +71,12 @@ def test_what_the_route_refuses_goes_to_pillow_with_its_reason_counted(
 def test_an_out_of_range_stream_flagged_by_the_kernels_goes_to_pillow(
     corpus: Path, codec: FakeNvImgCodec, cuda: torch_cuda.FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = coefficient_route.decode_coefficients
+    real = jpeg_kernels.decode_coefficients
 
     def flagged(coefs: Any, device: str) -> tuple[torch.Tensor, torch.Tensor]:
         return real(coefs, device)[0], torch.tensor(True)
 
-    monkeypatch.setattr(coefficient_route, "decode_coefficients", flagged)
+    monkeypatch.setattr(jpeg_kernels, "decode_coefficients", flagged)
     data = read(corpus, BASELINE_JPEG)
     decoder = ImageDecoder("cuda:0")
     decoded = decoder.decode(data, K25)
@@ -96,7 +96,7 @@ def test_kernels_that_raise_fall_back_to_pillow_and_free_their_slot(
     def out_of_memory(coefs: Any, device: str) -> Any:
         raise torch.OutOfMemoryError("CUDA out of memory (fake)")
 
-    monkeypatch.setattr(coefficient_route, "decode_coefficients", out_of_memory)
+    monkeypatch.setattr(jpeg_kernels, "decode_coefficients", out_of_memory)
     data = read(corpus, BASELINE_JPEG)
     decoder = ImageDecoder("cuda:0", pool_size=1)
     for _ in range(2):  # the slot is given back: the second decode does not wait for it
@@ -170,7 +170,7 @@ def test_the_pool_bounds_the_images_decoded_at_once(
 ) -> None:
     """Four images, four threads, a pool of two: two run their kernels (held there by an event),
     the other two are proven blocked in the pool before the first two are let go."""
-    real = coefficient_route.decode_coefficients
+    real = jpeg_kernels.decode_coefficients
     lock, active, peak = threading.Lock(), [0], [0]
     two_inside, release = threading.Event(), threading.Event()
 
@@ -187,7 +187,7 @@ def test_the_pool_bounds_the_images_decoded_at_once(
             with lock:
                 active[0] -= 1
 
-    monkeypatch.setattr(coefficient_route, "decode_coefficients", held)
+    monkeypatch.setattr(jpeg_kernels, "decode_coefficients", held)
     decoder = ImageDecoder("cuda:0", pool_size=2, pool_timeout_s=EVENT_WAIT_S, cpu_decode_threads=4)
     condition = CountingCondition(expected=2)
     decoder.pool._cond = condition

@@ -22,8 +22,8 @@ from typing import Any
 from kimi_vision_common.errors import PreprocessError
 
 from ..limits import DecodeLimits
-from .coefficients import OUT_OF_RANGE, read_coefficients
-from .jpeg_kernels import decode_coefficients
+from .coefficients import read_coefficients
+from .jpeg_kernels import checked_pixels
 from .pool import DecodePool
 from .routes import DecodedImage, DecodePath, Plan
 from .stats import cause_of
@@ -63,9 +63,8 @@ def decode_plan(plan: Plan, device: str, limits: DecodeLimits, pool: DecodePool[
             return
         try:
             with torch.cuda.device(torch.device(device).index or 0):
-                pixels, flag = decode_coefficients(coefs, device)
-                pixels = as_rgb(pixels)
-                out_of_range = bool(flag)  # the one host sync: the kernels are done when it returns
+                pixels, reason = checked_pixels(coefs, device)  # its sync: the kernels are done
+                pixels = None if pixels is None else as_rgb(pixels)
         except PreprocessError:
             raise
         except Exception as exc:  # a device error (out of memory, ...): Pillow decodes it
@@ -73,8 +72,8 @@ def decode_plan(plan: Plan, device: str, limits: DecodeLimits, pool: DecodePool[
             # before the slot is lent again.
             plan.fallback_reason, plan.fallback_cause = kernels_raised(exc), cause_of(exc)
             return
-    if out_of_range:
-        plan.fallback_reason = OUT_OF_RANGE
+    if reason is not None:
+        plan.fallback_reason = reason
         return
     width, height = plan.image.size
     if tuple(pixels.shape) != (height, width, 3):

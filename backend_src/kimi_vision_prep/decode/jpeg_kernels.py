@@ -176,6 +176,13 @@ def decode_coefficients(coefs: Coefficients, device: str | torch.device = "cpu")
     return convert(planes, coefs.color_space), torch.stack(flags).any()
 
 
+def checked_pixels(coefs: Coefficients, device: str | torch.device) -> tuple[torch.Tensor | None, str | None]:
+    """(pixels as :func:`decode_coefficients` gives them, None), or (None, :data:`OUT_OF_RANGE`)
+    where the kernels flag a value outside the C/SIMD range. Reads the device flag (the one sync)."""
+    pixels, flag = decode_coefficients(coefs, device)
+    return (None, OUT_OF_RANGE) if bool(flag) else (pixels, None)
+
+
 def decode_jpeg(
     data: bytes,
     device: str | torch.device = "cpu",
@@ -188,11 +195,7 @@ def decode_jpeg(
     Pillow: one of :data:`~.coefficients.REFUSALS`). ``stats``: each outcome recorded there, as
     path ``"coefficients"`` or ``"pillow"`` with the reason. Reads the device flag once (a sync)."""
     coefs = read_coefficients(data, limits)
-    pixels, reason = None, coefs if isinstance(coefs, str) else None
-    if not isinstance(coefs, str):
-        pixels, flag = decode_coefficients(coefs, device)
-        if bool(flag):
-            pixels, reason = None, OUT_OF_RANGE
+    pixels, reason = (None, coefs) if isinstance(coefs, str) else checked_pixels(coefs, device)
     if stats is not None:
         stats.record("pillow" if reason else "coefficients", reason)
     return pixels, reason
